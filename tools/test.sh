@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The project's test command (README "Tests"). Works on a fresh machine: it creates .venv,
+# installs the package with its test extras, fetches buf from npm, and runs every check.
+# Exits non-zero on any failure, including pytest's "no tests ran".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "python environment (.venv)"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+PY=$ROOT/.venv/bin/python
+"$PY" -m pip install -q --upgrade pip
+"$PY" -m pip install -q -e ".[dev]"
+
+step "buf (npm @bufbuild/buf, pinned in tools/buf/package.json)"
+if [ ! -x tools/buf/node_modules/.bin/buf ]; then
+  (cd tools/buf && npm ci --silent --no-audit --no-fund)
+fi
+BUF=$ROOT/tools/buf/node_modules/.bin/buf
+"$BUF" --version
+step "buf lint"
+"$BUF" lint
+step "buf breaking against main"
+if git rev-parse --verify -q main >/dev/null; then
+  "$BUF" breaking --against ".git#branch=main"
+fi
+if git cat-file -e HEAD~1:proto/arctic/v1 2>/dev/null; then
+  "$BUF" breaking --against ".git#ref=HEAD~1"
+fi
+
+step "generated documents are current"
+"$PY" tools/render_error_table.py --check
+
+step "ruff"
+"$PY" -m ruff check .
+"$PY" -m ruff format --check dssst1 sdk servers conformance tools tests bench
+
+step "mypy (strict on dssst1 and arctic_sdk)"
+"$PY" -m mypy dssst1 sdk/arctic_sdk
+
+step "pytest"
+set +e
+"$PY" -m pytest -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+if [ "$rc" -ne 0 ]; then
+  exit "$rc"
+fi
+
+step "benchmark smoke runs"
+for b in bench/*.py; do
+  [ -e "$b" ] || continue
+  "$PY" "$b" --smoke
+done
+echo "all checks passed"
