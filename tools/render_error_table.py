@@ -1,7 +1,7 @@
 """Render the error table of proto/PROTOCOL.md §6 from errors.proto.
 
-    python tools/render_error_table.py          # rewrite the table in place
-    python tools/render_error_table.py --check  # exit 1 when the committed table is stale
+python tools/render_error_table.py          # rewrite the table in place
+python tools/render_error_table.py --check  # exit 1 when the committed table is stale
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spec_loader  # noqa: E402
+import spec_loader
 
 BEGIN = "<!-- BEGIN ERROR TABLE (generated from errors.proto; do not edit) -->"
 END = "<!-- END ERROR TABLE -->"
