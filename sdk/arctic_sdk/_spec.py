@@ -1,0 +1,100 @@
+"""Types of the method table and the error table that `_generated/` instantiates from the spec.
+
+The generated modules (`arctic_sdk._generated.methods`, `.error_codes`) hold one `MethodInfo` per
+RPC and one `ErrorInfo` per error code, read from the `(arctic.v1.op)` and `(arctic.v1.error)`
+options of `proto/arctic/v1/*.proto`. Everything per-op in the SDK and the servers is driven by
+these records, never by op-name literals.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class BodyKind(enum.Enum):
+    """How a request body travels over HTTP."""
+
+    NONE = "none"
+    JSON = "json"
+    DSSST1 = "dssst1"
+
+
+class Role(enum.Enum):
+    """The sub-job role that executes an op by default."""
+
+    GATEWAY = "gateway"
+    TRAINING = "training"
+    SAMPLING = "sampling"
+    LOG_PROB = "log_prob"
+
+
+class Idempotency(enum.Enum):
+    """What makes a retry of an op safe (PROTOCOL.md §7)."""
+
+    SAFE = "safe"
+    KEYED = "keyed"
+    CHUNK_GROUP = "chunk_group"
+
+
+class Fallback(enum.Enum):
+    """What the SDK does against a server that lacks the op's route (PROTOCOL.md §11)."""
+
+    NONE = "none"
+    OPERATION = "operation"
+    NOOP = "noop"
+    WEIGHT_SYNC_SEQUENCE = "weight_sync_sequence"
+
+
+class GrpcShape(enum.Enum):
+    """The gRPC method shape."""
+
+    FRAMES = "frames"  # stream Frame -> stream Frame (data plane)
+    UNARY_TO_FRAMES = "unary_to_frames"  # Message -> stream Frame (GetRequest)
+    UNARY = "unary"  # Message -> Message (control plane)
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """One row of the method table."""
+
+    rpc: str  # "ForwardBackward"
+    name: str  # canonical op name, "forward-backward"
+    python_name: str  # "forward_backward"
+    service: str  # "arctic.v1.TrainingService"
+    http_method: str
+    http_path: str  # relative to the prefix, "/{job_id}/forward-backward"
+    body: BodyKind
+    role: Role
+    idempotency: Idempotency
+    fallback: Fallback
+    operation_type: str
+    aliases: tuple[str, ...]
+    request_type: str  # full proto name of the logical body
+    response_type: str  # full proto name of the logical result ("" for raw downloads)
+    inline_preferred: bool
+    protocol: bool  # answered by the protocol layer, not the servicer
+    grpc_shape: GrpcShape
+    job_scoped: bool  # the route starts with /{job_id}
+    path_params: tuple[str, ...]
+    doc: str
+
+    @property
+    def grpc_path(self) -> str:
+        return f"/{self.service}/{self.rpc}"
+
+    @property
+    def mutating(self) -> bool:
+        return self.idempotency is not Idempotency.SAFE
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """One row of the error table."""
+
+    code: str
+    http_status: int
+    grpc_status: str
+    user_fault: bool
+    retryable: bool
+    doc: str

@@ -1,0 +1,183 @@
+"""Request chunk groups on the server (PROTOCOL.md §3.5): accept, reassemble, replay, refuse.
+
+Each chunk frame goes through `ChunkGroups.accept`, which keeps one `dssst1.ChunkAssembler` per
+open group (rebuilt from the chunk store after a restart when the store is durable) and records
+group state in the store before the chunk is acknowledged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from arctic_sdk._generated import methods as M
+from arctic_sdk._spec import MethodInfo
+
+import dssst1
+
+from .errors import ProtocolError
+from .stores import ChunkStore, GroupRecord
+
+# Codec failures that mean "same group id, different content" to a server.
+_CONFLICT_CODES = frozenset({"chunk_duplicate_conflict", "chunk_inconsistent"})
+
+
+@dataclass
+class ChunkStep:
+    """What one accepted chunk led to: exactly one field is set."""
+
+    cached: dict[str, Any] | None = None  # an intermediate chunk: answer chunk_cached
+    replay_group: str | None = None  # a completed group replayed: answer its request
+    frame: bytes | memoryview | None = None  # the whole frame, ready to execute
+    group_id: str = ""
+    frame_sha256: str = ""
+
+
+def _codec_error(exc: dssst1.DSSError, group_id: str) -> ProtocolError:
+    if exc.code in _CONFLICT_CODES:
+        return ProtocolError(
+            "chunk_group_conflict",
+            f"chunk group {group_id!r} was used with different content: {exc}",
+            chunk_group_id=group_id,
+            reason=exc.code,
+        )
+    return ProtocolError(exc.code, str(exc), field=exc.path or "body", chunk_group_id=group_id)
+
+
+def _op_name(label: object) -> str | None:
+    if not isinstance(label, str):
+        return None
+    method = M.BY_NAME.get(label) or M.BY_ALIAS.get(label)
+    return method.name if method is not None else None
+
+
+class ChunkGroups:
+    def __init__(self, store: ChunkStore, limits: dssst1.Limits) -> None:
+        self.store = store
+        self.limits = limits
+        self._assemblers: dict[tuple[str, str], dssst1.ChunkAssembler] = {}
+
+    def accept(self, job_id: str, method: MethodInfo, frame: bytes | memoryview) -> ChunkStep:
+        try:
+            meta = dssst1.read_metadata(frame, limits=self.limits)
+        except dssst1.DSSError as exc:
+            raise ProtocolError(exc.code, str(exc), field=exc.path or "body") from None
+        desc = meta.get("request_chunk")
+        if desc is None:
+            if "result_chunk" in meta:
+                raise ProtocolError(
+                    "chunk_kind_mismatch",
+                    "a result chunk was sent as a request body",
+                    field="op.result_chunk",
+                )
+            return ChunkStep(frame=frame)  # a plain frame: no chunk group, no replay identity
+        if not isinstance(desc, dict):
+            raise ProtocolError(
+                "chunk_descriptor_invalid",
+                "request_chunk is not an object",
+                field="op.request_chunk",
+            )
+        sha = desc.get("frame_sha256")
+        gid = desc.get("chunk_group_id") or (f"sha256:{sha}" if isinstance(sha, str) else None)
+        if not isinstance(gid, str) or not gid:
+            raise ProtocolError(
+                "chunk_descriptor_invalid",
+                "request_chunk has no chunk_group_id or frame_sha256",
+                field="op.request_chunk.chunk_group_id",
+            )
+        label = desc.get("operation")
+        if label is not None and _op_name(label) != method.name:
+            raise ProtocolError(
+                "invalid_argument",
+                f"request_chunk.operation {label!r} does not match the route's op {method.name!r}",
+                field="op.request_chunk.operation",
+                expected=method.name,
+            )
+        idx = desc.get("chunk_idx")
+        if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
+            raise ProtocolError(
+                "chunk_descriptor_invalid",
+                f"request_chunk.chunk_idx {idx!r} is not an integer >= 0",
+                field="op.request_chunk.chunk_idx",
+            )
+        group = self.store.get_group(job_id, gid)
+        key = (job_id, gid)
+        if group is not None and group.complete:
+            if (sha, desc.get("total_chunks")) == (group.frame_sha256, group.total_chunks):
+                return ChunkStep(replay_group=gid)
+            raise ProtocolError(
+                "chunk_group_conflict",
+                f"chunk group {gid!r} completed with another frame (sha256 "
+                f"{group.frame_sha256[:12]}..., {group.total_chunks} chunks)",
+                chunk_group_id=gid,
+            )
+        asm = self._assemblers.get(key)
+        if group is None or asm is None:
+            if group is None and idx != 0:
+                raise self._restart(gid, idx)
+            asm = dssst1.ChunkAssembler(kind="request", limits=self.limits)
+            if group is not None:  # known group, assembler lost (restart): reload its chunks
+                stored = self.store.load_chunks(job_id, gid) if self.store.durable else []
+                if not stored:
+                    self.store.drop_chunks(job_id, gid)
+                    if idx != 0:
+                        raise self._restart(gid, idx)
+                    group = None
+                for old in stored:
+                    asm.feed(old)
+            self._assemblers[key] = asm
+        try:
+            whole = asm.feed(frame)
+        except dssst1.DSSError as exc:
+            if group is None:
+                self._assemblers.pop(key, None)
+            raise _codec_error(exc, gid) from None
+        if group is None:
+            group = GroupRecord(
+                job_id=job_id,
+                group_id=gid,
+                frame_sha256=str(sha),
+                total_chunks=int(desc.get("total_chunks", 0)),
+                frame_size_bytes=int(desc.get("frame_size_bytes", 0)),
+                operation=str(label or method.name),
+            )
+        if self.store.durable and whole is None:
+            self.store.save_chunk(job_id, gid, int(idx), bytes(frame))
+        group.received.add(int(idx))
+        if whole is None:
+            self.store.put_group(group)
+            return ChunkStep(
+                cached={
+                    "chunk_cached": True,
+                    "chunk_group_id": gid,
+                    "chunk_idx": int(idx),
+                    "chunks_received": len(group.received),
+                    "total_chunks": group.total_chunks,
+                }
+            )
+        group.complete = True
+        self.store.put_group(group)
+        self.store.drop_chunks(job_id, gid)
+        del self._assemblers[key]
+        return ChunkStep(frame=whole, group_id=gid, frame_sha256=group.frame_sha256)
+
+    def bind_request(self, job_id: str, group_id: str, request_id: str) -> None:
+        group = self.store.get_group(job_id, group_id)
+        if group is not None:
+            group.request_id = request_id
+            self.store.put_group(group)
+
+    @staticmethod
+    def _restart(gid: str, idx: object) -> ProtocolError:
+        return ProtocolError(
+            "chunk_group_restart_required",
+            f"chunk group {gid!r} is unknown here; replay it from chunk 0 (received chunk {idx})",
+            chunk_group_id=gid,
+            received_chunk=idx,
+            expected_start_chunk=0,
+        )
+
+    def forget_job(self, job_id: str) -> None:
+        for key in [k for k in self._assemblers if k[0] == job_id]:
+            del self._assemblers[key]
+        self.store.delete_job(job_id)

@@ -1,0 +1,60 @@
+"""Server-side protocol settings: limits, features and how answers are given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ProtocolLimits:
+    """Advertised in the capabilities document (`Limits` in jobs.proto)."""
+
+    max_body_bytes: int = 60 * MiB
+    max_chunk_bytes: int = 60 * MiB
+    max_header_bytes: int = 64 * MiB
+    max_frame_bytes: int = 4 * 1024 * MiB
+    max_chunks: int = 65_536
+    max_tensors: int = 262_144
+    max_depth: int = 64
+    max_grpc_message_bytes: int = 4 * MiB
+    retention_seconds: int = 24 * 3600
+    sequence_gap_timeout_seconds: float = 60.0
+    # Results whose DSSST1 frame is larger travel as result_chunk events, not inline.
+    max_inline_result_bytes: int = 8 * MiB
+    # Chunk frame size of result_chunk events.
+    result_chunk_bytes: int = 4 * MiB
+    default_max_events: int = 16
+    max_events: int = 512
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """How a server speaks the protocol; business logic lives in the servicer."""
+
+    server: str = "arctic"
+    server_version: str = "0.1.0"
+    limits: ProtocolLimits = field(default_factory=ProtocolLimits)
+    # Accepted bearer tokens; empty = no auth.
+    tokens: frozenset[str] = frozenset()
+    # "inline": wait for every call (200); "async": answer 202 at once, except that an
+    # inline_preferred op waits up to inline_wait_seconds; "auto": every op waits up to
+    # inline_wait_seconds, then 202.
+    answer_mode: str = "auto"
+    inline_wait_seconds: float = 2.0
+    idempotency: bool = True
+    sequencing: bool = True
+    octet_results: bool = True
+    chunk_checksum: bool = True
+    leases: bool = False
+    lease_default_seconds: int = 0
+    lease_max_seconds: int = 0
+    grpc_port: int = 0
+    openai: bool = False
+
+    def __post_init__(self) -> None:
+        if self.answer_mode not in {"inline", "async", "auto"}:
+            raise ValueError(
+                f"answer_mode: {self.answer_mode!r} is not one of 'inline', 'async', 'auto'"
+            )

@@ -1,0 +1,24 @@
+"""What a servicer method receives besides its body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from arctic_sdk._spec import MethodInfo
+
+
+@dataclass
+class CallContext:
+    """One call as the servicer sees it, whatever the transport."""
+
+    method: MethodInfo
+    job_id: str | None = None
+    sub_job_id: str | None = None
+    token: str | None = None
+    request_id: str | None = None
+    idempotency_key: str | None = None
+    seq: int | None = None
+    transport: str = "http"  # "http" or "grpc"
+    headers: dict[str, str] = field(default_factory=dict)
+    query: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,166 @@
+"""The gRPC binding (PROTOCOL.md §4) on grpc.aio, over the protocol core.
+
+Data-plane RPCs stream DSSST1 chunk frames both ways: every request frame goes through the same
+chunk-group logic as an HTTP chunk POST, and the answer (`RequestStatus` with tensors in place) is
+sent back as result chunk frames. Control-plane RPCs carry typed messages, converted with the
+protocol's JSON mapping. Errors end the call with the table's gRPC status and the JSON error body
+in the `x-arctic-error-bin` trailer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+from arctic_sdk._generated.arctic.v1 import dssst1_pb2
+from arctic_sdk._proto_json import json_to_message, message_to_json
+from arctic_sdk._spec import MethodInfo
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import Message
+
+import dssst1
+
+from .._generated.grpc_services import generic_handlers
+from .core import IncomingCall, Outcome, ProtocolCore
+from .errors import ProtocolError
+from .results import status_value
+
+log = logging.getLogger("arctic_servers.grpc")
+
+ERROR_TRAILER = "x-arctic-error-bin"
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        out[key.lower()] = value.decode() if isinstance(value, bytes) else str(value)
+    return out
+
+
+class GrpcBridge:
+    """Implements the generated handler protocol (`frames`, `unary_frames`, `unary`) for aio."""
+
+    def __init__(self, core: ProtocolCore) -> None:
+        self.core = core
+        self._pool = descriptor_pool.Default()
+
+    def _max_chunk(self) -> int:
+        return self.core.config.limits.max_grpc_message_bytes - 1024
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: ProtocolError) -> None:
+        context.set_trailing_metadata(((ERROR_TRAILER, json.dumps(exc.body()).encode()),))
+        await context.abort(grpc.StatusCode[exc.grpc_status], exc.message)
+
+    def _frames_of(self, outcome: Outcome) -> list[dssst1_pb2.Frame]:
+        value = status_value(outcome) if outcome.record is not None else outcome.value
+        if outcome.raw is not None:
+            value = {"data": outcome.raw, "offset": 0}
+        frame = dssst1.dumps(value)
+        chunks = dssst1.encode_chunks(frame, kind="result", max_bytes=self._max_chunk())
+        return [dssst1_pb2.Frame(dssst1=bytes(c)) for c in chunks]
+
+    async def frames(
+        self,
+        method: MethodInfo,
+        requests: AsyncIterator[dssst1_pb2.Frame],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[dssst1_pb2.Frame]:
+        headers = _metadata(context)
+        params = {"job_id": headers.get("x-arctic-job-id", "")}
+        try:
+            async for msg in requests:
+                call = IncomingCall(
+                    method=method,
+                    transport="grpc",
+                    headers=headers,
+                    path_params=params,
+                    body=msg.dssst1,
+                )
+                outcome = await self.core.handle(call)
+                if (
+                    outcome.record is None
+                    and isinstance(outcome.value, dict)
+                    and (outcome.value.get("chunk_cached"))
+                ):
+                    continue
+                for frame in self._frames_of(outcome):
+                    yield frame
+                return
+            raise ProtocolError(
+                "missing_field", "the request stream carried no frame", field="frames"
+            )
+        except ProtocolError as exc:
+            await self._abort(context, exc)
+        except Exception as exc:
+            log.exception("gRPC %s failed", method.name)
+            await self._abort(context, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+
+    async def unary_frames(
+        self, method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[dssst1_pb2.Frame]:
+        try:
+            outcome = await self._unary_outcome(method, request, context)
+            for frame in self._frames_of(outcome):
+                yield frame
+        except ProtocolError as exc:
+            await self._abort(context, exc)
+
+    async def unary(
+        self, method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
+    ) -> Message:
+        try:
+            outcome = await self._unary_outcome(method, request, context)
+            cls = message_factory.GetMessageClass(
+                self._pool.FindMessageTypeByName(method.response_type)
+            )
+            return json_to_message(_plain(outcome.value), cls)
+        except ProtocolError as exc:
+            await self._abort(context, exc)
+            raise AssertionError("unreachable") from exc
+
+    async def _unary_outcome(
+        self, method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
+    ) -> Outcome:
+        headers = _metadata(context)
+        body = message_to_json(request)
+        params = {p: str(body.pop(p)) for p in method.path_params if p in body}
+        if "job_id" not in params and headers.get("x-arctic-job-id"):
+            params["job_id"] = headers["x-arctic-job-id"]
+        call = IncomingCall(
+            method=method, transport="grpc", headers=headers, path_params=params, value=body
+        )
+        return await self.core.handle(call)
+
+
+def _plain(value: Any) -> Any:
+    """Drop None so optional fields stay unset in the message."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+async def start_grpc_server(
+    core: ProtocolCore,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> tuple[grpc.aio.Server, int]:
+    """Start a grpc.aio server for `core`; returns it and the bound port."""
+    limit = core.config.limits.max_grpc_message_bytes
+    server = grpc.aio.server(
+        interceptors=list(interceptors) or None,
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ]
+    )
+    server.add_generic_rpc_handlers(generic_handlers(GrpcBridge(core), aio=True))
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    return server, bound

@@ -1,0 +1,157 @@
+"""The HTTP binding (PROTOCOL.md §3) on aiohttp.web, over the protocol core.
+
+Routes come from the generated route table; this module only converts aiohttp requests into
+`IncomingCall`s and `Outcome`s into responses, and turns every failure into the spec's error body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from arctic_sdk._spec import BodyKind, MethodInfo
+
+import dssst1
+
+from .._generated.http_routes import add_routes
+from .core import IncomingCall, Outcome, ProtocolCore
+from .errors import ProtocolError
+from .results import status_json, status_value, submit_json
+
+log = logging.getLogger("arctic_servers.http")
+
+DEFAULT_PREFIX = "/api/v2/databases/{db}/schemas/{schema}/{endpoint}"
+CORE_KEY = web.AppKey("arctic_core", ProtocolCore)
+OCTET = "application/octet-stream"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    text = json.dumps(body, default=_json_default, allow_nan=False)
+    return web.Response(text=text, status=status, content_type="application/json", headers=headers)
+
+
+def error_response(exc: ProtocolError) -> web.Response:
+    headers = {}
+    retry_after = exc.details.get("retry_after_s")
+    if exc.http_status in (429, 503) and retry_after is not None:
+        headers["Retry-After"] = str(max(0, int(retry_after)))
+    return json_response(exc.body(), exc.http_status, headers)
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure becomes `{"error": {...}}` with the table's status; never a bare 500."""
+    try:
+        return await handler(request)
+    except ProtocolError as exc:
+        return error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(
+            ProtocolError("body_too_large", f"request body exceeds the limit: {exc.text}")
+        )
+    except web.HTTPNotFound:
+        return error_response(
+            ProtocolError("not_found", f"no route {request.method} {request.path}")
+        )
+    except web.HTTPMethodNotAllowed as exc:
+        return error_response(
+            ProtocolError(
+                "method_not_allowed",
+                f"{request.method} is not allowed on {request.path}; allowed: "
+                f"{', '.join(sorted(exc.allowed_methods))}",
+            )
+        )
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+
+
+class HttpBinding:
+    def __init__(self, core: ProtocolCore) -> None:
+        self.core = core
+
+    async def handle(self, method: MethodInfo, request: web.Request) -> web.StreamResponse:
+        body = await self._read_body(method, request)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        call = IncomingCall(
+            method=method,
+            transport="http",
+            headers=headers,
+            path_params={k: v for k, v in request.match_info.items() if k in method.path_params},
+            query={k: request.query.getall(k) for k in request.query},
+            body=body,
+            accept_octet=OCTET in headers.get("accept", ""),
+        )
+        outcome = await self.core.handle(call)
+        return self.render(outcome, call)
+
+    async def _read_body(self, method: MethodInfo, request: web.Request) -> bytes | None:
+        if not request.can_read_body:
+            return None
+        ctype = request.content_type
+        dssst1_types = (OCTET, "application/x-dssst1")
+        if (
+            method.body is BodyKind.DSSST1
+            and ctype not in dssst1_types
+            and (request.headers.get("Content-Type"))
+        ):
+            raise ProtocolError(
+                "unsupported_media_type",
+                f"{method.name} takes {OCTET} (DSSST1), got Content-Type {ctype!r}",
+                expected=OCTET,
+            )
+        if method.body is BodyKind.JSON and ctype == OCTET:
+            raise ProtocolError(
+                "unsupported_media_type",
+                f"{method.name} takes application/json, got Content-Type {ctype!r}",
+                expected="application/json",
+            )
+        limit = self.core.config.limits.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise ProtocolError(
+                "body_too_large",
+                f"request body of {request.content_length} bytes exceeds max_body_bytes {limit}",
+                limit=limit,
+            )
+        return await request.read()
+
+    def render(self, outcome: Outcome, call: IncomingCall) -> web.StreamResponse:
+        if outcome.raw is not None:
+            return web.Response(body=outcome.raw, content_type=OCTET)
+        if outcome.record is None:
+            return json_response(outcome.value, outcome.http_status)
+        headers = {"X-Arctic-Request-Id": outcome.record.request_id}
+        if outcome.http_status == 202:
+            return json_response(submit_json(outcome), 202, headers)
+        if call.accept_octet and self.core.config.octet_results:
+            frame = dssst1.dumps(status_value(outcome))
+            return web.Response(body=frame, content_type=OCTET, headers=headers)
+        return json_response(status_json(self.core, outcome), 200, headers)
+
+
+def make_app(core: ProtocolCore, *, prefix: str = DEFAULT_PREFIX) -> web.Application:
+    """An aiohttp application serving every route of the spec under `prefix`."""
+    limits = core.config.limits
+    app = web.Application(middlewares=[error_middleware], client_max_size=limits.max_body_bytes + 1)
+    binding = HttpBinding(core)
+    add_routes(app.router, prefix, binding.handle)
+    app[CORE_KEY] = core
+    return app

@@ -1,0 +1,141 @@
+"""Run a servicer over HTTP and gRPC: in the current event loop, or in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from .._generated.servicer import ServicerBase
+from .config import ProtocolConfig
+from .core import ProtocolCore
+from .grpc_app import start_grpc_server
+from .http_app import make_app
+from .stores import ChunkStore, RequestStore
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    core: ProtocolCore
+    host: str
+    http_port: int
+    grpc_port: int
+    runner: web.AppRunner
+    grpc_server: grpc.aio.Server | None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    async def close(self, grace: float = 1.0) -> None:
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace)
+        await self.runner.cleanup()
+
+
+async def start_server(
+    servicer: ServicerBase,
+    config: ProtocolConfig | None = None,
+    *,
+    host: str = "127.0.0.1",
+    http_port: int = 0,
+    grpc_port: int | None = 0,
+    request_store: RequestStore | None = None,
+    chunk_store: ChunkStore | None = None,
+    configure_app: Callable[[web.Application, ProtocolCore], None] | None = None,
+    grpc_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> RunningServer:
+    """Serve `servicer` on HTTP (and gRPC unless `grpc_port` is None); port 0 = a free port.
+
+    `configure_app(app, core)` may add routes and middlewares to the aiohttp app before it starts
+    (the fake gateway's admin API and fault injection); `grpc_interceptors` go to the gRPC server.
+    """
+    config = config or ProtocolConfig()
+    if grpc_port is not None and grpc_port == 0:
+        grpc_port = free_port(host)
+    if grpc_port is not None:
+        config = dataclasses.replace(config, grpc_port=grpc_port)
+    core = ProtocolCore(servicer, config, request_store=request_store, chunk_store=chunk_store)
+    gserver = None
+    if grpc_port is not None:
+        gserver, grpc_port = await start_grpc_server(
+            core, host=host, port=grpc_port, interceptors=grpc_interceptors
+        )
+    app = make_app(core)
+    if configure_app is not None:
+        configure_app(app, core)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, http_port)
+    await site.start()
+    sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+    port = int(sockets[0].getsockname()[1]) if sockets else http_port
+    return RunningServer(core, host, port, grpc_port or 0, runner, gserver)
+
+
+class BackgroundServer:
+    """A server in its own thread and event loop, for sync code and tests.
+
+    with BackgroundServer(MyServicer()) as srv:
+        ... srv.base_url ...
+    """
+
+    def __init__(
+        self, servicer: ServicerBase, config: ProtocolConfig | None = None, **kwargs: Any
+    ) -> None:
+        self._args = (servicer, config)
+        self._kwargs = kwargs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="arctic-server"
+        )
+        self.server: RunningServer | None = None
+
+    def start(self) -> RunningServer:
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(
+            start_server(*self._args, **self._kwargs), self._loop
+        )
+        self.server = fut.result(timeout=30)
+        return self.server
+
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the server's loop (e.g. to poke servicer state)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            asyncio.run_coroutine_threadsafe(self.server.close(), self._loop).result(30)
+            self.server = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    @property
+    def base_url(self) -> str:
+        assert self.server is not None
+        return self.server.base_url
+
+    def __enter__(self) -> BackgroundServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

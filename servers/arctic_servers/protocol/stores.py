@@ -1,0 +1,153 @@
+"""Storage interfaces of the protocol layer, and their in-memory implementation.
+
+The protocol core keeps every piece of state that must survive a retry (requests, their results,
+idempotency identities, chunk groups) behind these two interfaces, so a server chooses memory
+(fake gateway, on-prem) or SQLite (`sqlite_store.py`, the Cortex gateway) without touching protocol
+logic. Writes happen before the client is acknowledged.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass
+class RequestRecord:
+    """One data-plane request and, once it ended, its outcome."""
+
+    job_id: str
+    request_id: str
+    op: str
+    status: str = "pending"  # pending, running, completed, failed, cancelled
+    identity_kind: str = ""  # "key" (Idempotency-Key), "group" (chunk group) or ""
+    identity: str = ""
+    body_hash: str = ""
+    seq: int | None = None
+    result_frame: bytes | None = None  # DSSST1 frame of the result value
+    error: dict[str, Any] | None = None  # the error object of an ErrorBody
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    token_hash: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass
+class GroupRecord:
+    """A request chunk group the server has seen (PROTOCOL.md §3.5)."""
+
+    job_id: str
+    group_id: str
+    frame_sha256: str
+    total_chunks: int
+    frame_size_bytes: int
+    operation: str
+    received: set[int] = field(default_factory=set)
+    complete: bool = False
+    request_id: str = ""
+    created_at: float = field(default_factory=time.time)
+
+
+class RequestStore(Protocol):
+    def create(self, rec: RequestRecord) -> None: ...
+    def update(self, rec: RequestRecord) -> None: ...
+    def get(self, job_id: str, request_id: str) -> RequestRecord | None: ...
+    def find_identity(self, job_id: str, kind: str, identity: str) -> RequestRecord | None: ...
+    def find_seq(self, job_id: str, seq: int) -> RequestRecord | None: ...
+    def job_requests(self, job_id: str) -> list[RequestRecord]: ...
+    def delete_job(self, job_id: str) -> None: ...
+
+
+class ChunkStore(Protocol):
+    # True when chunk frames are persisted (and reloaded after a restart); a non-durable store
+    # leaves the bytes to the in-memory assembler.
+    durable: bool
+
+    def get_group(self, job_id: str, group_id: str) -> GroupRecord | None: ...
+    def put_group(self, rec: GroupRecord) -> None: ...
+    def save_chunk(self, job_id: str, group_id: str, idx: int, frame: bytes) -> None: ...
+    def load_chunks(self, job_id: str, group_id: str) -> list[bytes]: ...
+    def drop_chunks(self, job_id: str, group_id: str) -> None: ...
+    def delete_job(self, job_id: str) -> None: ...
+
+
+class MemoryRequestStore:
+    """Requests in a dict; records are copied in and out so callers cannot alias them."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[tuple[str, str], RequestRecord] = {}
+        self._by_identity: dict[tuple[str, str, str], str] = {}
+        self._by_seq: dict[tuple[str, int], str] = {}
+
+    def create(self, rec: RequestRecord) -> None:
+        key = (rec.job_id, rec.request_id)
+        if key in self._by_id:
+            raise KeyError(f"request {rec.request_id} exists in job {rec.job_id}")
+        self._store(rec)
+
+    def update(self, rec: RequestRecord) -> None:
+        rec.updated_at = time.time()
+        self._store(rec)
+
+    def _store(self, rec: RequestRecord) -> None:
+        self._by_id[(rec.job_id, rec.request_id)] = copy.copy(rec)
+        if rec.identity_kind:
+            self._by_identity[(rec.job_id, rec.identity_kind, rec.identity)] = rec.request_id
+        if rec.seq is not None:
+            self._by_seq[(rec.job_id, rec.seq)] = rec.request_id
+
+    def get(self, job_id: str, request_id: str) -> RequestRecord | None:
+        rec = self._by_id.get((job_id, request_id))
+        return copy.copy(rec) if rec is not None else None
+
+    def find_identity(self, job_id: str, kind: str, identity: str) -> RequestRecord | None:
+        rid = self._by_identity.get((job_id, kind, identity))
+        return self.get(job_id, rid) if rid is not None else None
+
+    def find_seq(self, job_id: str, seq: int) -> RequestRecord | None:
+        rid = self._by_seq.get((job_id, seq))
+        return self.get(job_id, rid) if rid is not None else None
+
+    def job_requests(self, job_id: str) -> list[RequestRecord]:
+        return [copy.copy(r) for (j, _), r in self._by_id.items() if j == job_id]
+
+    def delete_job(self, job_id: str) -> None:
+        for d in (self._by_id, self._by_identity, self._by_seq):
+            for k in [k for k in d if k[0] == job_id]:
+                del d[k]
+
+
+class MemoryChunkStore:
+    """Group records in a dict; chunk bytes stay in the core's assemblers (not durable)."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[str, str], GroupRecord] = {}
+
+    def get_group(self, job_id: str, group_id: str) -> GroupRecord | None:
+        rec = self._groups.get((job_id, group_id))
+        return copy.deepcopy(rec) if rec is not None else None
+
+    def put_group(self, rec: GroupRecord) -> None:
+        self._groups[(rec.job_id, rec.group_id)] = copy.deepcopy(rec)
+
+    def save_chunk(self, job_id: str, group_id: str, idx: int, frame: bytes) -> None:
+        pass
+
+    def load_chunks(self, job_id: str, group_id: str) -> list[bytes]:
+        return []
+
+    def drop_chunks(self, job_id: str, group_id: str) -> None:
+        pass
+
+    def delete_job(self, job_id: str) -> None:
+        for k in [k for k in self._groups if k[0] == job_id]:
+            del self._groups[k]
