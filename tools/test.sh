@@ -32,7 +32,8 @@ if git cat-file -e HEAD~1:proto/arctic/v1 2>/dev/null; then
   "$BUF" breaking --against ".git#ref=HEAD~1"
 fi
 
-step "generated documents are current"
+step "generated code and documents are current"
+"$PY" tools/codegen/generate.py --check
 "$PY" tools/render_error_table.py --check
 
 step "ruff"

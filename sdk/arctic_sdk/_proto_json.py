@@ -7,7 +7,7 @@ and 64-bit integers travel as JSON numbers, not strings. Field names stay snake_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
@@ -93,12 +93,13 @@ def _convert_one(fd: FieldDescriptor, value: Any, *, out: bool) -> Any:
 def message_to_json(msg: Message) -> dict[str, Any]:
     """A message as the protocol's JSON object."""
     obj = json_format.MessageToDict(msg, preserving_proto_field_name=True)
-    return _walk_out(msg.DESCRIPTOR, obj)
+    return _walk_out(cast(Descriptor, msg.DESCRIPTOR), obj)
 
 
 def json_to_message(obj: dict[str, Any], cls: type[Message], *, strict: bool = False) -> Message:
     """The protocol's JSON object as a message; fields the message lacks are dropped unless
     `strict`."""
     msg = cls()
-    json_format.ParseDict(_walk_in(msg.DESCRIPTOR, obj), msg, ignore_unknown_fields=not strict)
+    desc = cast(Descriptor, msg.DESCRIPTOR)
+    json_format.ParseDict(_walk_in(desc, obj), msg, ignore_unknown_fields=not strict)
     return msg
