@@ -22,6 +22,8 @@ import pytest
 import spec_loader
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from google.protobuf.message import Message
+
 from arctic_sdk._client_base import CallOptions
 from arctic_sdk._generated import client, error_codes, grpc_stubs, methods
 from arctic_sdk._generated.arctic.v1 import dssst1_pb2
@@ -29,7 +31,6 @@ from arctic_sdk._spec import GrpcShape, MethodInfo
 from arctic_servers._generated import grpc_services, http_routes, servicer
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
-from google.protobuf.message import Message
 
 ROOT = Path(__file__).resolve().parents[2]
 SDK_GEN = ROOT / "sdk" / "arctic_sdk" / "_generated"

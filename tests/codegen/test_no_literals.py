@@ -26,9 +26,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from google.protobuf.descriptor import Descriptor
+
 from arctic_sdk._generated import methods
 from arctic_sdk._generated.arctic import v1 as pb2
-from google.protobuf.descriptor import Descriptor
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("sdk", "servers", "conformance", "dssst1", "bench")

@@ -68,6 +68,7 @@ async def adapters() -> None:
     import grpc
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
+
     from arctic_sdk._generated import grpc_stubs, methods
     from arctic_sdk._generated.arctic.v1 import dssst1_pb2
     from arctic_servers._generated import grpc_services, http_routes
@@ -114,13 +115,13 @@ async def runtime() -> None:
     import grpc
     import numpy as np
     from aiohttp.test_utils import TestClient, TestServer
+
+    import dssst1
     from arctic_sdk._generated import grpc_stubs, methods
     from arctic_sdk._generated.arctic.v1 import dssst1_pb2
     from arctic_servers.protocol.core import ProtocolCore
     from arctic_servers.protocol.grpc_app import start_grpc_server
     from arctic_servers.protocol.http_app import make_app
-
-    import dssst1
 
     toy = methods.TOY_SUM
     servicer = toy_sum_servicer()

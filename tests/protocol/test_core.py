@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import dssst1
 import grpc
 import numpy as np
 import pytest
 
+import dssst1
 from arctic_sdk._generated.arctic.v1 import dssst1_pb2, jobs_pb2
 from arctic_servers._generated.servicer import ServicerBase
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
@@ -89,7 +89,7 @@ async def _post(s: aiohttp.ClientSession, url: str, **kw: Any) -> tuple[int, Any
 
 
 async def test_capabilities_and_unimplemented(env: Any) -> None:
-    toy, srv, s, base = env
+    _toy, srv, s, base = env
     async with s.get(base + "/capabilities") as r:
         caps = await r.json()
     assert {"forward-backward", "step", "get-request"} <= set(caps["routes"])
@@ -175,8 +175,7 @@ async def test_sequence_numbers_order_execution() -> None:
     base = srv.base_url + PREFIX
     async with aiohttp.ClientSession() as s:
         posts = [
-            _post(s, base + "/7/step", json={}, headers={"X-Arctic-Seq": str(n)})
-            for n in (3, 2, 1)
+            _post(s, base + "/7/step", json={}, headers={"X-Arctic-Seq": str(n)}) for n in (3, 2, 1)
         ]
         answers = await asyncio.gather(*posts)
         for _, a in answers:

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import dssst1
 from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
-
-import dssst1
 
 from .errors import ProtocolError
 from .stores import ChunkStore, GroupRecord

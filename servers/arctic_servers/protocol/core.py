@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency, MethodInfo
 from google.protobuf import descriptor_pool
 
+import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
 import dssst1
+from arctic_sdk._generated import methods as M
+from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency, MethodInfo
 
 from .._generated.servicer import ServicerBase
 from .chunk_groups import ChunkGroups
@@ -344,10 +344,10 @@ class ProtocolCore:
                 body = self._params_body(call, dict(body))
         else:
             body = self._params_body(call, dict(self._json_body(call)))
-        if method.body is not BodyKind.DSSST1:
-            if ctx.idempotency_key and method.idempotency is Idempotency.KEYED:
-                kind, identity = "key", ctx.idempotency_key
-                body_hash = _hash_json(method.name, body)
+        keyed = ctx.idempotency_key and method.idempotency is Idempotency.KEYED
+        if keyed and method.body is not BodyKind.DSSST1:
+            kind, identity = "key", str(ctx.idempotency_key)
+            body_hash = _hash_json(method.name, body)
         self._validate(method, body)
         check = getattr(self.servicer, "check_request", None)
         if check is not None:  # the servicer's semantic checks: refused (4xx), never run

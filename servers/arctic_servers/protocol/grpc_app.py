@@ -9,19 +9,20 @@ in the `x-arctic-error-bin` trailer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2
-from arctic_sdk._proto_json import json_to_message, message_to_json
-from arctic_sdk._spec import MethodInfo
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 import dssst1
+from arctic_sdk._generated.arctic.v1 import dssst1_pb2
+from arctic_sdk._proto_json import json_to_message, message_to_json
+from arctic_sdk._spec import MethodInfo
 
 from .._generated.grpc_services import generic_handlers
 from .core import IncomingCall, Outcome, ProtocolCore
@@ -88,11 +89,13 @@ class GrpcBridge:
                     continue
                 for frame in self._frames_of(outcome):
                     yield frame
+                await _drain(requests)
                 return
             raise ProtocolError(
                 "missing_field", "the request stream carried no frame", field="frames"
             )
         except ProtocolError as exc:
+            await _drain(requests)
             await self._abort(context, exc)
         except Exception as exc:
             log.exception("gRPC %s failed", method.name)
@@ -133,6 +136,14 @@ class GrpcBridge:
             method=method, transport="grpc", headers=headers, path_params=params, value=body
         )
         return await self.core.handle(call)
+
+
+async def _drain(requests: AsyncIterator[dssst1_pb2.Frame]) -> None:
+    """Read the client's remaining frames before the call ends: a client still writing when the
+    server closes sees INTERNAL instead of the answer (a replayed group, an early refusal)."""
+    with contextlib.suppress(Exception):
+        async for _ in requests:
+            pass
 
 
 def _plain(value: Any) -> Any:

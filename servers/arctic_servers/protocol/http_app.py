@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from arctic_sdk._spec import BodyKind, MethodInfo
 
 import dssst1
+from arctic_sdk._spec import BodyKind, MethodInfo
 
 from .._generated.http_routes import add_routes
 from .core import IncomingCall, Outcome, ProtocolCore

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from arctic_sdk._spec import BodyKind
 
 import dssst1
+from arctic_sdk._spec import BodyKind
 
 from .core import Outcome, ProtocolCore
 from .stores import RequestRecord

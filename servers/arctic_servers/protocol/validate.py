@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from arctic_sdk._generated.arctic.v1 import options_pb2, training_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from arctic_sdk._generated.arctic.v1 import options_pb2, training_pb2
 
 from .errors import ProtocolError
 
