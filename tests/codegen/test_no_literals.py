@@ -42,9 +42,6 @@ PENDING: dict[str, set[str]] = {
     "sdk/arctic_sdk/_core/capabilities.py": {"reset-prefix-cache", "cancel-request", "forward"},
     # DeepSpeed client_state key, a word: mark the line `# not-an-op`
     "servers/arctic_servers/engines/smoke_deepspeed.py": {"step"},
-    # the fake's `/operation` dispatch on operation types: derive from methods.X.operation_type
-    "conformance/fake/operations.py": {"reset-prefix-cache", "cancel-request", "forward"},
-    "conformance/fake/servicer.py": {"reset-prefix-cache", "cancel-request", "forward"},
     # the codec's legacy op-label table: belongs in compat/aliases.py (or the SDK's table)
     "dssst1/_chunks.py": {"fwd-bwd", "forward-backward"},
     # the capabilities URL: methods.GET_CAPABILITIES.http_path

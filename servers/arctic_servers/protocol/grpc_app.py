@@ -71,6 +71,7 @@ class GrpcBridge:
     ) -> AsyncIterator[dssst1_pb2.Frame]:
         headers = _metadata(context)
         params = {"job_id": headers.get("x-arctic-job-id", "")}
+        cached: dict[str, Any] | None = None
         try:
             async for msg in requests:
                 call = IncomingCall(
@@ -86,11 +87,14 @@ class GrpcBridge:
                     and isinstance(outcome.value, dict)
                     and (outcome.value.get("chunk_cached"))
                 ):
+                    cached = outcome.value
                     continue
                 for frame in self._frames_of(outcome):
                     yield frame
                 await _drain(requests)
                 return
+            if cached is not None:  # the stream closed the group with chunks missing (§3.5)
+                raise self._missing_chunks(params["job_id"], cached)
             raise ProtocolError(
                 "missing_field", "the request stream carried no frame", field="frames"
             )
@@ -100,6 +104,19 @@ class GrpcBridge:
         except Exception as exc:
             log.exception("gRPC %s failed", method.name)
             await self._abort(context, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+
+    def _missing_chunks(self, job_id: str, cached: dict[str, Any]) -> ProtocolError:
+        gid = str(cached.get("chunk_group_id", ""))
+        group = self.core.groups.store.get_group(job_id, gid)
+        total = int(cached.get("total_chunks") or 0)
+        got = group.received if group is not None else set()
+        missing = [i for i in range(total) if i not in got]
+        return ProtocolError(
+            "chunk_group_missing_chunks",
+            f"the request stream ended with chunk group {gid!r} incomplete: missing {missing}",
+            chunk_group_id=gid,
+            missing_chunks=missing,
+        )
 
     async def unary_frames(
         self, method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
@@ -169,7 +186,7 @@ async def start_grpc_server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
-        ]
+        ],
     )
     server.add_generic_rpc_handlers(generic_handlers(GrpcBridge(core), aio=True))
     bound = server.add_insecure_port(f"{host}:{port}")

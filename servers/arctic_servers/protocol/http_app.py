@@ -84,11 +84,27 @@ async def error_middleware(
         return error_response(ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
 
 
+_PRODUCED = frozenset({"*/*", "application/*", "application/json", OCTET})
+
+
+def _check_accept(accept: str) -> None:
+    """406 when `Accept` names only encodings this server never produces (PROTOCOL.md §3.3)."""
+    ranges = [r.split(";", 1)[0].strip().lower() for r in accept.split(",") if r.strip()]
+    if ranges and not _PRODUCED.intersection(ranges):
+        raise ProtocolError(
+            "not_acceptable",
+            f"Accept {accept!r} names nothing this server produces; it answers application/json "
+            f"and {OCTET}",
+            expected=sorted(_PRODUCED),
+        )
+
+
 class HttpBinding:
     def __init__(self, core: ProtocolCore) -> None:
         self.core = core
 
     async def handle(self, method: MethodInfo, request: web.Request) -> web.StreamResponse:
+        _check_accept(request.headers.get("Accept", ""))
         body = await self._read_body(method, request)
         headers = {k.lower(): v for k, v in request.headers.items()}
         call = IncomingCall(

@@ -85,7 +85,8 @@ async def start_server(
     await runner.setup()
     site = web.TCPSite(runner, host, http_port)
     await site.start()
-    sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
     port = int(sockets[0].getsockname()[1]) if sockets else http_port
     return RunningServer(core, host, port, grpc_port or 0, runner, gserver)
 

@@ -119,9 +119,9 @@ class MemoryRequestStore:
         return [copy.copy(r) for (j, _), r in self._by_id.items() if j == job_id]
 
     def delete_job(self, job_id: str) -> None:
-        for d in (self._by_id, self._by_identity, self._by_seq):
-            for k in [k for k in d if k[0] == job_id]:
-                del d[k]
+        self._by_id = {k: v for k, v in self._by_id.items() if k[0] != job_id}
+        self._by_identity = {k: v for k, v in self._by_identity.items() if k[0] != job_id}
+        self._by_seq = {k: v for k, v in self._by_seq.items() if k[0] != job_id}
 
 
 class MemoryChunkStore:

@@ -60,7 +60,7 @@ def enum_json_name(enum_type_name: str, value_name: str) -> str:
 
 
 def _field_opts(fd: FieldDescriptor) -> options_pb2.FieldOptions:
-    return fd.GetOptions().Extensions[options_pb2.field]  # type: ignore[no-any-return]
+    return fd.GetOptions().Extensions[options_pb2.field]
 
 
 def _is_array(value: Any) -> bool:

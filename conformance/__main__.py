@@ -1,0 +1,99 @@
+"""`python -m conformance`: the conformance runner (default) and `serve` (the fake gateway).
+
+Usage::
+
+    python -m conformance serve [--host H] [--port 0] [--grpc-port P] [--no-grpc] [--token T]
+                                [--admin] [--answer-mode auto|inline|async] [--delays P,I,R]
+                                [--max-total-gpus N]
+    python -m conformance --target URL [runner options]     (the conformance runner)
+
+Everything but `serve` goes to the runner (`conformance.runner.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m conformance serve",
+        description="Run the fake gateway (HTTP and gRPC) until interrupted.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="HTTP port (0 = a free port)")
+    p.add_argument("--grpc-port", type=int, default=0, help="gRPC port (0 = a free port)")
+    p.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
+    p.add_argument("--token", action="append", default=[], help="accepted PAT (repeatable)")
+    p.add_argument("--admin", action="store_true", help="serve the /_admin/ API")
+    p.add_argument("--answer-mode", choices=("auto", "inline", "async"), default="auto")
+    p.add_argument(
+        "--delays",
+        default="0,0,0",
+        metavar="P,I,R",
+        help="seconds before placing, initializing, running (default 0,0,0)",
+    )
+    p.add_argument("--max-total-gpus", type=int, default=64)
+    return p
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from .fake import JobDelays, start_fake
+    from .fake.server import DEFAULT_PATH
+
+    try:
+        placing, init, running = (float(x) for x in args.delays.split(","))
+    except ValueError:
+        print(f"--delays: {args.delays!r} is not three comma-separated numbers", file=sys.stderr)
+        return 2
+    fake = await start_fake(
+        tokens=tuple(args.token),
+        admin=args.admin,
+        grpc=not args.no_grpc,
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        answer_mode=args.answer_mode,
+        delays=JobDelays(placing, init, running),
+        max_total_gpus=args.max_total_gpus,
+    )
+    print(f"fake gateway: http {fake.base_url}", flush=True)
+    print(f"  prefix  {fake.base_url}{DEFAULT_PATH}", flush=True)
+    if fake.server.grpc_port:
+        print(f"  grpc    {fake.grpc_target}", flush=True)
+    if args.admin:
+        print(f"  admin   {fake.admin_url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await fake.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:
+        return asyncio.run(_serve(serve_parser().parse_args(args[1:])))
+    try:
+        from .runner.cli import main as run
+    except ImportError:
+        print(__doc__, file=sys.stderr)
+        print("the conformance runner is not yet implemented", file=sys.stderr)
+        return 2
+    if not args or args[0] in ("-h", "--help"):
+        print("python -m conformance serve --help: the fake gateway\n", file=sys.stderr)
+    return int(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

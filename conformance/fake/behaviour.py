@@ -1,0 +1,252 @@
+"""Behaviour faults: bugs a real server could have, switched on in the fake gateway at run time.
+
+Each fault is a key of the behaviour switchboard (`POST /_admin/behaviour {"<name>": true}`,
+`FakeServicer.behaviour`); `install` wraps the protocol core, the chunk groups and the servicer
+of one fake so that a switched-on fault changes exactly one behaviour. The conformance suite
+proves itself with them: `conformance/faults.yaml` lists, for each fault, the cases that must fail
+and only those (`tests/conformance/test_faults.py`). The wrappers live here, not in the server
+runtime (`arctic_servers.protocol`), which stays correct.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from aiohttp import web
+
+import dssst1
+from arctic_sdk._generated import methods as M
+from arctic_sdk._spec import GrpcShape
+from arctic_servers.protocol.chunk_groups import ChunkStep
+from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.sequencer import Sequencer
+from arctic_servers.protocol.stores import GroupRecord
+
+if TYPE_CHECKING:
+    from arctic_servers.protocol.core import ProtocolCore
+
+    from .servicer import FakeServicer
+
+FAULTS: dict[str, str] = {
+    "result_dtype_f64": "log-prob and entropy outputs come back as F64, not F32",
+    "logprobs_unshifted": "log-probs aligned to tokens (first column 0) instead of shifted",
+    "replay_executes_twice": "a replayed completed chunk group executes again",
+    "internal_error_on_bad_dtype": "a tensor of a dtype the op does not take crashes the op (500)",
+    "ignore_max_tokens": "generate ignores sampling_params.max_tokens",
+    "seed_ignored": "generate ignores sampling_params.seed",
+    "error_body_dropped_404": "HTTP 404 answers lose their error body (a proxy's error page)",
+    "no_auth_on_data_plane": "data-plane calls are served without a valid token",
+    "cursor_ignored": "polls ignore the cursor and answer from the first event",
+    "sequence_ignored": "X-Arctic-Seq is accepted but requests run in arrival order",
+    "idempotency_key_ignored": "a keyed data-plane call retried with its key runs again",
+    "weight_version_stuck": "sync-weights does not bump weight_version",
+    "terminal_job_serves": "a cancelled job keeps serving data-plane calls",
+    "restart_not_required": "a chunk of an unknown group other than 0 is cached, not 409",
+    "too_many_chunks_unchecked": "total_chunks is not checked against max_chunks",
+    "unknown_fields_ignored": "unknown JSON / body fields are ignored instead of refused",
+}
+_LOGPROB_OPS = frozenset({M.FORWARD_BACKWARD, M.FORWARD, M.LOG_PROBS, M.OPERATION})
+
+
+class _NoWaitSequencer(Sequencer):
+    async def wait_turn(self, job_id: str, seq: int) -> None:
+        return None
+
+
+def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) -> None:
+    """Wrap `core` and `servicer` (and add an HTTP middleware) for the behaviour faults."""
+
+    def on(name: str) -> bool:
+        return bool(servicer.behaviour.get(name))
+
+    # ------------------------------------------------------------------ auth
+    authenticate = core._authenticate
+
+    def _authenticate(call: Any) -> str | None:
+        try:
+            return authenticate(call)
+        except ProtocolError:
+            if on("no_auth_on_data_plane") and call.method.grpc_shape is not GrpcShape.UNARY:
+                return next(iter(core.config.tokens))  # anyone is taken for the first user
+            raise
+
+    core._authenticate = _authenticate  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ validation
+    validate = core._validate
+
+    def _validate(method: Any, body: Any) -> None:
+        try:
+            validate(method, body)
+        except ProtocolError as exc:
+            if on("unknown_fields_ignored") and "unknown_fields" in exc.details:
+                return
+            if on("internal_error_on_bad_dtype") and exc.code == "dtype_mismatch":
+                raise RuntimeError(f"cannot cast {exc.details.get('field')}") from None
+            raise
+
+    core._validate = _validate  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ execution
+    invoke = core._invoke
+
+    async def _invoke(method: Any, ctx: Any, body: Any) -> Any:
+        if method is M.GENERATE and isinstance(body, dict):
+            params = dict(body.get("sampling_params") or {})
+            if on("ignore_max_tokens"):
+                params.pop("max_tokens", None)
+            if on("seed_ignored"):
+                params.pop("seed", None)
+            body = {**body, "sampling_params": params}
+        result = await invoke(method, ctx, body)
+        if method in _LOGPROB_OPS:
+            for outputs in _outputs(result):
+                _mutate_outputs(outputs, on)
+        if method is M.SYNC_WEIGHTS and on("weight_version_stuck"):
+            job = servicer.jobs.jobs.get(ctx.job_id or "")
+            if job is not None:
+                job.weight_version -= 1
+            result["weight_version"] -= 1
+        return result
+
+    core._invoke = _invoke  # type: ignore[method-assign]
+
+    submit = core._submit
+
+    async def _submit(call: Any, ctx: Any, body: Any, kind: str, identity: str,
+                      body_hash: str, group: str = "") -> Any:  # fmt: skip
+        if kind == "key" and on("idempotency_key_ignored"):
+            kind, identity = "", ""
+        if kind == "group" and on("replay_executes_twice"):
+            kind, identity = "", ""
+        return await submit(call, ctx, body, kind, identity, body_hash, group)
+
+    core._submit = _submit  # type: ignore[method-assign]
+
+    sequencer = core._sequencer
+    no_wait: list[Sequencer] = []
+
+    def _sequencer() -> Sequencer:
+        real = sequencer()
+        if not on("sequence_ignored"):
+            return real
+        if not no_wait:
+            no_wait.append(_NoWaitSequencer(core.config.limits.sequence_gap_timeout_seconds))
+        return no_wait[0]
+
+    core._sequencer = _sequencer  # type: ignore[method-assign]
+
+    poll = core._poll
+
+    def _poll(call: Any, ctx: Any) -> Any:
+        if on("cursor_ignored"):
+            call = dataclasses.replace(call, query={k: v for k, v in call.query.items()
+                                                    if k != "cursor"})  # fmt: skip
+        return poll(call, ctx)
+
+    core._poll = _poll  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ chunk groups
+    data_plane = core._data_plane
+
+    async def _data_plane(call: Any, ctx: Any) -> Any:
+        _wrap_groups(core, on)
+        return await data_plane(call, ctx)
+
+    core._data_plane = _data_plane  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ job state
+    require_running = servicer._require_running
+
+    def _require_running(job: Any, method: Any) -> None:
+        if job.terminal and on("terminal_job_serves"):
+            return
+        require_running(job, method)
+
+    servicer._require_running = _require_running  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ HTTP answers
+    @web.middleware
+    async def drop_404_body(request: web.Request,
+                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                            ) -> web.StreamResponse:  # fmt: skip
+        response = await handler(request)
+        if response.status == 404 and on("error_body_dropped_404"):
+            return web.Response(status=404)
+        return response
+
+    app.middlewares.insert(0, drop_404_body)
+
+
+def _outputs(result: Any) -> list[dict[str, Any]]:
+    found = []
+    for holder in (result, result.get("result") if isinstance(result, dict) else None):
+        if isinstance(holder, dict) and isinstance(holder.get("outputs"), dict):
+            found.append(holder["outputs"])
+    return found
+
+
+def _mutate_outputs(outputs: dict[str, Any], on: Callable[[str], bool]) -> None:
+    for name in ("logprobs_shifted", "entropy"):
+        arr = outputs.get(name)
+        if not isinstance(arr, np.ndarray):
+            continue
+        if name == "logprobs_shifted" and on("logprobs_unshifted") and arr.ndim == 2:
+            arr = np.concatenate([np.zeros_like(arr[:, :1]), arr[:, :-1]], axis=1)
+            arr[:, -1] = np.where(arr[:, -1] == 0, -1.0, arr[:, -1])
+        if on("result_dtype_f64"):
+            arr = arr.astype(np.float64)
+        outputs[name] = arr
+
+
+def _wrap_groups(core: ProtocolCore, on: Callable[[str], bool]) -> None:
+    """Wrap the current `core.groups` (admin reset replaces it) once."""
+    groups = core.groups
+    if getattr(groups, "_behaviour", False):
+        return
+    accept = groups.accept
+
+    def _accept(job_id: str, method: Any, frame: Any) -> ChunkStep:
+        limits = groups.limits
+        if on("too_many_chunks_unchecked"):
+            groups.limits = dataclasses.replace(limits, max_chunks=1 << 62)
+        try:
+            step = accept(job_id, method, frame)
+            if step.group_id and on("replay_executes_twice"):  # forget the completed group
+                record = groups.store.get_group(job_id, step.group_id)
+                if record is not None:
+                    record.complete, record.received, record.request_id = False, set(), ""
+                    groups.store.put_group(record)
+            return step
+        except ProtocolError as exc:
+            if exc.code == "chunk_group_restart_required" and on("restart_not_required"):
+                return _cache_first(groups, job_id, frame)
+            raise
+        finally:
+            groups.limits = limits
+
+    groups.accept = _accept  # type: ignore[method-assign]
+    groups._behaviour = True  # type: ignore[attr-defined]
+
+
+def _cache_first(groups: Any, job_id: str, frame: Any) -> ChunkStep:
+    """Start a group at whatever chunk arrives first (what §3.5 forbids)."""
+    desc = dssst1.read_chunk_descriptor(frame)
+    assert desc is not None and desc.chunk_group_id is not None
+    asm = dssst1.ChunkAssembler(kind="request", limits=groups.limits)
+    try:
+        asm.feed(frame)
+    except dssst1.DSSError as exc:
+        raise ProtocolError(exc.code, str(exc), field=exc.path or "body") from None
+    gid = desc.chunk_group_id
+    groups._assemblers[(job_id, gid)] = asm
+    record = GroupRecord(job_id=job_id, group_id=gid, frame_sha256=desc.frame_sha256,
+                         total_chunks=desc.total_chunks, frame_size_bytes=desc.frame_size_bytes,
+                         operation=str(desc.operation or ""), received={desc.chunk_idx})  # fmt: skip
+    groups.store.put_group(record)
+    return ChunkStep(cached={"chunk_cached": True, "chunk_group_id": gid,
+                             "chunk_idx": desc.chunk_idx, "chunks_received": 1,
+                             "total_chunks": desc.total_chunks})  # fmt: skip

@@ -1,0 +1,228 @@
+"""Checkpoints of the fake gateway: save, load, list, export as real files, download, delete.
+
+A checkpoint is a snapshot of the job's fake training state (NUMERICS.md §6). Export produces
+three small real files: `model.safetensors` (one F32 tensor computed from the snapshot),
+`config.json` and `tokenizer_config.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from arctic_servers.protocol.errors import ProtocolError
+
+from . import tokenizer
+from .jobs import Checkpoint, Job, JobManager, SubJob, rfc3339
+from .numerics import token_logprob
+
+TYPES = ("resumable", "weights-only")
+FILES = ("model.safetensors", "config.json", "tokenizer_config.json")
+EXPORT_TTL_S = 3600
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def not_found(job_id: str, checkpoint_id: str) -> ProtocolError:
+    return ProtocolError(
+        "checkpoint_not_found",
+        f"no checkpoint {checkpoint_id!r} in job {job_id}",
+        job_id=job_id,
+        checkpoint_id=checkpoint_id,
+    )
+
+
+def get(job: Job, checkpoint_id: str) -> Checkpoint:
+    ckpt = job.checkpoints.get(checkpoint_id)
+    if ckpt is None:
+        raise not_found(job.job_id, checkpoint_id)
+    return ckpt
+
+
+def check_id(checkpoint_id: str, field: str = "checkpoint_id") -> None:
+    if not _ID.match(checkpoint_id):
+        raise ProtocolError(
+            "invalid_argument",
+            f"field {field}: {checkpoint_id!r} is not a checkpoint id "
+            "(1-128 of A-Z a-z 0-9 . _ -, not starting with . _ -)",
+            field=field,
+            expected="[A-Za-z0-9][A-Za-z0-9._-]{0,127}",
+        )
+
+
+def check_save(body: Mapping[str, Any]) -> None:
+    if body.get("checkpoint_id"):
+        check_id(str(body["checkpoint_id"]))
+    ctype = body.get("checkpoint_type") or "resumable"
+    if ctype not in TYPES:
+        raise ProtocolError(
+            "invalid_argument",
+            f"field checkpoint_type: {ctype!r} is not one of {list(TYPES)}",
+            field="checkpoint_type",
+            expected=list(TYPES),
+        )
+
+
+def to_json(ckpt: Checkpoint) -> dict[str, Any]:
+    return {
+        "checkpoint_id": ckpt.checkpoint_id,
+        "checkpoint_type": ckpt.checkpoint_type,
+        "global_steps": ckpt.global_step,
+        "avg_loss": ckpt.avg_loss,
+        "created_at": rfc3339(ckpt.created_at),
+        "size_bytes": sum(len(v) for v in files(ckpt).values()),
+    }
+
+
+def save(job: Job, train: SubJob, body: Mapping[str, Any]) -> dict[str, Any]:
+    check_save(body)
+    cid = str(body.get("checkpoint_id") or f"step-{job.global_step}")
+    ckpt = Checkpoint(
+        checkpoint_id=cid,
+        checkpoint_type=str(body.get("checkpoint_type") or "resumable"),
+        global_step=job.global_step,
+        model_step=train.model_step,
+        lr=job.lr,
+        avg_loss=job.last_loss,
+        created_at=time.time(),
+        model_name=train.model_name,
+    )
+    job.checkpoints.pop(cid, None)  # a re-save replaces it (and moves it to the end)
+    job.checkpoints[cid] = ckpt
+    return {"checkpoint": to_json(ckpt)}
+
+
+def load(jobs: JobManager, job: Job, token: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Restore a snapshot into the target sub-job (NUMERICS.md §6)."""
+    cid = str(body.get("checkpoint_id") or "")
+    if not cid:
+        raise ProtocolError(
+            "missing_field", "field checkpoint_id: is required", field="checkpoint_id"
+        )
+    source = job
+    if body.get("source_job_id"):
+        source = jobs.visible(str(body["source_job_id"]), token)
+    ckpt = get(source, cid)
+    target = job.sub_job("training")
+    if body.get("target_sub_job_id"):
+        target = job.find_sub_job(str(body["target_sub_job_id"]))
+        if target is None:
+            raise ProtocolError(
+                "sub_job_not_found",
+                f"no sub-job {body['target_sub_job_id']!r} in job {job.job_id}",
+                sub_job_id=body["target_sub_job_id"],
+                job_id=job.job_id,
+            )
+    assert target is not None
+    target.model_step = ckpt.model_step
+    if target.role == "training" and ckpt.checkpoint_type == "resumable":
+        job.global_step, job.lr = ckpt.global_step, ckpt.lr
+        job.grad.clear()
+        job.accum_loss, job.accum_tokens = 0.0, 0
+    return {"checkpoint": to_json(ckpt)}
+
+
+def list_all(job: Job) -> dict[str, Any]:
+    return {"checkpoints": [to_json(c) for c in job.checkpoints.values()]}
+
+
+def delete(job: Job, checkpoint_id: str) -> dict[str, Any]:
+    get(job, checkpoint_id)
+    del job.checkpoints[checkpoint_id]
+    return {"deleted": True}
+
+
+def file_url(job_id: str, checkpoint_id: str, filename: str) -> str:
+    return f"/{job_id}/checkpoints/{checkpoint_id}/files/{filename}"
+
+
+def export(job: Job, checkpoint_id: str) -> dict[str, Any]:
+    ckpt = get(job, checkpoint_id)
+    out = []
+    for name, data in files(ckpt).items():
+        out.append(
+            {
+                "filename": name,
+                "url": file_url(job.job_id, checkpoint_id, name),
+                "size_bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+    return {
+        "checkpoint_id": checkpoint_id,
+        "files": out,
+        "expires_at": rfc3339(time.time() + EXPORT_TTL_S),
+    }
+
+
+def download(job: Job, checkpoint_id: str, filename: str) -> bytes:
+    data = files(get(job, checkpoint_id)).get(filename)
+    if data is None:
+        raise ProtocolError(
+            "not_found",
+            f"checkpoint {checkpoint_id!r} has no file {filename!r}; files: {list(FILES)}",
+            filename=filename,
+            checkpoint_id=checkpoint_id,
+        )
+    return data
+
+
+def files(ckpt: Checkpoint) -> dict[str, bytes]:
+    """The exported files of a checkpoint (deterministic bytes)."""
+    bias = np.asarray(
+        token_logprob(np.arange(tokenizer.VOCAB_SIZE), 0, 0, ckpt.model_step), np.float32
+    )
+    config = {
+        "architectures": ["ArcticFakeByteLM"],
+        "model_type": "arctic-fake",
+        "vocab_size": tokenizer.VOCAB_SIZE,
+        "model_name": ckpt.model_name,
+        "checkpoint_type": ckpt.checkpoint_type,
+        "global_step": ckpt.global_step,
+        "model_step": ckpt.model_step,
+        "torch_dtype": "float32",
+    }
+    tok = {
+        "tokenizer_class": "ArcticFakeByteTokenizer",
+        "byte_offset": tokenizer.BYTE_OFFSET,
+        "pad_token_id": tokenizer.PAD_ID,
+        "bos_token_id": tokenizer.BOS_ID,
+        "eos_token_id": tokenizer.EOS_ID,
+        "vocab_size": tokenizer.VOCAB_SIZE,
+    }
+    return {
+        "model.safetensors": safetensors_bytes(
+            {"lm_head.bias": bias}, {"model_step": str(ckpt.model_step)}
+        ),
+        "config.json": json.dumps(config, indent=2, sort_keys=True).encode(),
+        "tokenizer_config.json": json.dumps(tok, indent=2, sort_keys=True).encode(),
+    }
+
+
+_ST_DTYPES = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32"}
+
+
+def safetensors_bytes(
+    tensors: Mapping[str, np.ndarray[Any, Any]], metadata: Mapping[str, str]
+) -> bytes:
+    """A plain safetensors file (8-byte header length, JSON header padded to 8, data)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", **metadata}}
+    data = bytearray()
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        header[name] = {
+            "dtype": _ST_DTYPES[str(arr.dtype)],
+            "shape": list(arr.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + bytes(data)

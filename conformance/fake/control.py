@@ -1,0 +1,153 @@
+"""Control-plane bodies of the fake gateway: CreateJob configs and ListJobs filters, checked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from arctic_servers.protocol.errors import ProtocolError
+
+from .jobs import Job, JobManager, SubJob, role_of
+
+DTYPES = ("", "float32", "bfloat16", "float16")
+TRAINING_KEYS = frozenset(
+    {
+        "max_seq_len",
+        "n_gpus",
+        "train_batch_size",
+        "gradient_clipping",
+        "optimizer",
+        "zero_stage",
+        "micro_batch_size",
+        "deepspeed",
+    }
+)
+INFERENCE_KEYS = frozenset({"max_seq_len", "n_gpus", "vllm_config"})
+STATES = ("pending", "placing", "initializing", "running", "cancelled", "terminated", "failed")
+
+
+def _bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
+    return ProtocolError(code, f"field {path}: {message}", field=path, **details)
+
+
+def _pos_int(cfg: Mapping[str, Any], key: str, path: str, default: int) -> int:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)  # JSON numbers inside a Struct arrive as floats over gRPC
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise _bad(f"{path}.{key}", f"{v!r} is not an integer >= 1", expected="an integer >= 1")
+    return v
+
+
+def sub_jobs_of(body: Mapping[str, Any], max_total_gpus: int) -> list[SubJob]:
+    """Check `sub_job_configs` and build the sub-jobs (ids are given by `JobManager.create`)."""
+    configs = body.get("sub_job_configs") or []
+    if not configs:
+        raise _bad(
+            "sub_job_configs", "at least one sub-job config is required", code="missing_field"
+        )
+    out: list[SubJob] = []
+    unsupported: list[str] = []
+    for i, cfg in enumerate(configs):
+        path = f"sub_job_configs[{i}]"
+        role = role_of(cfg.get("job_type"))
+        if role is None:
+            raise _bad(
+                f"{path}.job_type",
+                "is required: training, sampling or log_prob",
+                code="missing_field",
+            )
+        model = cfg.get("model_name") or ""
+        if not model:
+            raise _bad(f"{path}.model_name", "is required", code="missing_field")
+        dtype = cfg.get("dtype") or ""
+        if dtype not in DTYPES:
+            raise _bad(
+                f"{path}.dtype",
+                f"{dtype!r} is not one of {list(DTYPES[1:])}",
+                expected=list(DTYPES[1:]),
+            )
+        own, other = ("training_config", "inference_config")
+        if role != "training":
+            own, other = other, own
+        if cfg.get(other):
+            raise _bad(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
+        conf: dict[str, Any] = dict(cfg.get(own) or {})
+        known = TRAINING_KEYS if role == "training" else INFERENCE_KEYS
+        unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
+        n_gpus = _pos_int(conf, "n_gpus", f"{path}.{own}", 1)
+        if n_gpus > max_total_gpus:
+            raise _bad(
+                f"{path}.{own}.n_gpus",
+                f"{n_gpus} exceeds the server's max_total_gpus {max_total_gpus}",
+                expected=f"<= {max_total_gpus}",
+            )
+        _pos_int(conf, "max_seq_len", f"{path}.{own}", 0)
+        opt = conf.get("optimizer")
+        if opt is not None:
+            lr = opt.get("lr") if isinstance(opt, Mapping) else None
+            if not isinstance(opt, Mapping) or (
+                lr is not None and (not isinstance(lr, int | float) or lr <= 0)
+            ):
+                raise _bad(
+                    f"{path}.{own}.optimizer",
+                    "must be an object with lr > 0",
+                    expected='{"name": ..., "lr": > 0}',
+                )
+        out.append(SubJob("", role, 0, str(model), n_gpus, conf))
+    if unsupported:
+        raise ProtocolError(
+            "unsupported_option",
+            f"unknown config key(s): {', '.join(unsupported)}",
+            options=unsupported,
+            field=unsupported[0],
+        )
+    return out
+
+
+def create(jobs: JobManager, owner: str | None, body: Mapping[str, Any]) -> Job:
+    sub_jobs = sub_jobs_of(body, jobs.max_total_gpus)
+    labels = dict(body.get("labels") or {})
+    for k in labels:
+        if not k:
+            raise _bad("labels", "a label key is empty", expected="non-empty keys")
+    lease = int(body.get("lease_seconds") or 0)
+    jobs.check_lease(lease, "lease_seconds")
+    return jobs.create(
+        owner,
+        sub_jobs,
+        labels=labels,
+        comment=str(body.get("comment") or ""),
+        experiment_name=str(body.get("experiment_name") or ""),
+        lease_seconds=lease or jobs.lease_default_seconds,
+    )
+
+
+def state_name(value: Any) -> str:
+    s = str(value).lower().removeprefix("job_state_")
+    s = {"canceled": "cancelled"}.get(s, s)
+    if s not in STATES:
+        raise _bad("state", f"{value!r} is not one of {list(STATES)}", expected=list(STATES))
+    return s
+
+
+def list_jobs(jobs: JobManager, owner: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
+    state = state_name(body["state"]) if body.get("state") else ""
+    wanted: list[tuple[str, str]] = []
+    for item in body.get("label") or []:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key:
+            raise _bad("label", f"{item!r} is not key=value", expected="key=value")
+        wanted.append((key, value))
+    out = []
+    for job in jobs.jobs.values():
+        if job.owner != owner and job.owner is not None:
+            continue
+        if state and job.state != state:
+            continue
+        if any(job.labels.get(k) != v for k, v in wanted):
+            continue
+        out.append(job.to_json())
+    return {"jobs": out}

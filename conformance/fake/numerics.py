@@ -1,0 +1,290 @@
+"""Deterministic fake numerics of the fake gateway: pure functions, specified in NUMERICS.md.
+
+Nothing here holds state: every value is a fixed function of the request and of the job's step
+counters, so tests can assert exact numbers. Log-probs and entropies are multiples of 1/16 and
+1/32 and therefore exact in float32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+LOSS_FNS = ("cross_entropy", "grpo", "ppo", "importance_sampling", "cispo", "weighted_logprob")
+ADVANTAGE_LOSSES = frozenset({"grpo", "ppo", "importance_sampling", "cispo"})
+CLIPPED_LOSSES = frozenset({"grpo", "ppo", "cispo"})
+AGG_MODES = ("token-mean", "seq-mean", "sum")
+KL_TYPES = ("low_var_kl", "kl", "mse")
+IGNORE_INDEX = -100
+
+
+# --------------------------------------------------------------------------- log-probs, entropy
+
+
+def token_logprob(token: Any, position: Any, prev: Any, step: int) -> Any:
+    """NUMERICS.md §2: `-(((31 t + 13 prev + 17 p + 7 s) mod 97) + 1) / 16`, always < 0."""
+    k = (
+        np.asarray(token, np.int64) * 31
+        + np.asarray(prev, np.int64) * 13
+        + np.asarray(position, np.int64) * 17
+        + step * 7
+    ) % 97
+    return -(k + 1) / 16.0
+
+
+def token_entropy(prev: Any, position: Any, step: int) -> Any:
+    """NUMERICS.md §2: `(((7 prev + 3 p + 5 s) mod 64) + 1) / 32`, always > 0."""
+    k = (np.asarray(prev, np.int64) * 7 + np.asarray(position, np.int64) * 3 + step * 5) % 64
+    return (k + 1) / 32.0
+
+
+def default_positions(mask: I64) -> I64:
+    """`cumsum(attention_mask) - 1`, clamped at 0 (the spec's default `position_ids`)."""
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
+
+
+@dataclass
+class Batch:
+    """The token-level view of a batch: ids, 0/1 mask and positions, all [B, S] int64."""
+
+    ids: I64
+    mask: I64
+    pos: I64
+
+    @property
+    def pair(self) -> I64:
+        """[B, S-1]: 1 where column j (the context) and column j+1 (the prediction) are real."""
+        return self.mask[:, :-1] * self.mask[:, 1:]
+
+
+def make_batch(ids: Any, mask: Any = None, pos: Any = None) -> Batch:
+    ids64 = np.asarray(ids).astype(np.int64)
+    m = np.ones_like(ids64) if mask is None else (np.asarray(mask) != 0).astype(np.int64)
+    p = default_positions(m) if pos is None else np.asarray(pos).astype(np.int64)
+    return Batch(ids64, m, p)
+
+
+def shifted_logprobs(b: Batch, step: int, targets: I64 | None = None) -> F64:
+    """[B, S]: column j = log-prob of token j+1 (or `targets[:, j+1]`); last column, padding 0."""
+    out = np.zeros(b.ids.shape, np.float64)
+    if b.ids.shape[1] < 2:
+        return out
+    tgt = b.ids if targets is None else targets
+    lp = token_logprob(tgt[:, 1:], b.pos[:, 1:], b.ids[:, :-1], step)
+    out[:, :-1] = np.where(b.pair != 0, lp, 0.0)
+    return out
+
+
+def shifted_entropy(b: Batch, step: int) -> F64:
+    """[B, S]: column j = entropy of the distribution predicting token j+1; padding 0."""
+    out = np.zeros(b.ids.shape, np.float64)
+    if b.ids.shape[1] < 2:
+        return out
+    ent = token_entropy(b.ids[:, :-1], b.pos[:, 1:], step)
+    out[:, :-1] = np.where(b.pair != 0, ent, 0.0)
+    return out
+
+
+def token_aligned(shifted: F64) -> F64:
+    """Shifted [B, S] -> token-aligned [B, S]: column i holds `shifted[:, i-1]`, column 0 is 0."""
+    out = np.zeros_like(shifted)
+    out[:, 1:] = shifted[:, :-1]
+    return out
+
+
+# --------------------------------------------------------------------------- losses
+
+
+@dataclass
+class LossSpec:
+    """`processing` of a call, with defaults applied (NUMERICS.md §3)."""
+
+    loss_fn: str = "cross_entropy"
+    agg: str = "token-mean"
+    global_num_tokens: int = 0
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.2
+    entropy_coeff: float = 0.0
+    kl_coeff: float = 0.0
+    kl_type: str = "low_var_kl"
+    temperature: float = 1.0
+
+
+@dataclass
+class LossInputs:
+    """Token-aligned [B, S] float64 arrays of the loss context (None when absent)."""
+
+    loss_mask: F64 | None = None
+    labels: I64 | None = None
+    advantages: F64 | None = None
+    weights: F64 | None = None
+    old_shifted: F64 | None = None
+    ref_shifted: F64 | None = None
+
+
+@dataclass
+class LossResult:
+    loss: float
+    metrics: dict[str, Any]
+    # Gradient contributions by target token id (NUMERICS.md §4); sum of values = loss.
+    grad: dict[int, float] = field(default_factory=dict)
+
+
+def loss_mask(b: Batch, spec: LossSpec, x: LossInputs) -> F64:
+    """Token-aligned mask m: column 0 and tokens without a real predecessor are 0."""
+    if x.loss_mask is not None:
+        base = x.loss_mask.astype(np.float64)
+    elif x.labels is not None:
+        base = (x.labels != IGNORE_INDEX).astype(np.float64)
+    else:
+        base = np.ones(b.ids.shape, np.float64)
+    m = np.zeros(b.ids.shape, np.float64)
+    m[:, 1:] = base[:, 1:] * b.pair
+    return m
+
+
+def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResult:
+    """Loss, metrics and gradient contributions of one call (NUMERICS.md §3-§4)."""
+    targets = None
+    if spec.loss_fn == "cross_entropy" and x.labels is not None:
+        targets = np.where(x.labels == IGNORE_INDEX, b.ids, x.labels).astype(np.int64)
+    lp = token_aligned(shifted_logprobs(b, step, targets)) / spec.temperature
+    m = loss_mask(b, spec, x)
+    on = m != 0
+    old = lp if x.old_shifted is None else token_aligned(x.old_shifted)
+    adv = np.zeros_like(lp) if x.advantages is None else x.advantages
+    metrics: dict[str, Any] = {}
+    ratio = np.exp(lp - old)
+    if spec.loss_fn == "cross_entropy":
+        per = -lp
+    elif spec.loss_fn == "weighted_logprob":
+        assert x.weights is not None
+        per = -x.weights * lp
+    elif spec.loss_fn == "importance_sampling":
+        per = -ratio * adv
+    elif spec.loss_fn in ("ppo", "grpo"):
+        clipped = np.clip(ratio, 1.0 - spec.eps_clip, 1.0 + spec.eps_clip_high)
+        per = np.maximum(-ratio * adv, -clipped * adv)
+        metrics["clip_fraction"] = _mean(((-clipped * adv) > (-ratio * adv)), on)
+    else:  # cispo
+        per = -np.minimum(ratio, 1.0 + spec.eps_clip_high) * adv * lp
+        metrics["clip_fraction"] = _mean(ratio > 1.0 + spec.eps_clip_high, on)
+    if spec.loss_fn in CLIPPED_LOSSES:
+        metrics["approx_kl"] = _mean(old - lp, on)
+    if spec.kl_coeff > 0 and x.ref_shifted is not None:
+        kl = kl_term(lp, token_aligned(x.ref_shifted), spec.kl_type)
+        per = per + spec.kl_coeff * kl
+        metrics["kl"] = _mean(kl, on)
+    if spec.entropy_coeff != 0:
+        ent = token_aligned(shifted_entropy(b, step))
+        per = per - spec.entropy_coeff * ent
+    weight = agg_weights(m, spec)
+    contrib = weight * per
+    loss = float(contrib.sum())
+    metrics.update(loss=loss, num_tokens=int(on.sum()), num_sequences=int(b.ids.shape[0]))
+    tgt = b.ids if targets is None else targets
+    grad: dict[int, float] = {}
+    for t, c in zip(tgt[on].tolist(), contrib[on].tolist(), strict=True):
+        grad[t] = grad.get(t, 0.0) + c
+    return LossResult(loss, metrics, grad)
+
+
+def kl_term(lp: F64, ref: F64, kl_type: str) -> F64:
+    """k1 ("kl") = lp - ref; k2 ("mse") = (lp - ref)^2 / 2; k3 ("low_var_kl") = e^d - d - 1.
+
+    Here d = ref - lp.
+    """
+    if kl_type == "kl":
+        return lp - ref
+    if kl_type == "mse":
+        return 0.5 * (lp - ref) ** 2
+    d = ref - lp
+    return np.asarray(np.exp(d) - d - 1.0, np.float64)
+
+
+def agg_weights(m: F64, spec: LossSpec) -> F64:
+    """Per-token weight w so that loss = sum(w * per_token_loss) (NUMERICS.md §3.3)."""
+    if spec.agg == "sum":
+        return m
+    if spec.agg == "seq-mean":
+        row = m.sum(axis=1, keepdims=True)
+        rows = int((row[:, 0] > 0).sum())
+        if rows == 0:
+            return np.zeros_like(m)
+        out: F64 = np.divide(m, row * rows, out=np.zeros_like(m), where=row > 0)
+        return out
+    denom = float(spec.global_num_tokens) if spec.global_num_tokens > 0 else float(m.sum())
+    return m / denom if denom > 0 else np.zeros_like(m)
+
+
+def _mean(values: Any, on: npt.NDArray[np.bool_]) -> float:
+    n = int(on.sum())
+    return float(np.asarray(values, np.float64)[on].sum() / n) if n else 0.0
+
+
+def grad_norm(grad: Mapping[int, float]) -> float:
+    """NUMERICS.md §4: the L2 norm of the accumulated per-token-id gradient vector."""
+    return math.sqrt(sum(v * v for v in grad.values()))
+
+
+# --------------------------------------------------------------------------- generation
+
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """One SplitMix64 step: (next state, output)."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def generation_seed(seed: int, sample_idx: int, weight_version: int, prompt: Sequence[int]) -> int:
+    """NUMERICS.md §5: first 8 bytes (little-endian) of sha256("seed|idx|version|ids")."""
+    text = f"{seed}|{sample_idx}|{weight_version}|{','.join(str(int(t)) for t in prompt)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def token_stream(
+    seed: int, sample_idx: int, weight_version: int, prompt: Sequence[int], count: int
+) -> list[int]:
+    """`count` sampled token ids: printable ASCII bytes 32..126, as tokenizer ids (byte + 3)."""
+    state = generation_seed(seed, sample_idx, weight_version, prompt)
+    out = []
+    for _ in range(count):
+        state, z = splitmix64(state)
+        out.append(32 + z % 95 + 3)
+    return out
+
+
+__all__ = [
+    "AGG_MODES",
+    "KL_TYPES",
+    "LOSS_FNS",
+    "Batch",
+    "LossInputs",
+    "LossResult",
+    "LossSpec",
+    "compute_loss",
+    "default_positions",
+    "generation_seed",
+    "grad_norm",
+    "make_batch",
+    "shifted_entropy",
+    "shifted_logprobs",
+    "splitmix64",
+    "token_entropy",
+    "token_logprob",
+    "token_stream",
+]

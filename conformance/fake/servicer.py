@@ -1,0 +1,387 @@
+"""`FakeServicer`: every op of arctic.v1 over the fake gateway's jobs and NUMERICS.md.
+
+The protocol layer (`arctic_servers.protocol`) does routing, auth, chunk groups, idempotency,
+sequencing and generic body validation; this class adds the semantic checks (`check_request`,
+run before a data-plane call is accepted, so bad input is a 4xx, never a failed request) and the
+business logic. Every executed data-plane call is appended to its job's execution log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from arctic_sdk._generated import methods as M
+from arctic_sdk._spec import GrpcShape, MethodInfo, Role
+from arctic_servers._generated.servicer import ServicerBase
+from arctic_servers.protocol.context import CallContext
+from arctic_servers.protocol.errors import ProtocolError
+
+from . import checkpoints as ck
+from . import control, operations, sampling, training
+from . import numerics as nx
+from .jobs import Job, JobManager, SubJob, not_running_error, terminal_error
+
+if TYPE_CHECKING:
+    from arctic_servers.protocol.core import ProtocolCore
+
+DEFAULT_VOCAB_SIZE = 151_936  # Qwen2's; ids of the byte tokenizer (< 259) always fit
+LIFECYCLE = {"applied": False, "reason": "fake gateway: nothing to offload"}
+# Data-plane ops a job that is not running may still serve (checkpoint files outlive compute).
+_ANY_STATE = frozenset(
+    {M.LIST_CHECKPOINTS, M.EXPORT_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE, M.DELETE_CHECKPOINT}
+)
+# Roles an op may be pointed at with X-Arctic-Sub-Job (default: its own role only).
+_TARGETS: dict[MethodInfo, frozenset[str]] = {
+    M.FORWARD: frozenset({"training", "log_prob", "sampling"}),
+    M.LOG_PROBS: frozenset({"training", "log_prob", "sampling"}),
+    M.GENERATE: frozenset({"sampling"}),
+    M.RESET_PREFIX_CACHE: frozenset({"sampling", "log_prob"}),
+    M.SLEEP_INFERENCE: frozenset({"sampling", "log_prob"}),
+    M.WAKE_INFERENCE: frozenset({"sampling", "log_prob"}),
+}
+
+
+class FakeServicer(ServicerBase):
+    """The fake gateway's business logic. `behaviour` is the switchboard for behaviour faults.
+
+    Behaviour keys honoured now: `latency_s` ({op name: seconds} slept before the op runs, so a
+    test can observe `running` requests, 202 answers and CancelRequest of a running request).
+    """
+
+    operation_types = operations.OPERATION_TYPES
+
+    def __init__(
+        self,
+        jobs: JobManager | None = None,
+        *,
+        vocab_size: int = DEFAULT_VOCAB_SIZE,
+        auth: bool = False,
+    ) -> None:
+        self.jobs = jobs or JobManager()
+        self.vocab_size = vocab_size
+        self.auth = auth
+        self.behaviour: dict[str, Any] = {}
+        self.core: ProtocolCore | None = None  # attached by the server (operation cancel-request)
+
+    # ------------------------------------------------------------------ protocol hooks
+
+    def _owner(self, ctx: CallContext) -> str | None:
+        return ctx.token if self.auth else None
+
+    def _job(self, ctx: CallContext) -> Job:
+        return self.jobs.visible(ctx.job_id or "", self._owner(ctx))
+
+    async def authorize_job(self, ctx: CallContext, *, running: bool) -> None:
+        job = self._job(ctx)
+        if running and ctx.method.grpc_shape is GrpcShape.FRAMES:
+            self._require_running(job, ctx.method)
+
+    @staticmethod
+    def _require_running(job: Job, method: MethodInfo) -> None:
+        if method in _ANY_STATE:
+            return
+        if job.terminal:
+            raise terminal_error(job)
+        if job.state != "running":
+            raise not_running_error(job)
+
+    async def cancel_running(self, ctx: CallContext, request_id: str) -> None:
+        job = self.jobs.jobs.get(ctx.job_id or "")
+        if job is not None:
+            self._log(job, ctx, op=M.CANCEL_REQUEST.name, cancelled_request_id=request_id)
+
+    def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
+        """Semantic checks before a data-plane call is accepted (4xx on failure)."""
+        job = self._job(ctx)
+        m = ctx.method
+        if m is M.OPERATION:
+            operations.check(self, job, ctx, body)
+            return
+        sub = self.target(job, ctx)
+        if m is M.FORWARD_BACKWARD or m is M.FORWARD:
+            training.parse_train(body, self.vocab_size, need_loss=m is M.FORWARD_BACKWARD)
+        elif m is M.LOG_PROBS:
+            training.check_tokens(
+                body["input_ids"], body.get("attention_mask"), "", self.vocab_size
+            )
+        elif m is M.GENERATE:
+            sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
+        elif m is M.STEP:
+            _lr(body)
+        elif m is M.SAVE_CHECKPOINT:
+            ck.check_save(body)
+        else:
+            operations.check_simple(job, m, body)
+
+    # ------------------------------------------------------------------ helpers
+
+    def target(self, job: Job, ctx: CallContext, method: MethodInfo | None = None) -> SubJob:
+        """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""
+        m = method or ctx.method
+        role = "training" if m.role is Role.GATEWAY else m.role.value
+        allowed = _TARGETS.get(m, frozenset({role}))
+        if ctx.sub_job_id:
+            sub = job.find_sub_job(ctx.sub_job_id)
+            if sub is None:
+                raise ProtocolError(
+                    "sub_job_not_found",
+                    f"no sub-job {ctx.sub_job_id!r} in job {job.job_id}",
+                    sub_job_id=ctx.sub_job_id,
+                    job_id=job.job_id,
+                )
+            if sub.role not in allowed:
+                raise ProtocolError(
+                    "invalid_argument",
+                    f"header X-Arctic-Sub-Job: {m.name} cannot run on {sub.role} sub-job "
+                    f"{sub.sub_job_id}",
+                    field="X-Arctic-Sub-Job",
+                    expected=sorted(allowed),
+                )
+            return sub
+        sub = job.sub_job(role)
+        if sub is None and role == "log_prob":
+            sub = job.sub_job("training")
+        if sub is None:
+            raise ProtocolError(
+                "sub_job_not_found",
+                f"job {job.job_id} has no {role} sub-job for {m.name}",
+                job_id=job.job_id,
+                role=role,
+            )
+        return sub
+
+    def _log(self, job: Job, ctx: CallContext, **extra: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "index": len(job.execution_log),
+            "op": ctx.method.name,
+            "request_id": ctx.request_id,
+            "seq": ctx.seq,
+            "idempotency_key": ctx.idempotency_key,
+            "transport": ctx.transport,
+            "sub_job_id": ctx.sub_job_id,
+            "at": time.time(),
+        }
+        entry.update(extra)
+        job.execution_log.append(entry)
+        return entry
+
+    async def _begin(self, ctx: CallContext, **extra: Any) -> tuple[Job, SubJob, dict[str, Any]]:
+        """Start executing a data-plane call: latency behaviour, state re-check, log entry."""
+        delay = (self.behaviour.get("latency_s") or {}).get(ctx.method.name, 0)
+        if delay:
+            await asyncio.sleep(float(delay))
+        job = self._job(ctx)
+        self._require_running(job, ctx.method)
+        sub = self.target(job, ctx)
+        return job, sub, self._log(job, ctx, target=sub.sub_job_id, **extra)
+
+    # ------------------------------------------------------------------ control plane
+
+    async def create_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = control.create(self.jobs, self._owner(ctx), body)
+        return {"job_id": job.job_id}
+
+    async def list_jobs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return control.list_jobs(self.jobs, self._owner(ctx), body)
+
+    async def get_capacity(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return self.jobs.capacity()
+
+    async def get_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return {"job": self._job(ctx).to_json()}
+
+    async def cancel_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(ctx)
+        if job.terminal:
+            raise terminal_error(job)
+        self.jobs.end(job, "cancelled", "cancelled by CancelJob")
+        if self.core is not None:
+            self.core.groups.forget_job(job.job_id)
+        return {"job": job.to_json()}
+
+    async def renew_job_lease(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(ctx)
+        seconds = int(body.get("lease_seconds") or 0)
+        self.jobs.check_lease(seconds, "lease_seconds")
+        return {"lease_expires_at": self.jobs.renew(job, seconds)}
+
+    # ------------------------------------------------------------------ training
+
+    async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub, _ = await self._begin(ctx)
+        call = training.parse_train(body, self.vocab_size, need_loss=True)
+        result, lr = training.run(call, sub.model_step, forward=False)
+        assert lr is not None
+        for t, g in lr.grad.items():
+            job.grad[t] = job.grad.get(t, 0.0) + g
+        job.accum_loss += lr.loss
+        job.accum_tokens += int(lr.metrics["num_tokens"])
+        result["metrics"]["global_step"] = job.global_step
+        return result
+
+    async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub, _ = await self._begin(ctx)
+        return forward_result(self, job, sub, body)
+
+    async def log_probs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub, _ = await self._begin(ctx)
+        result = training.log_probs(body, self.vocab_size, sub.model_step)
+        result["metrics"]["global_step"] = job.global_step
+        return result
+
+    async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub, entry = await self._begin(ctx)
+        lr = _lr(body)
+        if lr is not None:
+            job.lr = lr
+        norm = nx.grad_norm(job.grad)
+        job.applied_steps += 1
+        job.global_step += 1
+        sub.model_step = job.global_step
+        metrics = {
+            "loss": job.accum_loss,
+            "num_tokens": job.accum_tokens,
+            "grad_norm": norm,
+            "lr": job.lr,
+            "global_step": job.global_step,
+        }
+        job.last_loss = job.accum_loss
+        job.grad.clear()
+        job.accum_loss, job.accum_tokens = 0.0, 0
+        entry.update(global_step=job.global_step, grad_norm=norm, lr=job.lr)
+        return {"metrics": metrics}
+
+    # ------------------------------------------------------------------ sampling
+
+    async def generate(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub, entry = await self._begin(ctx)
+        p = sampling.parse_params(body)
+        prompts = sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
+        seed = p.seed if p.seed is not None else sampling.draw_seed()
+        entry.update(seed=seed, weight_version=job.weight_version)
+        results = []
+        for ids in prompts:
+            samples = [
+                sampling.sample(
+                    ids, k, p, seed, job.weight_version, sub.model_step, sub.max_seq_len
+                )
+                for k in range(p.n)
+            ]
+            results.append({"prompt_token_ids": ids, "samples": samples})
+        return {"results": results, "weight_version": job.weight_version}
+
+    async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, _, entry = await self._begin(ctx)
+        result = operations.sync(job, body)
+        entry.update(weight_version=job.weight_version)
+        return result
+
+    async def reset_prefix_cache(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        await self._begin(ctx)
+        return {"reset": True}
+
+    async def operation(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        delay = (self.behaviour.get("latency_s") or {}).get(ctx.method.name, 0)
+        if delay:
+            await asyncio.sleep(float(delay))
+        job = self._job(ctx)
+        self._require_running(job, ctx.method)
+        return await operations.run(self, job, ctx, body)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    async def save_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub, entry = await self._begin(ctx)
+        result = ck.save(job, sub, body)
+        entry.update(checkpoint_id=result["checkpoint"]["checkpoint_id"])
+        return result
+
+    async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, _, entry = await self._begin(ctx)
+        entry.update(checkpoint_id=body.get("checkpoint_id"))
+        return ck.load(self.jobs, job, self._owner(ctx), body)
+
+    async def list_checkpoints(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return ck.list_all(self._job(ctx))
+
+    async def export_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return ck.export(self._job(ctx), str(body["checkpoint_id"]))
+
+    async def download_checkpoint_file(self, ctx: CallContext, body: dict[str, Any]) -> bytes:
+        return ck.download(self._job(ctx), str(body["checkpoint_id"]), str(body["filename"]))
+
+    async def delete_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(ctx)
+        self._log(job, ctx, checkpoint_id=body["checkpoint_id"])
+        return ck.delete(job, str(body["checkpoint_id"]))
+
+    # ------------------------------------------------------------------ colocation lifecycle
+
+    async def sleep_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        await self._begin(ctx)
+        return dict(LIFECYCLE)
+
+    async def wake_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        await self._begin(ctx)
+        return dict(LIFECYCLE)
+
+    async def sleep_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        await self._begin(ctx)
+        return dict(LIFECYCLE)
+
+    async def wake_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        await self._begin(ctx)
+        return dict(LIFECYCLE)
+
+    # ------------------------------------------------------------------ admin
+
+    def job_state(self, job_id: str) -> dict[str, Any]:
+        """The admin view of a job (conformance/README.md, "Fake gateway")."""
+        job = self.jobs.jobs.get(job_id)
+        if job is None:
+            raise ProtocolError("job_not_found", f"no job {job_id!r}", job_id=job_id)
+        return {
+            "job_id": job.job_id,
+            "state": job.state,
+            "reason": job.reason,
+            "history": list(job.history),
+            "applied_steps": job.applied_steps,
+            "global_step": job.global_step,
+            "weight_version": job.weight_version,
+            "lr": job.lr,
+            "model_steps": {s.sub_job_id: s.model_step for s in job.sub_jobs},
+            "accumulated": {
+                "loss": job.accum_loss,
+                "num_tokens": job.accum_tokens,
+                "grad_norm": nx.grad_norm(job.grad),
+            },
+            "checkpoints": list(job.checkpoints),
+            "execution_log": list(job.execution_log),
+        }
+
+
+def forward_result(
+    svc: FakeServicer, job: Job, sub: SubJob, body: dict[str, Any]
+) -> dict[str, Any]:
+    call = training.parse_train(body, svc.vocab_size, need_loss=False)
+    result, _ = training.run(call, sub.model_step, forward=True)
+    result["metrics"]["global_step"] = job.global_step
+    return result
+
+
+def _lr(body: dict[str, Any]) -> float | None:
+    v = body.get("learning_rate")
+    if v is None:
+        return None
+    x = float(v)
+    if not math.isfinite(x) or x <= 0:
+        raise ProtocolError(
+            "invalid_argument",
+            f"field learning_rate: {v!r} is not a finite number > 0",
+            field="learning_rate",
+            expected="a finite number > 0",
+        )
+    return x
