@@ -554,7 +554,16 @@ class LossContext(TypedDict, total=False):
 
 
 class LossConfig(TypedDict, total=False):
-    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed)."""
+    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed).
+    Losses per token (r = exp(logp - old), A = advantage, both at the prediction position):
+      cross_entropy       -logp
+      ppo / grpo          -min(r * A, clip(r, 1 - eps_clip, 1 + eps_clip_high) * A)
+      importance_sampling -r * A                       (old = the sampler's log-probs, required)
+      cispo               -stopgrad(clip(r, 1 - eps_clip, 1 + eps_clip_high)) * A * logp
+      weighted_logprob    -w * logp                    (w = `context.weights`)
+    plus kl_coeff * KL(ref) and minus entropy_coeff * entropy for any loss, then aggregated by
+    `loss_agg_mode`. A value set to 0 is used as 0; only an absent value takes the default.
+    """
 
     loss_agg_mode: str
     """\"token-mean" (default): sum over the call's masked tokens / their count — or /
@@ -619,25 +628,41 @@ class ForwardBackwardRequest(TypedDict, total=False):
 
 
 class Metrics(TypedDict, total=False):
-    """Scalar metrics of a call. `loss` and `num_tokens` are always present."""
+    """Scalar metrics of a call. `loss` and `num_tokens` are always present. "Trained tokens" are the
+    prediction positions the loss mask selects; means below are over them, weighted by the mask.
+    """
 
     loss: float
 
     num_tokens: int
-    """Masked (trained) tokens in this call."""
+    """Trained tokens in this call (non-zero mask entries)."""
 
     grad_norm: float
-    """Set by step."""
+    """Set by step: L2 norm of the accumulated gradient before clipping."""
 
     lr: float
 
     clip_fraction: float
-    """ppo / grpo / cispo."""
+    """ppo / grpo: fraction of trained tokens whose clipped term is selected (zero gradient there);
+    cispo: fraction whose ratio lies outside [1 - eps_clip, 1 + eps_clip_high].
+    """
 
     approx_kl: float
+    """Ratio-based losses (ppo, grpo, cispo, importance_sampling): mean of
+    `old_log_probs_shifted - logprobs_shifted` (k1), verl's `ppo_kl`.
+    """
+
     entropy: float
+    """Mean entropy of the predicting distribution (when entropy was computed)."""
+
     kl: float
+    """Mean KL penalty term against `ref_log_probs_shifted` (when `kl_coeff` > 0); `low_var_kl` is
+    clamped to [-10, 10] per token.
+    """
+
     num_sequences: int
+    """Rows in the call."""
+
     global_step: int
 
 

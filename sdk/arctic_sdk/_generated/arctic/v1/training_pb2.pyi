@@ -168,7 +168,16 @@ Global___LossContext: _TypeAlias = LossContext  # noqa: Y015
 
 @_typing.final
 class LossConfig(_message.Message):
-    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed)."""
+    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed).
+    Losses per token (r = exp(logp - old), A = advantage, both at the prediction position):
+      cross_entropy       -logp
+      ppo / grpo          -min(r * A, clip(r, 1 - eps_clip, 1 + eps_clip_high) * A)
+      importance_sampling -r * A                       (old = the sampler's log-probs, required)
+      cispo               -stopgrad(clip(r, 1 - eps_clip, 1 + eps_clip_high)) * A * logp
+      weighted_logprob    -w * logp                    (w = `context.weights`)
+    plus kl_coeff * KL(ref) and minus entropy_coeff * entropy for any loss, then aggregated by
+    `loss_agg_mode`. A value set to 0 is used as 0; only an absent value takes the default.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -298,7 +307,9 @@ Global___ForwardBackwardRequest: _TypeAlias = ForwardBackwardRequest  # noqa: Y0
 
 @_typing.final
 class Metrics(_message.Message):
-    """Scalar metrics of a call. `loss` and `num_tokens` are always present."""
+    """Scalar metrics of a call. `loss` and `num_tokens` are always present. "Trained tokens" are the
+    prediction positions the loss mask selects; means below are over them, weighted by the mask.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -314,16 +325,26 @@ class Metrics(_message.Message):
     GLOBAL_STEP_FIELD_NUMBER: _builtins.int
     loss: _builtins.float
     num_tokens: _builtins.int
-    """Masked (trained) tokens in this call."""
+    """Trained tokens in this call (non-zero mask entries)."""
     grad_norm: _builtins.float
-    """Set by step."""
+    """Set by step: L2 norm of the accumulated gradient before clipping."""
     lr: _builtins.float
     clip_fraction: _builtins.float
-    """ppo / grpo / cispo."""
+    """ppo / grpo: fraction of trained tokens whose clipped term is selected (zero gradient there);
+    cispo: fraction whose ratio lies outside [1 - eps_clip, 1 + eps_clip_high].
+    """
     approx_kl: _builtins.float
+    """Ratio-based losses (ppo, grpo, cispo, importance_sampling): mean of
+    `old_log_probs_shifted - logprobs_shifted` (k1), verl's `ppo_kl`.
+    """
     entropy: _builtins.float
+    """Mean entropy of the predicting distribution (when entropy was computed)."""
     kl: _builtins.float
+    """Mean KL penalty term against `ref_log_probs_shifted` (when `kl_coeff` > 0); `low_var_kl` is
+    clamped to [-10, 10] per token.
+    """
     num_sequences: _builtins.int
+    """Rows in the call."""
     global_step: _builtins.int
     def __init__(
         self,
