@@ -116,13 +116,14 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
 
     submit = core._submit
 
-    async def _submit(call: Any, ctx: Any, body: Any, kind: str, identity: str,
-                      body_hash: str, group: str = "") -> Any:  # fmt: skip
+    async def _submit(
+        call: Any, ctx: Any, body: Any, kind: str, identity: str, *rest: Any, **kw: Any
+    ) -> Any:
         if kind == "key" and on("idempotency_key_ignored"):
             kind, identity = "", ""
         if kind == "group" and on("replay_executes_twice"):
             kind, identity = "", ""
-        return await submit(call, ctx, body, kind, identity, body_hash, group)
+        return await submit(call, ctx, body, kind, identity, *rest, **kw)
 
     core._submit = _submit  # type: ignore[method-assign]
 
@@ -143,8 +144,9 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
 
     def _poll(call: Any, ctx: Any) -> Any:
         if on("cursor_ignored"):
-            call = dataclasses.replace(call, query={k: v for k, v in call.query.items()
-                                                    if k != "cursor"})  # fmt: skip
+            call = dataclasses.replace(
+                call, query={k: v for k, v in call.query.items() if k != "cursor"}
+            )
         return poll(call, ctx)
 
     core._poll = _poll  # type: ignore[method-assign]
@@ -170,9 +172,10 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
 
     # ------------------------------------------------------------------ HTTP answers
     @web.middleware
-    async def drop_404_body(request: web.Request,
-                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-                            ) -> web.StreamResponse:  # fmt: skip
+    async def drop_404_body(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
         response = await handler(request)
         if response.status == 404 and on("error_body_dropped_404"):
             return web.Response(status=404)
@@ -234,19 +237,31 @@ def _wrap_groups(core: ProtocolCore, on: Callable[[str], bool]) -> None:
 
 def _cache_first(groups: Any, job_id: str, frame: Any) -> ChunkStep:
     """Start a group at whatever chunk arrives first (what §3.5 forbids)."""
-    desc = dssst1.read_chunk_descriptor(frame)
-    assert desc is not None and desc.chunk_group_id is not None
     asm = dssst1.ChunkAssembler(kind="request", limits=groups.limits)
     try:
+        desc = dssst1.read_chunk_descriptor(frame)
         asm.feed(frame)
     except dssst1.DSSError as exc:
         raise ProtocolError(exc.code, str(exc), field=exc.path or "body") from None
+    assert desc is not None and desc.chunk_group_id is not None
     gid = desc.chunk_group_id
     groups._assemblers[(job_id, gid)] = asm
-    record = GroupRecord(job_id=job_id, group_id=gid, frame_sha256=desc.frame_sha256,
-                         total_chunks=desc.total_chunks, frame_size_bytes=desc.frame_size_bytes,
-                         operation=str(desc.operation or ""), received={desc.chunk_idx})  # fmt: skip
+    record = GroupRecord(
+        job_id=job_id,
+        group_id=gid,
+        frame_sha256=desc.frame_sha256,
+        total_chunks=desc.total_chunks,
+        frame_size_bytes=desc.frame_size_bytes,
+        operation=str(desc.operation or ""),
+        received={desc.chunk_idx},
+    )
     groups.store.put_group(record)
-    return ChunkStep(cached={"chunk_cached": True, "chunk_group_id": gid,
-                             "chunk_idx": desc.chunk_idx, "chunks_received": 1,
-                             "total_chunks": desc.total_chunks})  # fmt: skip
+    return ChunkStep(
+        cached={
+            "chunk_cached": True,
+            "chunk_group_id": gid,
+            "chunk_idx": desc.chunk_idx,
+            "chunks_received": 1,
+            "total_chunks": desc.total_chunks,
+        }
+    )

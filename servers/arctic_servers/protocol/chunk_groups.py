@@ -14,6 +14,7 @@ import dssst1
 from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
 
+from . import faultpoints
 from .errors import ProtocolError
 from .stores import ChunkStore, GroupRecord
 
@@ -140,6 +141,7 @@ class ChunkGroups:
                 frame_size_bytes=int(desc.get("frame_size_bytes", 0)),
                 operation=str(label or method.name),
             )
+        faultpoints.hit("chunk_accepted")
         if self.store.durable and whole is None:
             self.store.save_chunk(job_id, gid, int(idx), bytes(frame))
         group.received.add(int(idx))
@@ -159,6 +161,16 @@ class ChunkGroups:
         self.store.drop_chunks(job_id, gid)
         del self._assemblers[key]
         return ChunkStep(frame=whole, group_id=gid, frame_sha256=group.frame_sha256)
+
+    def reset(self, job_id: str, group_id: str) -> None:
+        """Forget a group's progress (it completed, but its request was never recorded because
+        the server stopped in between): a replay from chunk 0 is then accepted as new."""
+        group = self.store.get_group(job_id, group_id)
+        if group is not None:
+            group.received, group.complete, group.request_id = set(), False, ""
+            self.store.put_group(group)
+        self.store.drop_chunks(job_id, group_id)
+        self._assemblers.pop((job_id, group_id), None)
 
     def bind_request(self, job_id: str, group_id: str, request_id: str) -> None:
         group = self.store.get_group(job_id, group_id)

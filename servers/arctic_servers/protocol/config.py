@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 MiB = 1024 * 1024
+
+
+def token_digest(token: str) -> str:
+    """The sha256 hex digest a server may keep instead of a token (`token_sha256`)."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,12 @@ class ProtocolConfig:
     limits: ProtocolLimits = field(default_factory=ProtocolLimits)
     # Accepted bearer tokens; empty = no auth.
     tokens: frozenset[str] = frozenset()
+    # Accepted tokens as sha256 hex digests (`token_digest`), so a server need not hold them in
+    # plaintext; auth is on when `tokens` or `token_sha256` is non-empty.
+    token_sha256: frozenset[str] = frozenset()
+    # Data-plane requests one token may have pending or running at once (0 = no limit); past it
+    # a call is refused with 429 `rate_limited`, `Retry-After` and `details.queue_position`.
+    max_inflight_per_token: int = 0
     # "inline": wait for every call (200); "async": answer 202 at once, except that an
     # inline_preferred op waits up to inline_wait_seconds; "auto": every op waits up to
     # inline_wait_seconds, then 202.

@@ -22,3 +22,9 @@ class CallContext:
     transport: str = "http"  # "http" or "grpc"
     headers: dict[str, str] = field(default_factory=dict)
     query: dict[str, Any] = field(default_factory=dict)
+    # Set by `ProtocolCore.restore` for a request a durable server takes up after a restart
+    # (its token was checked when it arrived; it is not kept): `resumed` for every such request,
+    # `recovered` for one that was running, whose outcome the servicer must then collect from
+    # its engine, never run again.
+    resumed: bool = False
+    recovered: bool = False

@@ -13,6 +13,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,8 +28,9 @@ from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency, MethodInfo
 
 from .._generated.servicer import ServicerBase
+from . import faultpoints
 from .chunk_groups import ChunkGroups
-from .config import ProtocolConfig
+from .config import ProtocolConfig, token_digest
 from .context import CallContext
 from .errors import ProtocolError
 from .sequencer import Sequencer
@@ -102,6 +105,12 @@ class ProtocolCore:
         self._events: dict[tuple[str, str], list[bytes]] = {}
         self._pool = descriptor_pool.Default()
         self._implemented = frozenset(self.implemented())
+        # requests whose servicer call has begun (a cancel then goes through `cancel_running`)
+        self._started: set[tuple[str, str]] = set()
+        self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
+        self._durations: dict[str, float] = {}  # token hash -> mean request seconds (EWMA)
+        self.draining = False  # refuse new work (503) while a server shuts down
+        self._handing_off = False
 
     # ------------------------------------------------------------------ entry point
 
@@ -120,6 +129,13 @@ class ProtocolCore:
         )
         if method is M.GET_CAPABILITIES:
             return Outcome(200, method, value=self.capabilities())
+        if self.draining and method is not M.GET_REQUEST and method.http_method != "GET":
+            raise ProtocolError(
+                "unavailable",
+                f"{self.config.server} is shutting down and accepts no new work; retry against "
+                "the restarted server",
+                retry_after_s=2,
+            )
         if not method.protocol and method not in self._implemented:
             raise ProtocolError(
                 "unimplemented",
@@ -145,10 +161,11 @@ class ProtocolCore:
     def _authenticate(self, call: IncomingCall) -> str | None:
         auth = call.headers.get("authorization", "")
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else None
-        if self.config.tokens and call.method is not M.GET_CAPABILITIES:
+        c = self.config
+        if (c.tokens or c.token_sha256) and call.method is not M.GET_CAPABILITIES:
             if not token:
                 raise ProtocolError("unauthenticated", "missing Authorization: Bearer <token>")
-            if token not in self.config.tokens:
+            if token not in c.tokens and token_digest(token) not in c.token_sha256:
                 raise ProtocolError("unauthenticated", "the bearer token is not accepted")
         return token
 
@@ -324,15 +341,22 @@ class ProtocolCore:
             if step.replay_group:
                 rec = self._group_request(ctx.job_id, step.replay_group)
                 if rec is None:  # the group completed but its request was never recorded
+                    self.groups.reset(ctx.job_id, step.replay_group)
                     raise ProtocolError(
                         "chunk_group_restart_required",
                         f"chunk group {step.replay_group!r} has no request; replay from chunk 0",
                         chunk_group_id=step.replay_group,
                         expected_start_chunk=0,
                     )
+                if rec.expired:
+                    raise self._expired(rec)
                 return await self._answer(rec, method, call)
             assert step.frame is not None
             body = self._decode(step.frame)
+            if method.body is BodyKind.DSSST1 and self.requests.durable:
+                ctx_frame: bytes | None = bytes(step.frame)
+            else:
+                ctx_frame = None
             group = step.group_id
             if step.group_id:
                 kind, identity, body_hash = "group", step.group_id, step.frame_sha256
@@ -344,6 +368,7 @@ class ProtocolCore:
                 body = self._params_body(call, dict(body))
         else:
             body = self._params_body(call, dict(self._json_body(call)))
+            ctx_frame = None
         keyed = ctx.idempotency_key and method.idempotency is Idempotency.KEYED
         if keyed and method.body is not BodyKind.DSSST1:
             kind, identity = "key", str(ctx.idempotency_key)
@@ -354,7 +379,9 @@ class ProtocolCore:
             check(ctx, body)
         if method.response_type == "":
             return Outcome(200, method, raw=await self._invoke(method, ctx, body))
-        return await self._submit(call, ctx, body, kind, identity, body_hash, group)
+        if self.requests.durable and ctx_frame is None:
+            ctx_frame = dssst1.dumps(body)
+        return await self._submit(call, ctx, body, kind, identity, body_hash, group, ctx_frame)
 
     def _group_request(self, job_id: str, group_id: str) -> RequestRecord | None:
         """The request a completed chunk group led to (also when it is keyed by its key)."""
@@ -383,6 +410,7 @@ class ProtocolCore:
         identity: str,
         body_hash: str,
         group: str = "",
+        body_frame: bytes | None = None,
     ) -> Outcome:
         method = call.method
         job_id = ctx.job_id
@@ -398,6 +426,8 @@ class ProtocolCore:
                         f"chunk group {identity!r} was used with different content",
                         chunk_group_id=identity,
                     )
+                if old.expired:
+                    raise self._expired(old)
                 if group and group != identity:  # a keyed retry in a new group
                     self.groups.bind_request(job_id, group, old.request_id)
                 return await self._answer(old, method, call)
@@ -411,6 +441,8 @@ class ProtocolCore:
                     seq=ctx.seq,
                     request_id=taken.request_id,
                 )
+        token_hash = hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16]
+        self._admit(token_hash)
         rec = RequestRecord(
             job_id=job_id,
             request_id=uuid.uuid4().hex,
@@ -419,16 +451,42 @@ class ProtocolCore:
             identity=identity,
             body_hash=body_hash,
             seq=ctx.seq if self.config.sequencing else None,
-            token_hash=hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16],
+            token_hash=token_hash,
+            body_frame=body_frame,
+            sub_job_id=ctx.sub_job_id or "",
         )
         self.requests.create(rec)  # recorded before anything executes
         if group:
             self.groups.bind_request(job_id, group, rec.request_id)
+        faultpoints.hit("request_recorded")
         ctx.request_id = rec.request_id
-        key = (job_id, rec.request_id)
+        self._start(rec, method, ctx, body)
+        return await self._answer(rec, method, call)
+
+    def _start(self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any) -> None:
+        key = (rec.job_id, rec.request_id)
+        self._inflight[rec.token_hash] = self._inflight.get(rec.token_hash, 0) + 1
         self._done[key] = asyncio.Event()
         self._tasks[key] = asyncio.get_running_loop().create_task(self._run(rec, method, ctx, body))
-        return await self._answer(rec, method, call)
+
+    def _admit(self, token_hash: str) -> None:
+        """Per-token concurrency limit: 429 with Retry-After and the queue position."""
+        limit = self.config.max_inflight_per_token
+        n = self._inflight.get(token_hash, 0)
+        if limit <= 0 or n < limit:
+            return
+        position = n - limit + 1  # requests of this token that must end before one is admitted
+        mean = self._durations.get(token_hash, 1.0)
+        retry = max(1, math.ceil(mean * position / limit))
+        raise ProtocolError(
+            "rate_limited",
+            f"this token has {n} requests pending or running, its limit is {limit}; retry in "
+            f"about {retry} s (queue position {position})",
+            limit=limit,
+            in_flight=n,
+            queue_position=position,
+            retry_after_s=retry,
+        )
 
     def _sequencer(self) -> Sequencer:
         if self._seq is None:  # created inside the running loop
@@ -440,17 +498,27 @@ class ProtocolCore:
     ) -> None:
         key = (rec.job_id, rec.request_id)
         seq = self._sequencer()
+        t0 = time.monotonic()
         try:
-            if rec.seq is not None:
+            if rec.seq is not None and not ctx.recovered:
                 await seq.wait_turn(rec.job_id, rec.seq)
-            rec.status = "running"
-            self.requests.update(rec)
+            self._started.add(key)
+            if rec.status != "running":
+                rec.status = "running"
+                self.requests.update(rec)
+                faultpoints.hit("request_started")
             result = await self._invoke(method, ctx, body)
+            faultpoints.hit("request_executed")
             rec.result_frame = dssst1.dumps(result)
             rec.status = "completed"
         except ProtocolError as exc:
-            rec.status, rec.error = "failed", exc.body()["error"]
+            rec.status = "cancelled" if exc.code == "request_cancelled" else "failed"
+            rec.error = exc.body()["error"]
         except asyncio.CancelledError:
+            if self._handing_off:  # shutting down: the record stays pending/running for a restart
+                self._tasks.pop(key, None)
+                self._started.discard(key)
+                raise
             rec.status = "cancelled"
             rec.error = ProtocolError(
                 "request_cancelled", f"request {rec.request_id} was cancelled"
@@ -467,14 +535,25 @@ class ProtocolCore:
             rec.error = ProtocolError(
                 "internal", f"{method.name} failed: {type(exc).__name__}: {exc}"
             ).body()["error"]
-        finally:
-            self.requests.update(rec)
-            if rec.seq is not None:
-                await seq.mark_done(rec.job_id, rec.seq)
-            self._tasks.pop(key, None)
-            event = self._done.pop(key, None)
-            if event is not None:
-                event.set()
+        if not rec.terminal:  # handed off (re-raised above)
+            return
+        rec.body_frame = None
+        self.requests.update(rec)
+        self._started.discard(key)
+        n = self._inflight.get(rec.token_hash, 1) - 1
+        if n > 0:
+            self._inflight[rec.token_hash] = n
+        else:
+            self._inflight.pop(rec.token_hash, None)
+        old = self._durations.get(rec.token_hash)
+        took = time.monotonic() - t0
+        self._durations[rec.token_hash] = took if old is None else 0.8 * old + 0.2 * took
+        if rec.seq is not None:
+            await seq.mark_done(rec.job_id, rec.seq)
+        self._tasks.pop(key, None)
+        event = self._done.pop(key, None)
+        if event is not None:
+            event.set()
 
     async def _answer(self, rec: RequestRecord, method: MethodInfo, call: IncomingCall) -> Outcome:
         event = self._done.get((rec.job_id, rec.request_id))
@@ -486,6 +565,8 @@ class ProtocolCore:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
         fresh = self.requests.get(rec.job_id, rec.request_id) or rec
+        if fresh.terminal and fresh.fetched_at is None:
+            self.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
         return Outcome(
             200 if fresh.terminal else 202,
             method,
@@ -514,6 +595,8 @@ class ProtocolCore:
         max_events = int(body.get("max_events") or lim.default_max_events)
         max_events = max(1, min(max_events, lim.max_events))
         method = M.BY_NAME.get(rec.op, call.method)
+        if rec.terminal and rec.fetched_at is None:
+            self.requests.mark_fetched(rec.job_id, rec.request_id, time.time())
         return Outcome(200, method, record=rec, cursor=cursor, max_events=max_events)
 
     def _record(self, job_id: str, request_id: str) -> RequestRecord:
@@ -525,7 +608,20 @@ class ProtocolCore:
                 request_id=request_id,
                 job_id=job_id,
             )
+        if rec.expired:
+            raise self._expired(rec)
         return rec
+
+    def _expired(self, rec: RequestRecord) -> ProtocolError:
+        return ProtocolError(
+            "request_not_found",
+            f"request {rec.request_id} of job {rec.job_id} ended and its result was dropped "
+            f"{self.config.limits.retention_seconds} s after it was first fetched (retention); "
+            "it is not run again",
+            request_id=rec.request_id,
+            job_id=rec.job_id,
+            expired=True,
+        )
 
     async def _cancel_request(self, call: IncomingCall, ctx: CallContext) -> Outcome:
         body = self._params_body(call, dict(self._json_body(call)))
@@ -533,15 +629,22 @@ class ProtocolCore:
         rec = self._record(ctx.job_id or "", str(body.get("request_id", "")))
         cancelled = False
         if not rec.terminal:
-            task = self._tasks.get((rec.job_id, rec.request_id))
+            key = (rec.job_id, rec.request_id)
+            task = self._tasks.get(key)
+            event = self._done.get(key)
             hook = getattr(self.servicer, "cancel_running", None)
-            if rec.status == "running" and hook is not None:
-                await hook(ctx, rec.request_id)
-            if task is not None:
+            # A servicer whose `cancel_running` answers True ends a running request itself, at
+            # its engine's next safe point (completed if it finished first); else the task stops.
+            handled = False
+            if key in self._started and hook is not None:
+                handled = bool(await hook(ctx, rec.request_id))
+            if task is not None and not handled:
                 task.cancel()
-                event = self._done.get((rec.job_id, rec.request_id))
-                if event is not None:
-                    await event.wait()
+            if event is not None and handled:  # a running engine call may take a while
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+            elif event is not None:
+                await event.wait()
             rec = self._record(rec.job_id, rec.request_id)
             cancelled = rec.status == "cancelled"
         return Outcome(
@@ -574,3 +677,84 @@ class ProtocolCore:
         tasks = list(self._tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ durable servers
+
+    async def restore(self) -> dict[str, int]:
+        """After a restart on a durable request store, take up the requests that had not ended.
+
+        Sequence numbers that executed are marked done. A request that was pending runs from its
+        stored body, in its sequence order. A request that was running is handed to the
+        servicer with `ctx.recovered` set, when the servicer declares `recovers_running = True`
+        (it then collects the outcome from its engine and never runs the request again);
+        otherwise it fails with a reason. Call it once, before serving.
+        """
+        seq = self._sequencer()
+        for job_id, seqs in self.requests.executed_seqs().items():
+            seq.restore(job_id, seqs)
+        counts = {"pending": 0, "running": 0, "failed": 0}
+        recovers = bool(getattr(self.servicer, "recovers_running", False))
+        for rec in self.requests.unfinished():
+            method = M.BY_NAME.get(rec.op)
+            running = rec.status != "pending"
+            reason = ""
+            if method is None:
+                reason = f"op {rec.op!r} is unknown to the restarted server"
+            elif running and not recovers:
+                reason = "the server restarted while the request was running; it is not run again"
+            elif rec.body_frame is None:
+                reason = "the server restarted and the request's body was not kept"
+            if reason:
+                rec.status = "failed"
+                rec.error = ProtocolError("internal", reason, request_id=rec.request_id).body()[
+                    "error"
+                ]
+                rec.body_frame = None
+                self.requests.update(rec)
+                if rec.seq is not None:
+                    await seq.mark_done(rec.job_id, rec.seq)
+                counts["failed"] += 1
+                continue
+            assert method is not None and rec.body_frame is not None
+            body = self._decode(rec.body_frame)
+            key_id = rec.identity if rec.identity_kind == "key" else None
+            ctx = CallContext(
+                method=method,
+                job_id=rec.job_id,
+                sub_job_id=rec.sub_job_id or None,
+                request_id=rec.request_id,
+                idempotency_key=key_id,
+                seq=rec.seq,
+                resumed=True,
+                recovered=running,
+            )
+            self._start(rec, method, ctx, body)
+            counts["running" if running else "pending"] += 1
+        return counts
+
+    async def hand_off(self, timeout: float) -> int:
+        """Graceful shutdown of a durable server: stop accepting, let running requests finish
+        for up to `timeout` seconds, then stop waiting. What has not ended stays pending or
+        running in the store for the next start (`restore`). Returns how many were handed off."""
+        self.draining = True
+        pending = [t for k, t in self._tasks.items() if k not in self._started]
+        self._handing_off = True
+        for task in pending:
+            task.cancel()
+        running = [t for k, t in self._tasks.items() if k in self._started]
+        if running:
+            await asyncio.wait(running, timeout=timeout)
+        left = [t for t in running if not t.done()]
+        for task in left:
+            task.cancel()
+        if left or pending:
+            await asyncio.gather(*left, *pending, return_exceptions=True)
+        return len(left) + len(pending)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drop results fetched more than `retention_seconds` ago (their records stay)."""
+        now = time.time() if now is None else now
+        n = self.requests.expire(now - self.config.limits.retention_seconds)
+        if n:
+            self._events.clear()  # a cache of result chunks; rebuilt on demand
+        return n

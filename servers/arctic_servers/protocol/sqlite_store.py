@@ -18,9 +18,11 @@ CREATE TABLE IF NOT EXISTS requests (
   job_id TEXT NOT NULL, request_id TEXT NOT NULL, op TEXT NOT NULL, status TEXT NOT NULL,
   identity_kind TEXT NOT NULL, identity TEXT NOT NULL, body_hash TEXT NOT NULL, seq INTEGER,
   result_frame BLOB, error TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL,
-  token_hash TEXT NOT NULL, PRIMARY KEY (job_id, request_id));
+  token_hash TEXT NOT NULL, body_frame BLOB, sub_job_id TEXT NOT NULL DEFAULT '',
+  fetched_at REAL, expired INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, request_id));
 CREATE INDEX IF NOT EXISTS requests_identity ON requests (job_id, identity_kind, identity);
 CREATE INDEX IF NOT EXISTS requests_seq ON requests (job_id, seq);
+CREATE INDEX IF NOT EXISTS requests_status ON requests (status);
 CREATE TABLE IF NOT EXISTS chunk_groups (
   job_id TEXT NOT NULL, group_id TEXT NOT NULL, frame_sha256 TEXT NOT NULL,
   total_chunks INTEGER NOT NULL, frame_size_bytes INTEGER NOT NULL, operation TEXT NOT NULL,
@@ -33,8 +35,10 @@ CREATE TABLE IF NOT EXISTS chunks (
 
 _REQ_COLS = (
     "job_id, request_id, op, status, identity_kind, identity, body_hash, seq, result_frame, "
-    "error, created_at, updated_at, token_hash"
+    "error, created_at, updated_at, token_hash, body_frame, sub_job_id, fetched_at, expired"
 )
+_NCOLS = 17
+_OPEN = "status IN ('pending', 'running', 'streaming')"
 
 
 class _Db:
@@ -50,7 +54,10 @@ class _Db:
 
 
 def _row_to_request(row: tuple[object, ...]) -> RequestRecord:
-    (job_id, request_id, op, status, kind, identity, body_hash, seq, frame, error, c, u, tok) = row
+    (job_id, request_id, op, status, kind, identity, body_hash, seq, frame, error, c, u, tok) = row[
+        :13
+    ]
+    body, sub_job_id, fetched, expired = row[13:]
     return RequestRecord(
         job_id=str(job_id),
         request_id=str(request_id),
@@ -65,10 +72,16 @@ def _row_to_request(row: tuple[object, ...]) -> RequestRecord:
         created_at=float(c) if isinstance(c, int | float) else 0.0,
         updated_at=float(u) if isinstance(u, int | float) else 0.0,
         token_hash=str(tok),
+        body_frame=bytes(body) if isinstance(body, bytes | bytearray | memoryview) else None,
+        sub_job_id=str(sub_job_id or ""),
+        fetched_at=float(fetched) if isinstance(fetched, int | float) else None,
+        expired=bool(expired),
     )
 
 
 class SqliteRequestStore:
+    durable = True
+
     def __init__(self, path: str | Path) -> None:
         self._db = _Db(path)
 
@@ -90,10 +103,14 @@ class SqliteRequestStore:
             rec.created_at,
             rec.updated_at,
             rec.token_hash,
+            rec.body_frame,
+            rec.sub_job_id,
+            rec.fetched_at,
+            int(rec.expired),
         )
         with self._db.lock:
             self._db.conn.execute(
-                f"{verb} INTO requests ({_REQ_COLS}) VALUES ({', '.join('?' * 13)})", values
+                f"{verb} INTO requests ({_REQ_COLS}) VALUES ({', '.join('?' * _NCOLS)})", values
             )
 
     def create(self, rec: RequestRecord) -> None:
@@ -137,6 +154,40 @@ class SqliteRequestStore:
     def delete_job(self, job_id: str) -> None:
         with self._db.lock:
             self._db.conn.execute("DELETE FROM requests WHERE job_id = ?", (job_id,))
+
+    def unfinished(self) -> list[RequestRecord]:
+        with self._db.lock:
+            rows = self._db.conn.execute(
+                f"SELECT {_REQ_COLS} FROM requests WHERE {_OPEN} ORDER BY created_at"
+            ).fetchall()
+        return [_row_to_request(r) for r in rows]
+
+    def executed_seqs(self) -> dict[str, set[int]]:
+        with self._db.lock:
+            rows = self._db.conn.execute(
+                f"SELECT job_id, seq FROM requests WHERE seq IS NOT NULL AND NOT {_OPEN}"
+            ).fetchall()
+        out: dict[str, set[int]] = {}
+        for job_id, seq in rows:
+            out.setdefault(str(job_id), set()).add(int(seq))
+        return out
+
+    def mark_fetched(self, job_id: str, request_id: str, ts: float) -> None:
+        with self._db.lock:
+            self._db.conn.execute(
+                "UPDATE requests SET fetched_at = ? "
+                "WHERE job_id = ? AND request_id = ? AND fetched_at IS NULL",
+                (ts, job_id, request_id),
+            )
+
+    def expire(self, fetched_before: float) -> int:
+        with self._db.lock:
+            cur = self._db.conn.execute(
+                "UPDATE requests SET result_frame = NULL, body_frame = NULL, expired = 1 "
+                "WHERE expired = 0 AND fetched_at IS NOT NULL AND fetched_at < ?",
+                (fetched_before,),
+            )
+        return int(cur.rowcount)
 
 
 class SqliteChunkStore:

@@ -33,6 +33,12 @@ class RequestRecord:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     token_hash: str = ""
+    # The DSSST1 frame of the body, kept by durable stores until the request ends, so that a
+    # restarted server can run a request that had not started yet.
+    body_frame: bytes | None = None
+    sub_job_id: str = ""  # X-Arctic-Sub-Job of the call
+    fetched_at: float | None = None  # when a terminal answer was first delivered
+    expired: bool = False  # the result was dropped after its retention window
 
     @property
     def terminal(self) -> bool:
@@ -56,6 +62,9 @@ class GroupRecord:
 
 
 class RequestStore(Protocol):
+    # True when records survive a restart (bodies are then kept until a request ends).
+    durable: bool
+
     def create(self, rec: RequestRecord) -> None: ...
     def update(self, rec: RequestRecord) -> None: ...
     def get(self, job_id: str, request_id: str) -> RequestRecord | None: ...
@@ -63,6 +72,14 @@ class RequestStore(Protocol):
     def find_seq(self, job_id: str, seq: int) -> RequestRecord | None: ...
     def job_requests(self, job_id: str) -> list[RequestRecord]: ...
     def delete_job(self, job_id: str) -> None: ...
+    # Requests still pending or running (oldest first), for a restart.
+    def unfinished(self) -> list[RequestRecord]: ...
+    # Per job, the sequence numbers of requests that ended, for a restart.
+    def executed_seqs(self) -> dict[str, set[int]]: ...
+    def mark_fetched(self, job_id: str, request_id: str, ts: float) -> None: ...
+    # Drop results (and bodies) fetched before `fetched_before`; the records stay as `expired`
+    # so a replay of their identity is refused rather than run again. Returns how many.
+    def expire(self, fetched_before: float) -> int: ...
 
 
 class ChunkStore(Protocol):
@@ -80,6 +97,8 @@ class ChunkStore(Protocol):
 
 class MemoryRequestStore:
     """Requests in a dict; records are copied in and out so callers cannot alias them."""
+
+    durable = False
 
     def __init__(self) -> None:
         self._by_id: dict[tuple[str, str], RequestRecord] = {}
@@ -122,6 +141,30 @@ class MemoryRequestStore:
         self._by_id = {k: v for k, v in self._by_id.items() if k[0] != job_id}
         self._by_identity = {k: v for k, v in self._by_identity.items() if k[0] != job_id}
         self._by_seq = {k: v for k, v in self._by_seq.items() if k[0] != job_id}
+
+    def unfinished(self) -> list[RequestRecord]:
+        out = [copy.copy(r) for r in self._by_id.values() if not r.terminal]
+        return sorted(out, key=lambda r: r.created_at)
+
+    def executed_seqs(self) -> dict[str, set[int]]:
+        out: dict[str, set[int]] = {}
+        for r in self._by_id.values():
+            if r.seq is not None and r.terminal:
+                out.setdefault(r.job_id, set()).add(r.seq)
+        return out
+
+    def mark_fetched(self, job_id: str, request_id: str, ts: float) -> None:
+        rec = self._by_id.get((job_id, request_id))
+        if rec is not None and rec.fetched_at is None:
+            rec.fetched_at = ts
+
+    def expire(self, fetched_before: float) -> int:
+        n = 0
+        for rec in self._by_id.values():
+            if not rec.expired and rec.fetched_at is not None and rec.fetched_at < fetched_before:
+                rec.result_frame, rec.body_frame, rec.expired = None, None, True
+                n += 1
+        return n
 
 
 class MemoryChunkStore:

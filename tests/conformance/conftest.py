@@ -1,0 +1,69 @@
+"""Fixtures of the conformance suite's own tests: one fake gateway per module, the loaded cases.
+
+The fake runs in a thread (`BackgroundFake`) with admin on, two PATs, and small limits so that
+every case applies quickly: result_chunk events from 64 KiB, a 1 s sequence gap timeout, 4096
+tensors per frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import requests
+
+from arctic_servers.protocol.config import ProtocolLimits
+from conformance.fake import BackgroundFake
+from conformance.runner import Case, Report, RunConfig, load_cases, run_suite, select
+
+TOKEN = "conformance-pat"
+ALT_TOKEN = "conformance-pat-2"
+LIMITS = ProtocolLimits(
+    max_inline_result_bytes=64 * 1024,
+    result_chunk_bytes=16 * 1024,
+    sequence_gap_timeout_seconds=1,
+    max_tensors=4096,
+)
+
+
+def start_fake() -> BackgroundFake:
+    fake = BackgroundFake(
+        tokens=(TOKEN, ALT_TOKEN), admin=True, inline_wait_seconds=0.2, limits=LIMITS
+    )
+    fake.start()
+    return fake
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[BackgroundFake]:
+    f = start_fake()
+    yield f
+    f.stop()
+
+
+@pytest.fixture(scope="session")
+def cases() -> list[Case]:
+    return load_cases()
+
+
+def config(fake: BackgroundFake, transport: str, **kw: Any) -> RunConfig:
+    return RunConfig(
+        target=fake.prefix_url, transport=transport, token=TOKEN, alt_token=ALT_TOKEN, **kw
+    )
+
+
+def run(
+    fake: BackgroundFake, transport: str, cases: Sequence[Case], only: Sequence[str] = (), **kw: Any
+) -> Report:
+    return run_suite(config(fake, transport), select(cases, only, []), **kw)
+
+
+def set_behaviour(fake: BackgroundFake, values: dict[str, Any]) -> None:
+    r = requests.post(
+        fake.admin_url + "/behaviour",
+        json=values,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+    r.raise_for_status()
