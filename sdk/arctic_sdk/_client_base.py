@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
+from ._generated import methods as _M
 from ._spec import MethodInfo
 
 if TYPE_CHECKING:
@@ -125,13 +126,14 @@ class _Common:
 
     def _created(self, method: MethodInfo, body: Mapping[str, Any], result: Any) -> None:
         """After `create_job`: bind the new job, and keep its lease alive."""
-        from ._generated import methods as M
-
-        if method is not M.CREATE_JOB or not isinstance(result, Mapping):
+        if method is not _M.CREATE_JOB or not isinstance(result, Mapping):
             return
         job_id = result.get("job_id")
         if not job_id or self._config is None:
             return
+        state = getattr(self._transport, "state", None)
+        if state is not None:
+            state.seq.own(str(job_id))  # a job it created: this client numbers its calls
         if self.job_id is None:
             self.job_id = str(job_id)
         lease = body.get("lease_seconds") or 0
@@ -151,12 +153,12 @@ class _Common:
     def reconnect_config(self) -> dict[str, Any]:
         """Keyword arguments that re-attach a new client to this client's server and job.
 
-            >>> from arctic_sdk import Client
-            >>> c = Client("http://127.0.0.1:9", job_id="job-7")
-            >>> c.reconnect_config()["job_id"]
-            'job-7'
-            >>> Client(**c.reconnect_config()).job_id
-            'job-7'
+        >>> from arctic_sdk import Client
+        >>> c = Client("http://127.0.0.1:9", job_id="job-7")
+        >>> c.reconnect_config()["job_id"]
+        'job-7'
+        >>> Client(**c.reconnect_config()).job_id
+        'job-7'
         """
         from .config import reconnect_kwargs
 
@@ -175,13 +177,16 @@ class _Common:
         if self._config is None:
             return f"{type(self).__name__}(transport={self._transport!r})"
         cfg = self._config
-        where = {
-            "http": lambda: cfg.cortex.base() or "?",
-            "grpc": lambda: cfg.grpc.target or cfg.cortex.base() or "?",
-            "inproc": lambda: "in-process",
-        }[cfg.transport]()
-        return f"{type(self).__name__}(transport={cfg.transport!r}, server={where!r}, " \
-               f"job_id={self.job_id!r})"  # fmt: skip
+        if cfg.transport == "inproc":
+            where = "in-process"
+        elif cfg.transport == "grpc":
+            where = cfg.grpc.target or cfg.cortex.base() or "?"
+        else:
+            where = cfg.cortex.base() or "?"
+        return (
+            f"{type(self).__name__}(transport={cfg.transport!r}, server={where!r}, "
+            f"job_id={self.job_id!r})"
+        )
 
 
 class ClientBase(_Common):
@@ -206,9 +211,11 @@ class ClientBase(_Common):
         **options: Any,
     ) -> None:
         self._setup(
-            transport, config, {"base_url": base_url, "token": token, "job_id": job_id, **options},
+            transport,
+            config,
+            {"base_url": base_url, "token": token, "job_id": job_id, **options},
             is_async=False,
-        )  # fmt: skip
+        )
 
     @classmethod
     def connect(
@@ -224,7 +231,7 @@ class ClientBase(_Common):
         client = cls(base_url, **kwargs)
         try:
             if create_job is not None:
-                client._call(_methods().CREATE_JOB, create_job, {}, None)
+                client._call(_M.CREATE_JOB, create_job, {}, None)
             if wait and client.job_id is not None:
                 client.wait_until_running()
         except BaseException:
@@ -253,7 +260,7 @@ class ClientBase(_Common):
     ) -> concurrent.futures.Future[Any]:
         merged = merge_body(body, fields)
         fut: concurrent.futures.Future[Any] = self._transport.submit(method, merged, options)
-        if method is _methods().CREATE_JOB:
+        if method is _M.CREATE_JOB:
             fut.add_done_callback(
                 lambda f: None if f.exception() else self._created(method, merged, f.result())
             )
@@ -303,9 +310,11 @@ class AsyncClientBase(_Common):
         **options: Any,
     ) -> None:
         self._setup(
-            transport, config, {"base_url": base_url, "token": token, "job_id": job_id, **options},
+            transport,
+            config,
+            {"base_url": base_url, "token": token, "job_id": job_id, **options},
             is_async=True,
-        )  # fmt: skip
+        )
 
     @classmethod
     async def connect(
@@ -320,7 +329,7 @@ class AsyncClientBase(_Common):
         client = cls(base_url, **kwargs)
         try:
             if create_job is not None:
-                await client._call(_methods().CREATE_JOB, create_job, {}, None)
+                await client._call(_M.CREATE_JOB, create_job, {}, None)
             if wait and client.job_id is not None:
                 await client.wait_until_running()
         except BaseException:
@@ -349,11 +358,13 @@ class AsyncClientBase(_Common):
     ) -> asyncio.Future[Any]:
         merged = merge_body(body, fields)
         fut: asyncio.Future[Any] = self._transport.submit(method, merged, options)
-        if method is _methods().CREATE_JOB:
+        if method is _M.CREATE_JOB:
             fut.add_done_callback(
-                lambda f: None
-                if f.cancelled() or f.exception()
-                else self._created(method, merged, f.result())
+                lambda f: (
+                    None
+                    if f.cancelled() or f.exception()
+                    else self._created(method, merged, f.result())
+                )
             )
         return fut
 
@@ -375,12 +386,6 @@ class AsyncClientBase(_Common):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(None, state["config"], {}, is_async=True, seq_start=state["seq"])
-
-
-def _methods() -> Any:
-    from ._generated import methods
-
-    return methods
 
 
 def _wait_flow(client: _Common, job_id: str | None, timeout: float | None) -> Any:

@@ -42,12 +42,7 @@ ALLOWED_FILES = {
 NAMES = {m.name for m in methods.METHODS} | {a for m in methods.METHODS for a in m.aliases}
 ROUTES = {m.http_path for m in methods.METHODS} - {"/"}
 MARKER = "# not-an-op"
-PENDING: dict[str, set[str]] = {
-    # deployed `/operation` types of a capabilities-less server: belongs in compat/aliases.py
-    "sdk/arctic_sdk/_core/capabilities.py": {"reset-prefix-cache", "cancel-request", "forward"},
-    # the capabilities URL: methods.GET_CAPABILITIES.http_path
-    "sdk/arctic_sdk/transports/grpc.py": {"/capabilities"},
-}
+PENDING: dict[str, set[str]] = {}
 
 
 def _field_names() -> set[str]:

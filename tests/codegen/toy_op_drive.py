@@ -177,16 +177,50 @@ async def runtime() -> None:
 
 
 async def sdk() -> int:
-    """LEAD: the same drive through the SDK's `Client` / `AsyncClient` plugs in here.
+    """The same drive through the SDK's `AsyncClient`, over HTTP and over gRPC.
 
-    With the SDK's HTTP and gRPC transports against the servers that `runtime()` starts:
-    `client.toy_sum(values=np.ones((2, 3), np.float32), scale=2.0)` answers `{"total": 12.0,
-    "count": 6}` on both transports, and a call whose answer is lost (drop the first response
-    in the transport) is retried with the same chunk group and executes once
-    (`ToySumServicer.executions`). Return 0 when it passed; until it is written it reports "not
-    implemented" and the test skips.
+    `client.toy_sum(values=..., scale=2.0)` answers `{"total": 12.0, "count": 6}` on both
+    transports; the first HTTP answer is lost after the op executed (the server aborts the
+    connection), the SDK resends the same chunk group, and the op still executes once per
+    transport (`ToySumServicer.executions`).
     """
-    return NOT_IMPLEMENTED
+    import asyncio
+
+    import numpy as np
+    from aiohttp import web
+
+    from arctic_sdk import AsyncClient
+    from arctic_servers.protocol.serve import start_server
+
+    servicer = toy_sum_servicer()
+    lost = {"answers": 1}
+
+    @web.middleware
+    async def lose_first_answer(request: web.Request, handler: Any) -> web.StreamResponse:
+        response = await handler(request)  # the op executes
+        if lost["answers"] and request.method == "POST":
+            lost["answers"] -= 1
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError()  # aiohttp answers nothing: the client sees a drop
+        return response  # type: ignore[no-any-return]
+
+    def configure(app: web.Application, core: Any) -> None:
+        app.middlewares.append(lose_first_answer)
+
+    srv = await start_server(servicer, configure_app=configure)
+    try:
+        for transport in ("http", "grpc"):
+            async with AsyncClient(
+                srv.base_url, transport=transport, job_id="j1", grpc_target=srv.grpc_target
+            ) as client:
+                result = await client.toy_sum(values=np.ones((2, 3), np.float32), scale=2.0)
+            assert result == {"total": 12.0, "count": 6}, (transport, result)
+        assert lost["answers"] == 0, "the injected loss never happened"
+        assert type(servicer).executions == 2, type(servicer).executions
+    finally:
+        await srv.close()
+    return 0
 
 
 def toy_sum_servicer() -> Any:

@@ -337,3 +337,21 @@ async def test_sqlite_store_keeps_results_across_restart(tmp_path: Path) -> None
 def test_protocol_error_refuses_unknown_codes() -> None:
     with pytest.raises(ValueError):
         ProtocolError("no_such_code", "x")
+
+
+async def test_refused_sequenced_call_does_not_stall_the_next() -> None:
+    toy = Toy()
+    srv = await _start(toy, answer_mode="inline",
+                       limits=ProtocolLimits(sequence_gap_timeout_seconds=5))  # fmt: skip
+    base = srv.base_url + PREFIX
+    async with aiohttp.ClientSession() as s:
+        status, _ = await _post(
+            s, base + "/7/step", json={"bogus": 1}, headers={"X-Arctic-Seq": "1"}
+        )
+        assert status == 400
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        status, body = await _post(s, base + "/7/step", json={}, headers={"X-Arctic-Seq": "2"})
+        assert status == 200 and body["status"] == "completed"
+        assert loop.time() - t0 < 4  # did not wait out the gap timeout
+    await srv.close()

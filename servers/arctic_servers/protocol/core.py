@@ -25,6 +25,7 @@ from google.protobuf import descriptor_pool
 import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
 import dssst1
 from arctic_sdk._generated import methods as M
+from arctic_sdk._generated.error_codes import ERRORS
 from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency, MethodInfo
 
 from .._generated.servicer import ServicerBase
@@ -154,7 +155,21 @@ class ProtocolCore:
             return await self._cancel_request(call, ctx)
         if method.grpc_shape is GrpcShape.UNARY:
             return await self._control(call, ctx)
-        return await self._data_plane(call, ctx)
+        try:
+            return await self._data_plane(call, ctx)
+        except ProtocolError as exc:
+            await self._release_refused_seq(ctx, exc)
+            raise
+
+    async def _release_refused_seq(self, ctx: CallContext, exc: ProtocolError) -> None:
+        """A sequenced call refused for good (never run, never retried as is) counts as executed,
+        so the job's next number does not wait out the gap timeout for it."""
+        if ctx.seq is None or not ctx.job_id or not self.config.sequencing:
+            return
+        if ERRORS[exc.code].retryable or exc.code == "sequence_conflict":
+            return
+        if self.requests.find_seq(ctx.job_id, ctx.seq) is None:
+            await self._sequencer().mark_done(ctx.job_id, ctx.seq)
 
     # ------------------------------------------------------------------ auth and jobs
 
@@ -555,12 +570,31 @@ class ProtocolCore:
         if event is not None:
             event.set()
 
+    async def _inline_wait(self, rec: RequestRecord, event: asyncio.Event) -> None:
+        """Inline mode: wait for the request to end, unless it stays queued (a sequenced request
+        waiting for an earlier number) longer than `inline_wait_seconds`: that one answers 202,
+        so it can be polled and cancelled instead of holding the connection."""
+        if rec.seq is None:
+            await event.wait()
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.inline_wait_seconds
+        while not event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), 0.05)
+            cur = self.requests.get(rec.job_id, rec.request_id) or rec
+            if cur.status != "pending":
+                await event.wait()
+                return
+            if loop.time() > deadline:
+                return
+
     async def _answer(self, rec: RequestRecord, method: MethodInfo, call: IncomingCall) -> Outcome:
         event = self._done.get((rec.job_id, rec.request_id))
         mode = self.config.answer_mode
         if event is not None and not rec.terminal:
             if mode == "inline":
-                await event.wait()
+                await self._inline_wait(rec, event)
             elif mode == "auto" or method.inline_preferred:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)

@@ -1,0 +1,457 @@
+"""One call of an op, from the caller's arguments to its result: the client's protocol logic.
+
+`prepare` runs when a call is submitted, synchronously: it binds path parameters and the job,
+validates the body (bad input never reaches the wire), encodes a DSSST1 body, draws the
+idempotency key or chunk-group id, and reserves the call's sequence numbers. `call_flow` is the
+generator the drivers run: capabilities (once per client), fallbacks, chunk groups with the
+restart-once rule, retries, and the poll state machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dssst1
+
+from .._client_base import CallOptions
+from .._generated import methods as M
+from .._spec import BodyKind, Fallback, Idempotency, MethodInfo
+from ..config import ArcticConfig
+from ..errors import (
+    ArcticError,
+    ChunkGroupRestartRequiredError,
+    InvalidArgumentError,
+    NotFoundError,
+    ServerError,
+    UnimplementedError,
+)
+from . import chunks, fallback
+from .capabilities import Capabilities
+from .effects import Flow, Progress
+from .poll import await_result, poll_status
+from .replies import ChunkCached, Exchange, Raw, Reply, Value, Wire
+from .requests import is_data_plane
+from .retry import Deadline, RetryPolicy, exchange
+from .sequence import SeqAllocator, SeqSlot
+from .validate import validate_body
+
+log = logging.getLogger("arctic_sdk")
+
+PROGRESS_BYTES = 32 * 1024 * 1024  # show upload bars from this body size
+CAPS_TIMEOUT_S = 60.0
+
+
+def make_redactor(secret: str | None) -> Callable[[str], str]:
+    if not secret or len(secret) < 4:
+        return lambda text: text
+    return lambda text: text.replace(secret, "***") if secret in text else text
+
+
+class CoreState:
+    """Per-client protocol state: configuration, wire, capabilities, job, sequence numbers."""
+
+    def __init__(
+        self,
+        config: ArcticConfig,
+        wire: Wire,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+        seq_start: dict[str, int] | None = None,
+    ) -> None:
+        self.config = config
+        self.wire = wire
+        self.clock = clock
+        self.caps: Capabilities | None = None
+        self.seq = SeqAllocator(seq_start, every_job=config.sequencing is True)
+        self.job_id: str | None = config.job_id
+        self.redact = make_redactor(config.token())
+        self.policy = RetryPolicy(config.retry, rng)
+        self.lock = threading.Lock()
+
+    def set_caps(self, caps: Capabilities) -> None:
+        self.caps = caps
+        self.seq.resolve(self.seq_count)
+
+    def seq_count(self, method: MethodInfo) -> int:
+        """Sequence numbers one call of `method` takes (capabilities known)."""
+        assert self.caps is not None
+        return fallback.seq_count(method, self.caps)
+
+    def send(self, deadline: Deadline, max_retries: int) -> Callable[[Exchange], Flow[Reply]]:
+        """An exchange-with-retries bound to this state (for sub-flows)."""
+
+        def run(ex: Exchange) -> Flow[Reply]:
+            return (
+                yield from exchange(
+                    ex,
+                    wire=self.wire,
+                    caps=self.caps,
+                    policy=self.policy,
+                    deadline=deadline,
+                    request_timeout=self.config.request_timeout,
+                    max_retries=max_retries,
+                )
+            )
+
+        return run
+
+
+@dataclass
+class PreparedCall:
+    method: MethodInfo
+    job_id: str | None
+    path_params: dict[str, str]
+    body: dict[str, Any]  # without path parameters
+    query: list[tuple[str, str]]
+    timeout: float
+    max_retries: int
+    sub_job_id: str | None = None
+    frame: dssst1.EncodedFrame | None = None  # DSSST1 body
+    group_id: str | None = None
+    idempotency_key: str | None = None
+    slot: SeqSlot | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+
+
+def _query(body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for k, v in body.items():
+        for item in v if isinstance(v, list | tuple) else [v]:
+            out.append((k, str(item).lower() if isinstance(item, bool) else str(item)))
+    return out
+
+
+_DEFAULT_OPTIONS = CallOptions()
+
+
+def prepare(
+    state: CoreState, method: MethodInfo, body: Mapping[str, Any], options: CallOptions | None
+) -> PreparedCall:
+    """Everything about a call that needs no I/O; raises `InvalidArgumentError` on bad input."""
+    opts = options or _DEFAULT_OPTIONS
+    rest = dict(body)
+    params: dict[str, str] = {}
+    for name in method.path_params:
+        value = rest.pop(name, None)
+        if name == "job_id" and value in (None, ""):
+            value = opts.job_id or state.job_id
+        if value in (None, ""):
+            hint = (
+                " (create one with client.create_job(...), or pass job_id=)"
+                if name == "job_id"
+                else ""
+            )
+            raise InvalidArgumentError(
+                f"{method.name}: no {name}{hint}",
+                code="missing_field",
+                op=method.name,
+                details={"field": name},
+            )
+        params[name] = str(value)
+    if not method.job_scoped and "job_id" in rest and method is not M.CREATE_JOB:
+        rest.pop("job_id")
+    validate_body(method, rest)
+    cfg = state.config
+    prep = PreparedCall(
+        method=method,
+        job_id=params.get("job_id"),
+        path_params=params,
+        body=rest,
+        query=_query(rest) if method.body is BodyKind.NONE else [],
+        timeout=float(opts.timeout) if opts.timeout is not None else cfg.timeout,
+        max_retries=opts.max_retries if opts.max_retries is not None else cfg.retry.max_retries,
+        sub_job_id=opts.sub_job_id,
+    )
+    if method.body is BodyKind.DSSST1:
+        prep.frame = chunks.encode_body(method, rest)
+    if method.idempotency is Idempotency.CHUNK_GROUP or state.wire.frames_for(method):
+        prep.group_id = chunks.new_group_id()
+    if method.idempotency is Idempotency.KEYED or (
+        method.idempotency is Idempotency.CHUNK_GROUP and method.fallback is Fallback.OPERATION
+    ):
+        prep.idempotency_key = opts.idempotency_key or secrets.token_hex(16)
+    if (
+        fallback.sequenced(method)
+        and prep.job_id
+        and state.config.sequencing is not False
+        and state.seq.owns(prep.job_id)
+    ):
+        prep.slot = state.seq.reserve(prep.job_id, method)
+        if state.caps is not None:
+            state.seq.resolve(state.seq_count)
+    return prep
+
+
+def ensure_caps(state: CoreState) -> Flow[Capabilities]:
+    """The server's capabilities, fetched once per client (§5 defaults when it has none)."""
+    if state.caps is not None:
+        return state.caps
+    deadline = Deadline(state.clock() + min(CAPS_TIMEOUT_S, state.config.timeout), state.clock)
+    ex = Exchange(method=M.GET_CAPABILITIES, message={})
+    try:
+        reply = yield from state.send(deadline, state.config.retry.max_retries)(ex)
+        doc = reply.value if isinstance(reply, Value) else None
+        caps = Capabilities.from_json(doc) if isinstance(doc, Mapping) else Capabilities.deployed()
+    except (NotFoundError, UnimplementedError):
+        caps = Capabilities.deployed()
+    log.debug("capabilities: %s", caps.raw or "defaults (server has no capabilities route)")
+    state.set_caps(caps)
+    return caps
+
+
+def call_flow(state: CoreState, prep: PreparedCall) -> Flow[Any]:
+    """Run a prepared call to its result."""
+    method = prep.method
+    deadline = Deadline(state.clock() + prep.timeout, state.clock)
+    if state.caps is None and not _needs_caps(method):
+        return (yield from _direct(state, prep, None, deadline, None))
+    caps = yield from ensure_caps(state)
+    seqs: list[int] = []
+    if prep.slot is not None:  # number every call submitted so far (no-op when already done)
+        if prep.slot.numbers is None:
+            state.seq.resolve(state.seq_count)
+        seqs = list(prep.slot.numbers or [])
+    plan = fallback.plan(method, caps)
+    if plan is Fallback.NOOP:
+        return fallback.noop_result(method)
+    if plan is Fallback.OPERATION:
+        value = yield from _operation(
+            state, prep, caps, deadline, method.operation_type, seqs[0] if seqs else None, prep.body
+        )
+        return fallback.operation_result(value)
+    if plan is Fallback.WEIGHT_SYNC_SEQUENCE:
+        first = yield from _operation(
+            state, prep, caps, deadline, method.operation_type, seqs[0] if seqs else None, prep.body
+        )
+        yield from _operation(
+            state,
+            prep,
+            caps,
+            deadline,
+            M.RESET_PREFIX_CACHE.operation_type,
+            seqs[1] if len(seqs) > 1 else None,
+            {},
+            target=M.RESET_PREFIX_CACHE,
+        )
+        result = fallback.operation_result(first)
+        return dict(result) if isinstance(result, Mapping) else {"result": result}
+    return (yield from _direct(state, prep, caps, deadline, seqs[0] if seqs else None))
+
+
+def _needs_caps(method: MethodInfo) -> bool:
+    """Control-plane ops and polls go out before (or without) the capabilities document."""
+    return method.fallback is not Fallback.NONE or (
+        is_data_plane(method) and method is not M.GET_REQUEST
+    )
+
+
+def _direct(
+    state: CoreState,
+    prep: PreparedCall,
+    caps: Capabilities | None,
+    deadline: Deadline,
+    seq: int | None,
+) -> Flow[Any]:
+    """The op on its own route."""
+    method = prep.method
+    send = state.send(deadline, prep.max_retries)
+    # Raw DSSST1 answers save base64 on tensor results: ask for them on DSSST1-bodied ops
+    # (small JSON answers are cheaper as JSON).
+    accept_octet = caps is not None and caps.octet_results and method.body is BodyKind.DSSST1
+    try:
+        reply = yield from _submit(state, prep, caps, send, seq, accept_octet)
+    except ArcticError as exc:
+        if exc.status is not None and prep.slot is not None:
+            state.seq.release(prep.slot)  # refused, so not run: its number can be reused
+        raise
+    if isinstance(reply, Raw):
+        return reply.data
+    if not is_data_plane(method) and method is not M.GET_REQUEST:
+        return reply.value if isinstance(reply, Value) else reply
+    if method is M.GET_REQUEST:  # an explicit poll answers the status (its result decoded)
+        return poll_status(reply, state.config.tensors)
+    return (
+        yield from await_result(
+            reply,
+            method=method,
+            job_id=prep.job_id or "",
+            send_poll=send,
+            cfg=state.config.poll,
+            clock=state.clock,
+            deadline_at=deadline.at,
+            tensors=state.config.tensors,
+            accept_octet=accept_octet,
+            redact=state.redact,
+        )
+    )
+
+
+def _submit(
+    state: CoreState,
+    prep: PreparedCall,
+    caps: Capabilities | None,
+    send: Callable[[Exchange], Flow[Reply]],
+    seq: int | None,
+    accept_octet: bool,
+) -> Flow[Reply]:
+    """Send the call itself (its JSON body, or its chunk group); the first answer."""
+    method = prep.method
+    if state.wire.frames_for(method):
+        if caps is None:
+            caps = yield from ensure_caps(state)
+        return (yield from _send_group(state, prep, caps, send, seq, accept_octet))
+    message = {**prep.body, **prep.path_params}
+    ex = Exchange(
+        method=method,
+        job_id=prep.job_id,
+        path_params=prep.path_params,
+        query=prep.query,
+        json_body=prep.body,
+        message=message,
+        idempotency_key=prep.idempotency_key,
+        seq=seq,
+        sub_job_id=prep.sub_job_id,
+        accept_octet=accept_octet,
+    )
+    return (yield from send(ex))
+
+
+def _send_group(
+    state: CoreState,
+    prep: PreparedCall,
+    caps: Capabilities,
+    send: Callable[[Exchange], Flow[Reply]],
+    seq: int | None,
+    accept_octet: bool,
+) -> Flow[Reply]:
+    """Send the call's chunk group; replay it once from chunk 0 on restart_required."""
+    method = prep.method
+    frame = prep.frame
+    if frame is None:  # a JSON-bodied op on a frames-only wire (gRPC)
+        body = {k: v for k, v in {**prep.body, **prep.path_params}.items() if k != "job_id"}
+        frame = chunks.encode_body(method, body)
+    assert prep.group_id is not None
+    parts = chunks.split(
+        frame,
+        method=method,
+        group_id=prep.group_id,
+        max_bytes=state.wire.max_chunk_bytes(caps),
+        caps=caps,
+    )
+    batches = state.wire.batches(parts)
+    show = frame.nbytes >= PROGRESS_BYTES
+    key = f"upload:{prep.group_id}"
+    for replay in (False, True):
+        if show:
+            yield Progress(key, "start", desc=f"{method.name} upload", total=frame.nbytes)
+        try:
+            for i, batch in enumerate(batches):
+                last = i == len(batches) - 1
+                ex = Exchange(
+                    method=method,
+                    job_id=prep.job_id,
+                    path_params=prep.path_params,
+                    frames=batch,
+                    idempotency_key=prep.idempotency_key,
+                    seq=seq,
+                    sub_job_id=prep.sub_job_id,
+                    accept_octet=accept_octet,
+                    executes=last,
+                )
+                reply = yield from send(ex)
+                if show:
+                    yield Progress(key, "update", n=sum(len(p) for c in batch for p in c))
+                if isinstance(reply, ChunkCached):
+                    if last:
+                        raise ServerError(
+                            f"{method.name}: the last chunk of group {prep.group_id} was "
+                            "answered chunk_cached",
+                            code="internal",
+                            op=method.name,
+                        )
+                    continue
+                if show:
+                    yield Progress(key, "close")
+                return reply  # the completing chunk (or a replay of a completed group)
+        except ChunkGroupRestartRequiredError:
+            if replay:
+                raise
+            log.warning(
+                "%s: server lost chunk group %s; replaying it from chunk 0",
+                method.name,
+                prep.group_id,
+            )
+            if show:
+                yield Progress(key, "close")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _operation(
+    state: CoreState,
+    prep: PreparedCall,
+    caps: Capabilities,
+    deadline: Deadline,
+    operation_type: str,
+    seq: int | None,
+    body: Mapping[str, Any],
+    target: MethodInfo | None = None,
+) -> Flow[Any]:
+    """One `/operation` call carrying `prep`'s op (or `target`'s, whose role it runs on)."""
+    method = M.OPERATION
+    op = target or prep.method
+    frame = prep.frame if target is None else None
+    translated = fallback.operation_payload(op, body)
+    if translated is not None:
+        body = translated
+        frame = chunks.encode_body(op, translated) if frame is not None else None
+    envelope = fallback.operation_body(operation_type, op, body, frame, prep.sub_job_id)
+    base_key = prep.idempotency_key or prep.group_id or uuid.uuid4().hex
+    sub = PreparedCall(
+        method=method,
+        job_id=prep.job_id,
+        path_params={"job_id": prep.job_id or ""},
+        body=envelope,
+        query=[],
+        timeout=prep.timeout,
+        max_retries=prep.max_retries,
+        idempotency_key=f"{base_key}:{operation_type}"[:255],
+        group_id=chunks.new_group_id(),
+    )
+    send = state.send(deadline, prep.max_retries)
+    accept_octet = caps.octet_results and prep.method.body is BodyKind.DSSST1
+    if state.wire.frames_for(method):
+        reply = yield from _send_group(state, sub, caps, send, seq, accept_octet)
+    else:
+        ex = Exchange(
+            method=method,
+            job_id=sub.job_id,
+            path_params=sub.path_params,
+            json_body=envelope,
+            idempotency_key=sub.idempotency_key,
+            seq=seq,
+            accept_octet=accept_octet,
+        )
+        reply = yield from send(ex)
+    return (
+        yield from await_result(
+            reply,
+            method=method,
+            job_id=prep.job_id or "",
+            send_poll=send,
+            cfg=state.config.poll,
+            clock=state.clock,
+            deadline_at=deadline.at,
+            tensors=state.config.tensors,
+            accept_octet=accept_octet,
+            redact=state.redact,
+        )
+    )

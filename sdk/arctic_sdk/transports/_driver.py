@@ -1,0 +1,237 @@
+"""The drivers: run a protocol flow, performing its effects with blocking or asyncio I/O.
+
+`SyncTransport` and `AsyncTransport` implement the `Transport` / `AsyncTransport` protocols of
+`arctic_sdk._client_base` over any byte mover (`SyncIO` / `AsyncIO`: requests, aiohttp, grpcio,
+grpc.aio, in-process). All protocol logic is in `arctic_sdk._core`; this module only loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+from .._client_base import CallOptions
+from .._core.calls import CoreState, call_flow, prepare
+from .._core.effects import (
+    Answer,
+    ConnectionFailure,
+    Flow,
+    GrpcRequest,
+    HttpRequest,
+    HttpResponse,
+    Progress,
+    Send,
+    Sleep,
+)
+from .._core.replies import Wire
+from .._spec import MethodInfo
+from ..config import ArcticConfig
+
+log = logging.getLogger("arctic_sdk")
+T = TypeVar("T")
+Request = HttpRequest | GrpcRequest
+
+
+class SyncIO(Protocol):
+    def send(self, request: Any) -> Answer: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncIO(Protocol):
+    async def send(self, request: Any) -> Answer: ...
+
+    async def close(self) -> None: ...
+
+
+class ProgressReporter:
+    """tqdm bars for `Progress` effects, only when stderr is a terminal (or when forced)."""
+
+    def __init__(self, enabled: bool | None) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+
+    def handle(self, effect: Progress, bars: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        tqdm = importlib.import_module("tqdm.auto").tqdm
+        if effect.event == "start":
+            old = bars.pop(effect.key, None)
+            if old is not None:
+                old.close()
+            bars[effect.key] = tqdm(
+                total=effect.total,
+                desc=effect.desc,
+                unit=effect.unit,
+                leave=False,
+                unit_scale=effect.unit == "B",
+                unit_divisor=1024 if effect.unit == "B" else 1000,
+                bar_format=None if effect.total else "{desc} {elapsed}",
+            )
+        elif effect.event == "update":
+            bar = bars.get(effect.key)
+            if bar is not None:
+                if effect.desc:
+                    bar.set_description_str(effect.desc, refresh=False)
+                bar.update(effect.n)
+        elif effect.event == "close":
+            bar = bars.pop(effect.key, None)
+            if bar is not None:
+                bar.close()
+
+    @staticmethod
+    def close_all(bars: dict[str, Any]) -> None:
+        for bar in bars.values():
+            bar.close()
+        bars.clear()
+
+
+def _log_exchange(request: Request, answer: Answer, started: float) -> None:
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    ms = (time.perf_counter() - started) * 1000
+    if isinstance(request, HttpRequest):
+        what = f"{request.method} {request.url.split('?')[0]}"
+    else:
+        what = f"gRPC {request.path}"
+    if isinstance(answer, ConnectionFailure):
+        outcome = f"no answer ({answer.reason})"
+    elif isinstance(answer, HttpResponse):
+        outcome = str(answer.status)
+    else:
+        outcome = answer.code
+    log.debug(
+        "%s -> %s in %.1f ms",
+        what,
+        outcome,
+        ms,
+        extra={"arctic_op": request.op.name, "arctic_ms": round(ms, 3)},
+    )
+
+
+def run_sync(flow: Flow[T], send: Callable[[Any], Answer], reporter: ProgressReporter) -> T:
+    """Drive `flow` to completion with blocking I/O."""
+    bars: dict[str, Any] = {}
+    value: Any = None
+    try:
+        while True:
+            try:
+                effect = flow.send(value)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value = None
+            if isinstance(effect, Send):
+                started = time.perf_counter()
+                value = send(effect.request)
+                _log_exchange(effect.request, value, started)
+            elif isinstance(effect, Sleep):
+                time.sleep(max(0.0, effect.seconds))
+            else:
+                reporter.handle(effect, bars)
+    finally:
+        reporter.close_all(bars)
+        flow.close()
+
+
+async def run_async(
+    flow: Flow[T], send: Callable[[Any], Awaitable[Answer]], reporter: ProgressReporter
+) -> T:
+    """Drive `flow` to completion in the running event loop."""
+    bars: dict[str, Any] = {}
+    value: Any = None
+    try:
+        while True:
+            try:
+                effect = flow.send(value)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value = None
+            if isinstance(effect, Send):
+                started = time.perf_counter()
+                value = await send(effect.request)
+                _log_exchange(effect.request, value, started)
+            elif isinstance(effect, Sleep):
+                await asyncio.sleep(max(0.0, effect.seconds))
+            else:
+                reporter.handle(effect, bars)
+    finally:
+        reporter.close_all(bars)
+        flow.close()
+
+
+class SyncTransport:
+    """The sync client's transport: calls run in the caller's thread, futures in a pool."""
+
+    def __init__(
+        self, config: ArcticConfig, io: SyncIO, wire: Wire, *, seq_start: dict[str, int] | None
+    ) -> None:
+        self.config = config
+        self.io = io
+        self.state = CoreState(config, wire, seq_start=seq_start)
+        self.reporter = ProgressReporter(config.progress)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def run(self, flow: Flow[T]) -> T:
+        return run_sync(flow, self.io.send, self.reporter)
+
+    def call(self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None) -> Any:
+        return self.run(call_flow(self.state, prepare(self.state, method, body, options)))
+
+    def submit(
+        self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None
+    ) -> concurrent.futures.Future[Any]:
+        flow = call_flow(self.state, prepare(self.state, method, body, options))
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.config.max_in_flight, thread_name_prefix="arctic-call"
+                )
+            return self._pool.submit(self.run, flow)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=False)
+        self.io.close()
+
+
+class AsyncTransport:
+    """The async client's transport: calls run in the running loop; futures are tasks."""
+
+    def __init__(
+        self, config: ArcticConfig, io: AsyncIO, wire: Wire, *, seq_start: dict[str, int] | None
+    ) -> None:
+        self.config = config
+        self.io = io
+        self.state = CoreState(config, wire, seq_start=seq_start)
+        self.reporter = ProgressReporter(config.progress)
+
+    async def run(self, flow: Flow[T]) -> T:
+        return await run_async(flow, self.io.send, self.reporter)
+
+    async def call(
+        self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None
+    ) -> Any:
+        return await self.run(call_flow(self.state, prepare(self.state, method, body, options)))
+
+    def submit(
+        self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None
+    ) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()  # futures belong to the caller's running loop
+        flow = call_flow(self.state, prepare(self.state, method, body, options))
+        return loop.create_task(self.run(flow))
+
+    async def close(self) -> None:
+        await self.io.close()
+
+
+def lower_headers(headers: Mapping[str, str] | Any) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in headers.items()}
