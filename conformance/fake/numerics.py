@@ -175,10 +175,11 @@ def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResu
         clipped = np.clip(ratio, 1.0 - spec.eps_clip, 1.0 + spec.eps_clip_high)
         per = np.maximum(-ratio * adv, -clipped * adv)
         metrics["clip_fraction"] = _mean(((-clipped * adv) > (-ratio * adv)), on)
-    else:  # cispo
-        per = -np.minimum(ratio, 1.0 + spec.eps_clip_high) * adv * lp
-        metrics["clip_fraction"] = _mean(ratio > 1.0 + spec.eps_clip_high, on)
-    if spec.loss_fn in CLIPPED_LOSSES:
+    else:  # cispo: -stopgrad(clip(r, 1 - eps_clip, 1 + eps_clip_high)) * A * logp
+        lo, hi = 1.0 - spec.eps_clip, 1.0 + spec.eps_clip_high
+        per = -np.clip(ratio, lo, hi) * adv * lp
+        metrics["clip_fraction"] = _mean((ratio < lo) | (ratio > hi), on)
+    if spec.loss_fn in ADVANTAGE_LOSSES:
         metrics["approx_kl"] = _mean(old - lp, on)
     if spec.kl_coeff > 0 and x.ref_shifted is not None:
         kl = kl_term(lp, token_aligned(x.ref_shifted), spec.kl_type)
@@ -207,8 +208,8 @@ def kl_term(lp: F64, ref: F64, kl_type: str) -> F64:
         return lp - ref
     if kl_type == "mse":
         return 0.5 * (lp - ref) ** 2
-    d = ref - lp
-    return np.asarray(np.exp(d) - d - 1.0, np.float64)
+    d = np.clip(ref - lp, -20.0, 20.0)
+    return np.asarray(np.clip(np.exp(d) - d - 1.0, -10.0, 10.0), np.float64)
 
 
 def agg_weights(m: F64, spec: LossSpec) -> F64:

@@ -80,7 +80,7 @@ def _ref_loss(
             elif fn == "ppo":
                 loss = max(-r * a, -min(max(r, 1 - eps), 1 + eps) * a)
             else:  # cispo
-                loss = -min(r, 1 + eps) * a * lp
+                loss = -min(max(r, 1 - eps), 1 + eps) * a * lp
             items.append((mask[b][i], loss))
         per_row.append(items)
     n = sum(1 for items in per_row for m, _ in items if m)
@@ -125,7 +125,10 @@ def test_kl_entropy_and_weighted_terms() -> None:
     kls: list[tuple[str, Callable[[float, float], float]]] = [
         ("kl", lambda a, r: a - r),
         ("mse", lambda a, r: 0.5 * (a - r) ** 2),
-        ("low_var_kl", lambda a, r: math.exp(r - a) - (r - a) - 1),
+        (
+            "low_var_kl",
+            lambda a, r: min(10.0, math.exp(max(-20.0, min(20.0, r - a))) - (r - a) - 1),
+        ),
     ]
     for kl_type, k in kls:
         spec = nx.LossSpec(agg="sum", kl_coeff=0.5, kl_type=kl_type, entropy_coeff=0.1)

@@ -1,0 +1,37 @@
+"""The legacy compatibility surface of the SkyRL and verl Arctic integrations.
+
+    from arctic_sdk.compat import ArcticRLClientConfig, create_arctic_rl_client
+
+    client = create_arctic_rl_client(ArcticRLClientConfig(backend="local", model_name="tiny"))
+    out = await client.fwd_bwd({"batch": ..., "meta": ..., "processing": ...})
+    handle = client.reconnect_config()          # pickles; another process re-attaches:
+    again = create_arctic_rl_client(handle, client.get_server_state())
+
+The `{batch, meta, processing}` body is lowered to the canonical frame once, here
+(`arctic_sdk.compat.lowering`); responses carry the legacy mirrors (`avg_loss`,
+`batch.logprobs` / `batch.log_probs`, per-rank `metrics["grad_norm"]`, `mfu`).
+"""
+
+from .client import ArcticRLClient, ArcticServerState, create_arctic_rl_client
+from .config import ArcticRLClientConfig, LegacyConfigWarning
+from .launch import LaunchedServer, launch_onprem
+from .lowering import Lowered, UnsupportedKnobsError, lower
+
+__all__ = [
+    "ArcticRLClient",
+    "ArcticRLClientConfig",
+    "ArcticServerState",
+    "LaunchedServer",
+    "LegacyConfigWarning",
+    "Lowered",
+    "UnsupportedKnobsError",
+    "create_arctic_rl_client",
+    "launch_onprem",
+    "lower",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj

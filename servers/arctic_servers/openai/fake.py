@@ -1,0 +1,198 @@
+"""A sampler over the fake gateway's numerics (`conformance/fake/NUMERICS.md` §1, §5), for tests.
+
+Same tokens, text, stop handling and log-probs as the fake gateway's `generate` (weight version
+and model step fixed per sampler, settable), a byte-level tokenizer, and a Qwen-style chat
+template (`chat_template=False` makes a base model without one). Streaming releases one token
+every `token_delay_s` seconds and records when each token was produced (`generated_at`), so a
+test can prove the first chunk left before the last token existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from conformance.fake import sampling as fake_sampling
+from conformance.fake import tokenizer
+from conformance.fake.numerics import token_logprob, token_stream
+
+from .sampler import ModelCard, NoChatTemplateError, OpenAIError, Sample, StreamEvent
+
+__all__ = ["FakeResolver", "FakeSampler", "render_qwen_chat"]
+
+
+def render_qwen_chat(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool,
+) -> str:
+    """`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (the tiny model's template)."""
+    out = []
+    for m in messages:
+        out.append(f"<|im_start|>{m['role']}\n{message_text(m)}<|im_end|>\n")
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def message_text(m: Mapping[str, Any]) -> str:
+    content = m.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+
+
+class FakeSampler:
+    def __init__(
+        self,
+        model_id: str = "fake-tiny",
+        *,
+        chat_template: bool = True,
+        token_delay_s: float = 0.0,
+        max_model_len: int = 4096,
+        weight_version: int = 0,
+        model_step: int = 0,
+    ) -> None:
+        self.model_id = model_id
+        self.chat_template = chat_template
+        self.token_delay_s = token_delay_s
+        self.max_model_len = max_model_len
+        self.weight_version = weight_version
+        self.model_step = model_step
+        self.requests: list[dict[str, Any]] = []  # every (prompts, params) received, for tests
+
+    def encode(self, text: str) -> list[int]:
+        return tokenizer.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return tokenizer.decode(ids)
+
+    def token_text(self, token_id: int) -> str:
+        return tokenizer.decode([token_id])
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        tools: Any = None,
+        **template_kwargs: Any,
+    ) -> str:
+        if not self.chat_template:
+            raise NoChatTemplateError(self.model_id)
+        return render_qwen_chat(messages, add_generation_prompt=add_generation_prompt)
+
+    def _params(self, params: Mapping[str, Any]) -> fake_sampling.Params:
+        try:
+            return fake_sampling.parse_params({"sampling_params": dict(params)})
+        except Exception as exc:  # the fake's ProtocolError: a bad value
+            raise OpenAIError(400, str(exc), code="invalid_argument") from None
+
+    def _check(self, prompt: Sequence[int]) -> None:
+        if len(prompt) >= self.max_model_len:
+            raise OpenAIError(
+                400,
+                f"the prompt has {len(prompt)} tokens; this model's context "
+                f"is {self.max_model_len}",
+                param="prompt",
+            )
+
+    async def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Mapping[str, Any],
+    ) -> tuple[list[list[Sample]], int]:
+        p = self._params(params)
+        self.requests.append({"prompts": [list(x) for x in prompts], "params": dict(params)})
+        seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
+        out = []
+        for prompt in prompts:
+            self._check(prompt)
+            samples = []
+            for k in range(p.n):
+                s = fake_sampling.sample(
+                    prompt, k, p, seed, self.weight_version, self.model_step, self.max_model_len
+                )
+                samples.append(
+                    Sample(
+                        list(s["token_ids"]),
+                        s["text"],
+                        s["finish_reason"],
+                        s.get("logprobs"),
+                        s.get("stop_reason") or None,
+                    )
+                )
+            out.append(samples)
+        return out, self.weight_version
+
+    async def stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        """The tokens of `fake_sampling.sample`, released one at a time."""
+        p = self._params(params)
+        self._check(prompt)
+        self.requests.append({"prompts": [list(prompt)], "params": dict(params), "stream": True})
+        seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
+        s_seed, s_idx = (0, 0) if p.greedy else (seed, index)
+        budget = min(p.max_tokens, self.max_model_len - len(prompt))
+        stream = token_stream(s_seed, s_idx, self.weight_version, prompt, budget)
+        tokens: list[int] = []
+        for j, t in enumerate(stream):
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+            prev = tokens[-1] if tokens else prompt[-1]
+            tokens.append(t)
+            lp = None
+            if p.logprobs is not None:
+                lp = [float(token_logprob(t, len(prompt) + j, prev, self.model_step))]
+            text = tokenizer.decode(tokens)
+            ev = StreamEvent([t], lp, text, time.time())
+            if len(tokens) >= p.min_tokens:
+                if t in p.stop_token_ids:
+                    ev.text = tokenizer.decode(tokens[:-1])
+                    ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", t
+                else:
+                    hits = [(text.find(s), s) for s in p.stop if s in text]
+                    if hits:
+                        at, stop = min(hits)
+                        ev.text = text[:at]
+                        ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", stop
+            if not ev.finished and j == len(stream) - 1:
+                ev.finished, ev.finish_reason = True, "length"
+            yield ev
+            if ev.finished:
+                return
+        if not tokens:
+            yield StreamEvent([], None, "", time.time(), True, "length")
+
+
+class FakeResolver:
+    """Serves a fixed set of fake samplers by model id."""
+
+    def __init__(self, *samplers: FakeSampler) -> None:
+        self.samplers = {s.model_id: s for s in (samplers or (FakeSampler(),))}
+        self.created = int(time.time())
+
+    async def models(self, token: str | None) -> list[ModelCard]:
+        return [
+            ModelCard(m, self.created, root=m, max_model_len=s.max_model_len)
+            for m, s in self.samplers.items()
+        ]
+
+    async def sampler(self, model: str, token: str | None) -> FakeSampler:
+        try:
+            return self.samplers[model]
+        except KeyError:
+            raise OpenAIError(
+                404,
+                f"the model {model!r} does not exist; available: {sorted(self.samplers)}",
+                param="model",
+                code="model_not_found",
+            ) from None

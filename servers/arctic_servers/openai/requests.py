@@ -1,0 +1,205 @@
+"""OpenAI request bodies to sampler inputs: prompts as token ids and vLLM sampling params.
+
+Unknown fields are accepted and ignored (OpenAI clients and agent frameworks send many);
+known fields with a bad value answer 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .sampler import OpenAIError, Sampler
+
+__all__ = ["Request", "chat_request", "completion_request"]
+
+MAX_N = 128
+
+
+@dataclass
+class Request:
+    model: str
+    prompts: list[list[int]]
+    params: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    token_id_strings: bool
+    echo_text: list[str]  # completions with echo: the prompt text per prompt (else empty)
+    timing: bool
+    raw: Mapping[str, Any]
+
+
+def _bad(param: str, message: str) -> OpenAIError:
+    return OpenAIError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+def _num(
+    body: Mapping[str, Any],
+    name: str,
+    *,
+    lo: float | None = None,
+    integer: bool = False,
+) -> Any:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or (integer and v != int(v)):
+        raise _bad(name, f"{v!r} is not {'an integer' if integer else 'a number'}")
+    if lo is not None and v < lo:
+        raise _bad(name, f"{v} is below {lo}")
+    return int(v) if integer else float(v)
+
+
+def sampling_params(body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
+    sp: dict[str, Any] = {}
+    n = _num(body, "n", lo=1, integer=True)
+    if n is not None:
+        if n > MAX_N:
+            raise _bad("n", f"{n} is above {MAX_N}")
+        sp["n"] = n
+    mt = _num(body, "max_completion_tokens", lo=1, integer=True)
+    if mt is None:
+        mt = _num(body, "max_tokens", lo=1, integer=True)
+    if mt is not None:
+        sp["max_tokens"] = mt
+    elif not chat:
+        sp["max_tokens"] = 16  # OpenAI's (and vLLM's) completions default
+    for name, lo in (
+        ("temperature", 0.0),
+        ("top_p", 0.0),
+        ("presence_penalty", None),
+        ("frequency_penalty", None),
+        ("repetition_penalty", 0.0),
+    ):
+        v = _num(body, name, lo=lo)
+        if v is not None:
+            sp[name] = v
+    for name in ("top_k", "seed", "min_tokens"):
+        v = _num(body, name, integer=True)
+        if v is not None:
+            sp[name] = v
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None:
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise _bad("stop", "expected a string or a list of non-empty strings")
+        if stop:
+            sp["stop"] = stop
+    ids = body.get("stop_token_ids")
+    if ids:
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise _bad("stop_token_ids", "expected a list of token ids")
+        sp["stop_token_ids"] = ids
+    if body.get("ignore_eos"):
+        sp["ignore_eos"] = True
+    want = body.get("logprobs")
+    top = body.get("top_logprobs") if chat else (want if not isinstance(want, bool) else None)
+    if top:
+        raise OpenAIError(
+            400,
+            f"{'top_logprobs' if chat else 'logprobs'}={top}: alternatives are not returned by "
+            "this sampler; ask for the sampled token's log-prob with "
+            + ("logprobs=true (top_logprobs 0 or absent)" if chat else "logprobs=0"),
+            param="top_logprobs" if chat else "logprobs",
+            code="unsupported_value",
+        )
+    if (chat and want) or (not chat and want is not None and want is not False):
+        sp["logprobs"] = 0
+    return sp
+
+
+def _token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    opts = body.get("stream_options") or {}
+    return bool(body.get("stream")), bool(isinstance(opts, Mapping) and opts.get("include_usage"))
+
+
+def _model(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError(400, "model: required (see GET /v1/models)", param="model")
+    return model
+
+
+def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "expected a non-empty list of messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}]", "expected an object with a role")
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    text = sampler.render_chat(
+        messages,
+        add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+        tools=body.get("tools"),
+        **kwargs,
+    )
+    stream, usage = _stream_flags(body)
+    return Request(
+        model=_model(body),
+        prompts=[sampler.encode(text)],
+        params=sampling_params(body, chat=True),
+        stream=stream,
+        include_usage=usage,
+        logprobs=bool(body.get("logprobs")),
+        token_id_strings=bool(body.get("return_tokens_as_token_ids")),
+        echo_text=[],
+        timing=bool(body.get("arctic_timing")),
+        raw=body,
+    )
+
+
+def completion_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
+    prompt = body.get("prompt")
+    prompts: list[list[int]]
+    texts: list[str]
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif _token_list(prompt) and prompt:
+        texts = []
+        prompts = [list(prompt)]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        texts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(_token_list(p) and p for p in prompt):
+        texts = []
+        prompts = [list(p) for p in prompt]
+    else:
+        raise _bad(
+            "prompt",
+            "expected a string, a list of strings, a list of token ids, or a "
+            "list of token-id lists (none empty)",
+        )
+    if texts:
+        prompts = [sampler.encode(t) for t in texts]
+        if not all(prompts):
+            raise _bad("prompt", "a prompt encodes to no tokens")
+    echo = bool(body.get("echo"))
+    stream, usage = _stream_flags(body)
+    want = body.get("logprobs")
+    return Request(
+        model=_model(body),
+        prompts=prompts,
+        params=sampling_params(body, chat=False),
+        stream=stream,
+        include_usage=usage,
+        logprobs=want is not None and want is not False,
+        token_id_strings=bool(body.get("return_tokens_as_token_ids")),
+        echo_text=[texts[i] if texts else sampler.decode(p) for i, p in enumerate(prompts)]
+        if echo
+        else [],
+        timing=bool(body.get("arctic_timing")),
+        raw=body,
+    )
+
+
+def token_strings(sampler: Sampler, ids: Sequence[int], as_ids: bool) -> list[str]:
+    return [f"token_id:{t}" if as_ids else sampler.token_text(t) for t in ids]

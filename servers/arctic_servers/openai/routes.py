@@ -1,0 +1,392 @@
+"""`/v1/models`, `/v1/chat/completions`, `/v1/completions` (and vLLM's `/tokenize`,
+`/detokenize`) over a `Resolver` (aiohttp).
+
+Responses carry vLLM's RL extensions unconditionally: top-level `prompt_token_ids` (chat and
+completions; completions also per choice) and per-choice `token_ids`, plus `weight_version`
+(the weights that produced the sample). `stream: true` answers Server-Sent Events, one chunk per
+group of tokens the sampler produced since the last chunk, then `data: [DONE]`; with
+`stream_options.include_usage` a final usage chunk. With `n > 1` the samples stream
+concurrently, each chunk naming its choice `index`.
+
+`add_openai_routes(app, resolver, tokens=..., token_sha256=...)` mounts the routes; with tokens
+(in clear, or as sha256 hex digests as the gateway keeps them), every route asks for
+`Authorization: Bearer <token>` (401 otherwise) and the token is passed to the resolver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from .requests import Request, chat_request, completion_request, token_strings
+from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back
+
+__all__ = ["add_openai_routes"]
+
+log = logging.getLogger("arctic_servers.openai")
+FINISH = {"stop": "stop", "length": "length", "abort": "content_filter"}
+Handler = Callable[[web.Request], Any]
+
+
+def _finish(reason: str | None) -> str:
+    return FINISH.get(reason or "stop", "stop")
+
+
+def _usage(prompts: Sequence[Sequence[int]], completion_tokens: int) -> dict[str, int]:
+    p = sum(len(x) for x in prompts)
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": completion_tokens,
+        "total_tokens": p + completion_tokens,
+    }
+
+
+def _chat_logprobs(
+    sampler: Sampler, req: Request, ids: Sequence[int], lps: Sequence[float] | None
+) -> dict[str, Any] | None:
+    if not req.logprobs or lps is None:
+        return None
+    toks = token_strings(sampler, ids, req.token_id_strings)
+    return {
+        "content": [
+            {"token": t, "logprob": float(v), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, v in zip(toks, lps, strict=False)
+        ]
+    }
+
+
+def _text_logprobs(
+    sampler: Sampler, req: Request, ids: Sequence[int], lps: Sequence[float] | None, offset: int = 0
+) -> dict[str, Any] | None:
+    if not req.logprobs or lps is None:
+        return None
+    toks = token_strings(sampler, ids, req.token_id_strings)
+    offsets, pos = [], offset
+    for t in toks:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": toks,
+        "token_logprobs": [float(v) for v in lps],
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+class OpenAIRoutes:
+    def __init__(
+        self, resolver: Resolver, tokens: Iterable[str] = (), token_sha256: Iterable[str] = ()
+    ) -> None:
+        self.resolver = resolver
+        self.tokens = frozenset(tokens)
+        self.token_sha256 = frozenset(token_sha256)
+
+    def _accepted(self, token: str) -> bool:
+        if token in self.tokens:
+            return True
+        return bool(token) and hashlib.sha256(token.encode()).hexdigest() in self.token_sha256
+
+    def _token(self, request: web.Request) -> str | None:
+        if not self.tokens and not self.token_sha256:
+            return None
+        h = request.headers.get("Authorization", "")
+        token = h[7:].strip() if h.lower().startswith("bearer ") else ""
+        if not self._accepted(token):
+            raise OpenAIError(
+                401,
+                "missing or invalid API key: send Authorization: Bearer <token>",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        return token
+
+    def wrap(self, fn: Handler) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            try:
+                return await fn(request)  # type: ignore[no-any-return]
+            except (ConnectionResetError, asyncio.CancelledError):
+                raise  # the client went away mid-stream
+            except OpenAIError as exc:
+                return web.json_response(exc.body(), status=exc.status)
+            except Exception as exc:
+                status = int(getattr(exc, "http_status", 0) or 500)
+                code = str(getattr(exc, "code", "") or "internal")
+                if status >= 500:
+                    log.exception("openai route %s failed", request.path)
+                err = OpenAIError(
+                    status,
+                    str(getattr(exc, "message", "") or exc) or code,
+                    type="server_error" if status >= 500 else "invalid_request_error",
+                    code=code,
+                )
+                return web.json_response(err.body(), status=status)
+
+        return handler
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise OpenAIError(400, "the body is not JSON", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
+        return body
+
+    # ------------------------------------------------------------------ routes
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        cards = await self.resolver.models(self._token(request))
+        data = [
+            {
+                "id": c.id,
+                "object": "model",
+                "created": c.created,
+                "owned_by": c.owned_by,
+                "root": c.root or c.id,
+                "parent": None,
+                "max_model_len": c.max_model_len or None,
+            }
+            for c in cards
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        token = self._token(request)
+        body = await self._body(request)
+        sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
+        req = chat_request(body, sampler)
+        if req.stream:
+            return await self._stream(request, sampler, req, chat=True)
+        results, version = await sampler.generate(req.prompts, req.params)
+        samples = results[0]
+        choices = []
+        for i, s in enumerate(samples):
+            choices.append(
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": s.text, "tool_calls": []},
+                    "logprobs": _chat_logprobs(sampler, req, s.token_ids, s.logprobs),
+                    "finish_reason": _finish(s.finish_reason),
+                    "stop_reason": s.stop_reason,
+                    "token_ids": s.token_ids,
+                }
+            )
+        out = self._envelope("chat.completion", "chatcmpl", req, version)
+        out["choices"] = choices
+        out["usage"] = _usage(req.prompts, sum(len(s.token_ids) for s in samples))
+        out["prompt_token_ids"] = req.prompts[0]
+        return web.json_response(out)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        token = self._token(request)
+        body = await self._body(request)
+        sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
+        req = completion_request(body, sampler)
+        if req.stream:
+            return await self._stream(request, sampler, req, chat=False)
+        results, version = await sampler.generate(req.prompts, req.params)
+        choices: list[dict[str, Any]] = []
+        n_tokens = 0
+        for pi, samples in enumerate(results):
+            for s in samples:
+                prefix = req.echo_text[pi] if req.echo_text else ""
+                choices.append(
+                    {
+                        "index": len(choices),
+                        "text": prefix + s.text,
+                        "logprobs": _text_logprobs(
+                            sampler, req, s.token_ids, s.logprobs, len(prefix)
+                        ),
+                        "finish_reason": _finish(s.finish_reason),
+                        "stop_reason": s.stop_reason,
+                        "token_ids": s.token_ids,
+                        "prompt_token_ids": req.prompts[pi],
+                    }
+                )
+                n_tokens += len(s.token_ids)
+        out = self._envelope("text_completion", "cmpl", req, version)
+        out["choices"] = choices
+        out["usage"] = _usage(req.prompts, n_tokens)
+        out["prompt_token_ids"] = req.prompts[0]
+        return web.json_response(out)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `/tokenize`: `{model, prompt}` or `{model, messages}` → `{tokens, count}`."""
+        token = self._token(request)
+        body = await self._body(request)
+        sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
+        if "messages" in body:
+            req = chat_request({**body, "max_tokens": 1}, sampler)
+            ids = req.prompts[0]
+        elif isinstance(body.get("prompt"), str):
+            ids = sampler.encode(body["prompt"])
+        else:
+            raise OpenAIError(400, "prompt: expected a string (or messages)", param="prompt")
+        return web.json_response(
+            {"tokens": ids, "count": len(ids), "max_model_len": sampler.max_model_len}
+        )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `/detokenize`: `{model, tokens}` → `{prompt}`."""
+        token = self._token(request)
+        body = await self._body(request)
+        sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise OpenAIError(400, "tokens: expected a list of token ids", param="tokens")
+        return web.json_response({"prompt": sampler.decode(ids)})
+
+    @staticmethod
+    def _envelope(obj: str, prefix: str, req: Request, version: int | None) -> dict[str, Any]:
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
+            "object": obj,
+            "created": int(time.time()),
+            "model": req.model,
+            "weight_version": version,
+        }
+
+    # ------------------------------------------------------------------ streaming
+
+    async def _stream(
+        self,
+        request: web.Request,
+        sampler: Sampler,
+        req: Request,
+        *,
+        chat: bool,
+    ) -> web.StreamResponse:
+        n = int(req.params.get("n") or 1)
+        params = {k: v for k, v in req.params.items() if k != "n"}
+        env = self._envelope(
+            "chat.completion.chunk" if chat else "text_completion",
+            "chatcmpl" if chat else "cmpl",
+            req,
+            None,
+        )
+        env.pop("weight_version")
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+
+        async def send(obj: Any) -> None:
+            data = obj if isinstance(obj, str) else json.dumps(obj)
+            await resp.write(f"data: {data}\n\n".encode())
+
+        queue: asyncio.Queue[tuple[int, int, StreamEvent | BaseException | None]] = asyncio.Queue()
+        jobs = [(pi, k) for pi in range(len(req.prompts)) for k in range(n)]
+
+        async def pump(choice: int, pi: int, k: int) -> None:
+            try:
+                async for ev in sampler.stream(req.prompts[pi], params, index=k):
+                    await queue.put((choice, pi, ev))
+            except BaseException as exc:
+                await queue.put((choice, pi, exc))
+            finally:
+                await queue.put((choice, pi, None))
+
+        tasks = [asyncio.create_task(pump(c, pi, k)) for c, (pi, k) in enumerate(jobs)]
+        stops = list(params.get("stop") or [])
+        sent = {c: "" for c in range(len(jobs))}
+        done, total = 0, 0
+        try:
+            for c, (pi, _) in enumerate(jobs):
+                first: dict[str, Any] = {"index": c, "logprobs": None, "finish_reason": None}
+                if chat:
+                    first["delta"] = {"role": "assistant", "content": ""}
+                else:
+                    first["text"] = req.echo_text[pi] if req.echo_text else ""
+                await send({**env, "choices": [first], "prompt_token_ids": req.prompts[pi]})
+            while done < len(jobs):
+                c, pi, ev = await queue.get()
+                if ev is None:
+                    done += 1
+                    continue
+                if isinstance(ev, BaseException):
+                    err = (
+                        ev
+                        if isinstance(ev, OpenAIError)
+                        else OpenAIError(500, str(ev), type="server_error")
+                    )
+                    await send(err.body())
+                    continue
+                total += len(ev.token_ids)
+                text = (
+                    ev.text if ev.finished else ev.text[: len(ev.text) - hold_back(ev.text, stops)]
+                )
+                delta = text[len(sent[c]) :] if text.startswith(sent[c]) else ""
+                sent[c] += delta
+                choice: dict[str, Any] = {
+                    "index": c,
+                    "token_ids": ev.token_ids,
+                    "finish_reason": _finish(ev.finish_reason) if ev.finished else None,
+                }
+                if chat:
+                    choice["delta"] = {"content": delta}
+                    choice["logprobs"] = _chat_logprobs(sampler, req, ev.token_ids, ev.logprobs)
+                else:
+                    choice["text"] = delta
+                    choice["logprobs"] = _text_logprobs(sampler, req, ev.token_ids, ev.logprobs)
+                if ev.finished:
+                    choice["stop_reason"] = ev.stop_reason
+                chunk: dict[str, Any] = {**env, "choices": [choice]}
+                if req.timing:
+                    chunk["arctic_generated_at"] = ev.generated_at
+                    chunk["arctic_sent_at"] = time.time()
+                await send(chunk)
+            if req.include_usage:
+                await send({**env, "choices": [], "usage": _usage(req.prompts, total)})
+            await send("[DONE]")
+        finally:
+            for t in tasks:
+                t.cancel()
+        await resp.write_eof()
+        return resp
+
+
+def add_openai_routes(
+    app: web.Application,
+    resolver: Resolver,
+    *,
+    tokens: Iterable[str] = (),
+    token_sha256: Iterable[str] = (),
+) -> OpenAIRoutes:
+    """Mount `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/tokenize`,
+    `/detokenize` on `app`."""
+    routes = OpenAIRoutes(resolver, tokens, token_sha256)
+    app.router.add_get("/v1/models", routes.wrap(routes.list_models))
+    app.router.add_post("/v1/chat/completions", routes.wrap(routes.chat))
+    app.router.add_post("/v1/completions", routes.wrap(routes.completions))
+    app.router.add_post("/tokenize", routes.wrap(routes.tokenize))
+    app.router.add_post("/detokenize", routes.wrap(routes.detokenize))
+    return routes
+
+
+async def start_openai_server(
+    resolver: Resolver,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tokens: Iterable[str] = (),
+    token_sha256: Iterable[str] = (),
+) -> tuple[web.AppRunner, str]:
+    """A standalone server of the routes (tests, a driver-side proxy): (runner, base URL)."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    add_openai_routes(app, resolver, tokens=tokens, token_sha256=token_sha256)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server: Any = site._server
+    sock = server.sockets[0] if server is not None and server.sockets else None
+    real_port = sock.getsockname()[1] if sock is not None else port
+    return runner, f"http://{host}:{real_port}"

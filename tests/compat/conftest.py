@@ -1,0 +1,118 @@
+"""Servers for the compatibility tests: the fake gateway (always) and the on-prem server (slow).
+
+`server` is parametrized: `fake` runs everywhere in a second; `onprem` launches the real on-prem
+server (DeepSpeed trainer + vLLM sampler worker processes on the embedded tiny model) once per
+session, with `arctic_sdk.compat.launch_onprem`; it runs only with `ARCTIC_ONPREM_TESTS=1` and the
+engines installed (its jobs take minutes of engine start-up on a small CPU box).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from conformance.fake import BackgroundFake
+
+TOKEN = "compat-tok-9c1e"
+
+
+@dataclass
+class Server:
+    kind: str
+    base_url: str
+    fake: BackgroundFake | None = None
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        u = urlparse(self.base_url)
+        assert u.hostname and u.port
+        return u.hostname, u.port
+
+    def config(self, **over: Any) -> dict[str, Any]:
+        """A legacy config pointing at this server (host/port, as the integrations set it)."""
+        host, port = self.host_port
+        cfg: dict[str, Any] = {
+            "backend": "local",
+            "comm_protocol": "http",
+            "host": host,
+            "port": port,
+            "pat": TOKEN,
+            "launch_local_server": False,
+            "model_name": "tiny",
+            "training_gpus": 1,
+            "sampling_gpus": 1,
+            "log_prob_gpus": 0,
+            "job_ready_timeout": 300.0,
+        }
+        cfg.update(over)
+        return cfg
+
+    def execution_log(self, job_id: str) -> list[dict[str, Any]]:
+        assert self.fake is not None
+        state = self.fake.call(self.fake.servicer.job_state, job_id)
+        return list(state["execution_log"])
+
+
+@pytest.fixture(scope="session")
+def fake_server() -> Iterator[Server]:
+    with BackgroundFake(token=TOKEN, admin=False, grpc=False, max_total_gpus=1_000_000) as f:
+        yield Server("fake", f.base_url, f)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def onprem_available() -> bool:
+    """On-prem runs need the engines and `ARCTIC_ONPREM_TESTS=1` (minutes of engine start-up)."""
+    if not os.environ.get("ARCTIC_ONPREM_TESTS"):
+        return False
+    return all(importlib.util.find_spec(m) for m in ("vllm", "deepspeed", "torch"))
+
+
+SKIP_ONPREM = (
+    "on-prem compatibility runs start DeepSpeed and vLLM workers (minutes): set "
+    "ARCTIC_ONPREM_TESTS=1 with the engines installed"
+)
+
+
+@pytest.fixture(scope="session")
+def onprem_server() -> Iterator[Server]:
+    """The on-prem server, launched the way a legacy `backend="local"` client launches it."""
+    if not onprem_available():
+        pytest.skip(SKIP_ONPREM)
+    from arctic_sdk.compat import launch_onprem
+
+    srv = launch_onprem("127.0.0.1", free_port(), tokens=(TOKEN,), timeout=120)
+    try:
+        yield Server("onprem", srv.base_url)
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session", params=["fake", pytest.param("onprem", marks=pytest.mark.slow)])
+def server(request: pytest.FixtureRequest) -> Server:
+    name = "fake_server" if request.param == "fake" else "onprem_server"
+    return request.getfixturevalue(name)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def client(server: Server) -> Iterator[Any]:
+    """One legacy client (one job: training, sampling, log-prob) per server, shared."""
+    from arctic_sdk.compat import create_arctic_rl_client
+
+    c = create_arctic_rl_client(server.config(log_prob_gpus=1))
+    try:
+        yield c
+    finally:
+        asyncio.run(c.shutdown())
