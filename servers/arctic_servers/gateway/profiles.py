@@ -1,0 +1,201 @@
+"""Engine profiles: what differs between fake workers and the on-prem DeepSpeed / vLLM workers.
+
+The gateway itself is engine-agnostic: it sends the on-prem engines' command set
+(`forward_backward`, `step`, `generate`, `export_weights`, `load_weights`, `save`, `load`, ...)
+to a sub-job's worker. A profile adds what depends on the engine: how CreateJob configs are
+checked, the spec a worker builds its engine from, the semantic checks a data-plane body gets
+before it is accepted (a 4xx, never a failed request), and how a checkpoint is exported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from arctic_sdk._generated import methods as M
+from arctic_sdk._spec import MethodInfo
+
+from ..protocol.errors import ProtocolError
+from .model import SubJob
+from .settings import GatewaySettings
+
+
+def _has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+class FakeProfile:
+    """Fake workers (`fake_engine.py`): NUMERICS.md, any model name, no torch anywhere."""
+
+    name = "fake"
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+
+    def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
+        from conformance.fake.control import sub_jobs_of
+
+        out = []
+        configs = body.get("sub_job_configs") or []
+        for cfg, fake in zip(configs, sub_jobs_of(body, self.settings.max_total_gpus), strict=True):
+            out.append(
+                SubJob(
+                    sub_job_id="",
+                    role=fake.role,
+                    index=0,
+                    model_name=fake.model_name,
+                    dtype=str(cfg.get("dtype") or "float32"),
+                    seed=int(cfg.get("seed") or 0),
+                    config=dict(fake.config),
+                    n_gpus=fake.n_gpus,
+                )
+            )
+        return out
+
+    def engine_spec(self, sub: SubJob) -> dict[str, Any]:
+        return {
+            "model_name": sub.model_name,
+            "config": sub.config,
+            "latency_s": dict(self.settings.fake_latency_s),
+        }
+
+    def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
+        from conformance.fake import sampling, training
+
+        vocab = sub.vocab_size or 151_936
+        if method is M.FORWARD_BACKWARD or method is M.FORWARD:
+            training.parse_train(body, vocab, need_loss=method is M.FORWARD_BACKWARD)
+        elif method is M.LOG_PROBS:
+            training.check_tokens(body["input_ids"], body.get("attention_mask"), "", vocab)
+        elif method is M.GENERATE:
+            sampling.parse_params(body)
+            sampling.prompt_ids(body, vocab, sub.max_seq_len)
+
+    def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
+        return {
+            "prompts": list(body["prompts"]),
+            "sampling_params": dict(body.get("sampling_params") or {}),
+            "strict": bool(body.get("strict")),
+            "weight_version": sub.weight_version,  # NUMERICS.md: generation depends on it
+        }
+
+    async def export(self, ckpt_dir: Path, meta: Mapping[str, Any], out: Path) -> None:
+        from .fake_engine import export_checkpoint
+
+        await asyncio.to_thread(export_checkpoint, ckpt_dir, "ds", out)
+
+
+class OnpremProfile:
+    """The on-prem engines (`arctic_servers.onprem`): DeepSpeed trainers, vLLM samplers."""
+
+    name = "onprem"
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.cuda = _has_cuda() or bool(settings.ray_address)
+
+    def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
+        from ..onprem.settings import sub_job_specs
+
+        return [
+            SubJob(
+                sub_job_id="",
+                role=s.role,
+                index=0,
+                model_name=s.model_name,
+                dtype=s.dtype,
+                seed=s.seed,
+                config=dict(s.config),
+                n_gpus=s.n_gpus,
+            )
+            for s in sub_job_specs(body, cuda=self.cuda)
+        ]
+
+    def engine_spec(self, sub: SubJob) -> dict[str, Any]:
+        return {
+            "role": sub.role,
+            "model_name": sub.model_name,
+            "dtype": sub.dtype,
+            "seed": sub.seed,
+            "config": sub.config,
+            "engine": engine_kind(sub.role, sub.config),
+            "sub_job_id": sub.sub_job_id,
+            "num_threads": sub.config.get("num_threads") or self.settings.worker_threads or 1,
+        }
+
+    def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
+        from ..onprem import checks
+
+        if method is M.FORWARD_BACKWARD or method is M.FORWARD:
+            checks.train_body(body, sub.vocab_size, need_loss=method is M.FORWARD_BACKWARD)
+        elif method is M.LOG_PROBS:
+            checks.log_probs_body(body, sub.vocab_size)
+        elif method is M.GENERATE:
+            checks.sampling_params(body)
+            checks.prompts(body, sub.vocab_size)
+
+    def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
+        from ..onprem import checks
+
+        return {
+            "prompts": checks.prompts(body, 0),
+            "sampling_params": dict(body.get("sampling_params") or {}),
+            "strict": bool(body.get("strict")),
+        }
+
+    async def export(self, ckpt_dir: Path, meta: Mapping[str, Any], out: Path) -> None:
+        from .supervisor import worker_env
+
+        tmp = out.with_name(".export-tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        proc = await asyncio.create_subprocess_exec(
+            self.settings.worker_python,
+            "-m",
+            "arctic_servers.onprem.export",
+            "--checkpoint",
+            str(ckpt_dir / "ds"),
+            "--type",
+            str(meta.get("checkpoint_type") or "resumable"),
+            "--model-dir",
+            str(meta.get("model_dir") or ""),
+            "--dtype",
+            str(meta.get("dtype") or "float32"),
+            "--out",
+            str(tmp),
+            env=worker_env(self.settings),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await proc.communicate()
+        if proc.returncode != 0:
+            tail = " | ".join(output.decode("utf-8", "replace").strip().splitlines()[-5:])
+            raise ProtocolError(
+                "internal", f"export of {ckpt_dir.name} failed (exit {proc.returncode}): {tail}"
+            )
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+
+
+def engine_kind(role: str, config: Mapping[str, Any]) -> str:
+    """The on-prem engine of a sub-job (`arctic_servers.onprem.jobs.engine_kind`)."""
+    try:
+        from ..onprem.jobs import engine_kind as onprem_kind
+    except ImportError:  # an on-prem package without it: its documented defaults
+        defaults = {"training": "deepspeed", "sampling": "vllm"}
+        return defaults.get(role) or str(config.get("engine") or "hf")
+    return str(onprem_kind(role, dict(config)))
+
+
+Profile = FakeProfile | OnpremProfile
+
+
+def make_profile(settings: GatewaySettings) -> Profile:
+    if settings.engine == "fake":
+        return FakeProfile(settings)
+    if settings.engine == "onprem":
+        return OnpremProfile(settings)
+    raise ValueError(f"engine {settings.engine!r} is not 'fake' or 'onprem'")

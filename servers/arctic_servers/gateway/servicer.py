@@ -1,0 +1,175 @@
+"""`GatewayServicer`: the Cortex gateway's business logic on the protocol layer.
+
+The protocol layer (`arctic_servers.protocol`, SQLite stores) does routing, auth, chunk groups,
+idempotency, sequencing, the async request queue with polls, cancellation and capabilities;
+this class adds jobs (`jobs.py`), the semantic checks run before a call is accepted, and the ops,
+each run on a sub-job's worker (`dataplane.py`, `checkpoints.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from arctic_sdk._generated import methods as M
+from arctic_sdk._spec import GrpcShape
+
+from ..protocol.context import CallContext
+from ..protocol.errors import ProtocolError
+from .base import GatewayBase
+from .checkpoints import Checkpoints, _filename
+from .dataplane import DataPlane, learning_rate
+from .model import STATES, Job, terminal_error
+
+OPERATION_TYPES = ("weight-sync", "reset-prefix-cache", "cancel-request", "tail-logs", "forward")
+
+
+class _OperationChecks:
+    """What `conformance.fake.operations.check` needs of its servicer."""
+
+    operation_types = OPERATION_TYPES
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+
+def _state_name(value: Any) -> str:
+    s = str(value).lower().removeprefix("job_state_")
+    s = {"canceled": "cancelled"}.get(s, s)
+    if s not in STATES:
+        raise ProtocolError(
+            "invalid_argument",
+            f"field state: {value!r} is not one of {list(STATES)}",
+            field="state",
+            expected=list(STATES),
+        )
+    return s
+
+
+class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
+    operation_types = OPERATION_TYPES
+
+    # ------------------------------------------------------------------ protocol hooks
+
+    async def authorize_job(self, ctx: CallContext, *, running: bool) -> None:
+        job = self.job(ctx)  # 404 for another token's job
+        if running and ctx.method.grpc_shape is GrpcShape.FRAMES and ctx.method is not M.OPERATION:
+            self.require_running(job, ctx.method)  # /operation: checked by operation type
+
+    def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
+        """Semantic checks before a data-plane call is accepted (4xx on failure)."""
+        from conformance.fake import checkpoints as fake_ckpt
+        from conformance.fake import operations
+
+        job = self.job(ctx)
+        m = ctx.method
+        fake_job: Any = job  # the fake's checks are duck-typed: job_id, find_sub_job, sub_job
+        if m is M.OPERATION:
+            if body.get("operation_type") != "tail-logs":
+                self.require_running(job, m)
+            train = job.sub_job("training")
+            vocab = (train.vocab_size if train else 0) or 151_936
+            operations.check(_OperationChecks(vocab), fake_job, ctx, body)  # type: ignore[arg-type]
+            return
+        sub = self.target(job, ctx)
+        if m in (M.FORWARD_BACKWARD, M.FORWARD, M.LOG_PROBS, M.GENERATE):
+            self.profile.check(m, body, sub)
+        elif m is M.STEP:
+            learning_rate(body)
+        elif m is M.SAVE_CHECKPOINT:
+            fake_ckpt.check_save(body)
+        elif m is M.DOWNLOAD_CHECKPOINT_FILE:
+            operations.check_simple(fake_job, m, body)
+            _filename(body.get("filename"))
+        else:
+            operations.check_simple(fake_job, m, body)
+
+    # ------------------------------------------------------------------ control plane
+
+    async def create_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        owner, key = self.owner(ctx), str(ctx.idempotency_key or "")
+        old = self.jobs.find_created(owner, key)
+        if old is not None:  # a retried create (even across a restart) is the same job
+            return {"job_id": old.job_id}
+        subs = self.profile.sub_jobs(body)
+        labels = body.get("labels") or {}
+        if any(not k for k in labels):
+            raise ProtocolError(
+                "invalid_argument",
+                "field labels: a label key is empty",
+                field="labels",
+                expected="non-empty keys",
+            )
+        self.jobs.check_lease(int(body.get("lease_seconds") or 0), "lease_seconds")
+        job = self.jobs.create(owner, body, subs, key)
+        return {"job_id": job.job_id}
+
+    async def list_jobs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        state = _state_name(body["state"]) if body.get("state") else ""
+        wanted: list[tuple[str, str]] = []
+        for item in body.get("label") or []:
+            k, sep, v = str(item).partition("=")
+            if not sep or not k:
+                raise ProtocolError(
+                    "invalid_argument",
+                    f"field label: {item!r} is not key=value",
+                    field="label",
+                    expected="key=value",
+                )
+            wanted.append((k, v))
+        owner = self.owner(ctx)
+        out = [
+            j.to_json()
+            for j in self.jobs.jobs.values()
+            if j.owner == owner
+            and (not state or j.state == state)
+            and all(j.labels.get(k) == v for k, v in wanted)
+        ]
+        return {"jobs": out}
+
+    async def get_capacity(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return self.jobs.capacity()
+
+    async def get_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return {"job": self.job(ctx).to_json()}
+
+    async def cancel_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.job(ctx)
+        if job.terminal:
+            raise terminal_error(job)
+        self.jobs.end(job, "cancelled", "cancelled by CancelJob")
+        return {"job": job.to_json()}
+
+    async def renew_job_lease(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.job(ctx)
+        seconds = int(body.get("lease_seconds") or 0)
+        self.jobs.check_lease(seconds, "lease_seconds")
+        return {"lease_expires_at": self.jobs.renew(job, seconds)}
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def job_ended(self, job: Job) -> None:
+        """A job ended: its open chunk groups can never complete."""
+        if self.core is not None:
+            self.core.groups.forget_job(job.job_id)
+        self._gates.pop(job.job_id, None)
+
+    def job_state(self, job_id: str) -> dict[str, Any]:
+        """The admin view of a job: history and workers (no authkeys)."""
+        job = self.jobs.jobs.get(job_id)
+        if job is None:
+            raise ProtocolError("job_not_found", f"no job {job_id!r}", job_id=job_id)
+        out = job.to_json()
+        out["history"] = list(job.history)
+        out["workers"] = [
+            {
+                "sub_job_id": s.sub_job_id,
+                "state": s.state,
+                "backend": s.worker.get("backend"),
+                "pid": s.worker.get("pid"),
+                "address": s.worker.get("address"),
+                "log": s.worker.get("log"),
+                "info": s.worker.get("info"),
+            }
+            for s in job.sub_jobs
+        ]
+        return out

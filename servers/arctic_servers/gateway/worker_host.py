@@ -1,0 +1,334 @@
+"""A sub-job's worker process: `python -m arctic_servers.gateway.worker_host --spec FILE`.
+
+It outlives the gateway that started it (own session, output to a log file, no pipe to its
+parent) and serves a TCP port on which a gateway — the one that started it, or the next one after
+a restart — connects with the authkey from the spec (`multiprocessing.connection`, pickled dicts).
+
+    gateway -> worker  {"op": "status"}                         -> {state, info, error, pid}
+                       {"op": "call", id, key, cmd, args, meta} -> {id, ok, result | error}
+                       {"op": "collect", id, key}               -> the call's answer, or
+                                                                   {id, ok: False, unknown: True}
+                       {"op": "cancel", id, key}                -> {id, ok, result: {cancelled,
+                                                                                    state}}
+                       {"op": "stats" | "logs" | "shutdown", id, ...}
+
+Commands run one at a time on the main thread, in arrival order (`op_<cmd>` of the engine: the
+on-prem engines' command set, or the fake engine's). Every call with a `key` is journaled in
+memory before it runs and keeps its answer afterwards, so a gateway that restarts collects the
+answer of a call it sent before it died, and a call whose key the worker has seen is never run
+twice. A worker that dies takes its journal with it; its sub-job has then failed anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import Any
+
+JOURNAL_MAX = 1024  # finished calls kept for collection after a gateway restart
+
+
+@dataclass
+class Entry:
+    key: str
+    cmd: str
+    args: dict[str, Any]
+    meta: dict[str, Any]
+    state: str = "queued"  # queued, running, done
+    reply: dict[str, Any] | None = None  # {"ok", "result" | "error"} once done
+    waiters: list[tuple[Channel, int]] = field(default_factory=list)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class Channel:
+    """One gateway connection; replies come from several threads."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.open = True
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if not self.open:
+            return
+        try:
+            with self.lock:
+                self.conn.send(msg)
+        except (OSError, ValueError, EOFError):
+            self.open = False
+
+
+def error_body(exc: BaseException, what: str) -> dict[str, Any]:
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and hasattr(exc, "message"):
+        details = dict(getattr(exc, "details", {}) or {})
+        return {"code": code, "message": str(exc.message), "details": details}
+    return {
+        "code": "internal",
+        "message": f"{what} failed: {type(exc).__name__}: {exc}",
+        "details": {"traceback": traceback.format_exc(limit=8)[-4000:]},
+    }
+
+
+def build_engine(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The sub-job's engine, and what to add to its info."""
+    kind = spec.get("engine", "fake")
+    if kind == "fake":
+        from .fake_engine import FakeEngine
+
+        return FakeEngine(spec), {}
+    if kind == "onprem":
+        from ..onprem.settings import ServerSettings, resolve_model
+        from ..onprem.worker import build_engine as onprem_engine
+        from ..onprem.worker import set_threads
+
+        es = dict(spec["engine_spec"])
+        set_threads(int(es.get("num_threads") or os.environ.get("ARCTIC_NUM_THREADS") or 1))
+        settings = ServerSettings(model=str(es.get("model") or ""))
+        es["model_dir"] = str(resolve_model(str(es.get("model_name") or ""), settings))
+        return onprem_engine(str(spec["role"]), es), {"model_dir": es["model_dir"]}
+    raise ValueError(f"unknown engine {kind!r}")
+
+
+class WorkerHost:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.log_path = Path(spec.get("log") or "")
+        self.state = "loading"
+        self.info: dict[str, Any] = {}
+        self.error: dict[str, Any] | None = None
+        self.engine: Any = None
+        self.lock = threading.Lock()
+        self.journal: collections.OrderedDict[str, Entry] = collections.OrderedDict()
+        self.queue: queue.Queue[Entry | None] = queue.Queue()
+        self.readers: list[threading.Thread] = []
+        self.current: Entry | None = None
+        self.anon = 0
+
+    # ------------------------------------------------------------------ connections
+
+    def serve_connections(self, listener: Listener) -> None:
+        while True:
+            try:
+                conn = listener.accept()
+            except Exception:
+                continue
+            # A new gateway: let the readers of the old connections (closed when the old gateway
+            # died) enqueue what they had received first, so `collect` sees every call.
+            for t in self.readers:
+                t.join(timeout=2.0)
+            self.readers = [t for t in self.readers if t.is_alive()]
+            chan = Channel(conn)
+            t = threading.Thread(target=self.read, args=(chan,), daemon=True)
+            self.readers.append(t)
+            t.start()
+
+    def read(self, chan: Channel) -> None:
+        while True:
+            try:
+                msg = chan.conn.recv()
+            except (EOFError, OSError):
+                chan.open = False
+                return
+            except Exception as exc:
+                print(f"worker: unreadable message: {exc}", flush=True)
+                continue
+            try:
+                self.dispatch(chan, msg)
+            except Exception as exc:
+                chan.send({"id": msg.get("id"), "ok": False, "error": error_body(exc, "dispatch")})
+
+    def dispatch(self, chan: Channel, msg: dict[str, Any]) -> None:
+        op, mid = msg.get("op"), int(msg.get("id") or 0)
+        if op == "status":
+            chan.send({"id": mid, "ok": True, "result": self.status()})
+        elif op == "call":
+            self.submit(chan, mid, msg)
+        elif op == "collect":
+            self.collect(chan, mid, str(msg.get("key")))
+        elif op == "cancel":
+            chan.send({"id": mid, "ok": True, "result": self.cancel(str(msg.get("key")))})
+        elif op == "stats":
+            stats = getattr(self.engine, "stats", None)
+            chan.send({"id": mid, "ok": True, "result": stats() if stats else {}})
+        elif op == "logs":
+            chan.send({"id": mid, "ok": True, "result": self.logs(msg)})
+        elif op == "shutdown":  # the job ended: what is queued will not run
+            with self.lock:
+                for e in self.journal.values():
+                    if e.state == "queued":
+                        self._finish(e, self._cancelled(e))
+            chan.send({"id": mid, "ok": True, "result": None})
+            self.queue.put(None)
+        else:
+            chan.send({"id": mid, "ok": False, "error": {"code": "internal", "message": f"{op}"}})
+
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "info": self.info, "error": self.error, "pid": os.getpid()}
+
+    def submit(self, chan: Channel, mid: int, msg: dict[str, Any]) -> None:
+        key = msg.get("key")
+        with self.lock:
+            if not key:
+                self.anon += 1
+                key = f"anon-{self.anon}"
+            e = self.journal.get(key)
+            if e is None:
+                e = Entry(key, str(msg["cmd"]), dict(msg.get("args") or {}), msg.get("meta") or {})
+                e.waiters.append((chan, mid))
+                self.journal[key] = e
+                self.queue.put(e)
+                return
+            if e.state != "done":
+                e.waiters.append((chan, mid))
+                return
+        assert e.reply is not None
+        chan.send({"id": mid, **e.reply})
+
+    def collect(self, chan: Channel, mid: int, key: str) -> None:
+        with self.lock:
+            e = self.journal.get(key)
+            if e is not None and e.state != "done":
+                e.waiters.append((chan, mid))
+                return
+        if e is None:
+            chan.send({"id": mid, "ok": False, "unknown": True})
+        else:
+            assert e.reply is not None
+            chan.send({"id": mid, **e.reply})
+
+    def cancel(self, key: str) -> dict[str, Any]:
+        with self.lock:
+            e = self.journal.get(key)
+            if e is None:
+                return {"cancelled": False, "state": "unknown"}
+            if e.state == "queued":
+                self._finish(e, self._cancelled(e))
+                return {"cancelled": True, "state": "cancelled"}
+            e.cancel.set()  # the engine stops at its next safe point, if it has one
+            return {"cancelled": False, "state": e.state}
+
+    @staticmethod
+    def _cancelled(e: Entry) -> dict[str, Any]:
+        rid = e.meta.get("request_id") or e.key
+        return {
+            "ok": False,
+            "error": {
+                "code": "request_cancelled",
+                "message": f"request {rid} was cancelled before it ran",
+                "details": {"request_id": rid},
+            },
+        }
+
+    def _finish(self, e: Entry, reply: dict[str, Any]) -> None:
+        """Record the answer and send it to every waiter (call with the lock held)."""
+        e.state, e.reply = "done", reply
+        waiters, e.waiters = e.waiters, []
+        for chan, mid in waiters:
+            chan.send({"id": mid, **reply})
+        done = [k for k, v in self.journal.items() if v.state == "done"]
+        for k in done[: max(0, len(done) - int(self.spec.get("journal_max") or JOURNAL_MAX))]:
+            del self.journal[k]
+
+    def logs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cursor, limit = int(msg.get("cursor") or 0), int(msg.get("limit") or 100)
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        page = lines[cursor : cursor + limit]
+        return {"entries": page, "next": cursor + len(page), "total": len(lines)}
+
+    # ------------------------------------------------------------------ execution
+
+    def run(self) -> None:
+        while True:
+            e = self.queue.get()
+            if e is None:
+                return
+            with self.lock:
+                if e.state != "queued":
+                    continue  # cancelled while queued
+                e.state = "running"
+                self.current = e
+            reply = self.execute(e)
+            with self.lock:
+                self.current = None
+                self._finish(e, reply)
+
+    def execute(self, e: Entry) -> dict[str, Any]:
+        if self.engine is None:
+            return {"ok": False, "error": {"code": "unavailable", "message": "engine not ready"}}
+        fn = getattr(self.engine, f"op_{e.cmd}", None)
+        try:
+            if fn is None:
+                raise ValueError(f"{type(self.engine).__name__} has no command {e.cmd!r}")
+            note = getattr(self.engine, "note", None)
+            if note is not None:
+                note(e.meta, e.cancel)
+            return {"ok": True, "result": fn(**e.args)}
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            return {"ok": False, "error": error_body(exc, e.cmd)}
+
+
+def _watch_parent(pid: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != pid:
+            os._exit(0)  # placed by a Ray actor that is gone
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m arctic_servers.gateway.worker_host")
+    ap.add_argument("--spec", required=True, help="JSON file with the sub-job's worker spec")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    spec = json.loads(Path(args.spec).read_text())
+    host = WorkerHost(spec)
+    authkey = bytes.fromhex(spec["authkey"])
+    listener = Listener((spec.get("host") or "127.0.0.1", 0), authkey=authkey)
+    address = listener.address
+    status = Path(spec["status_file"])
+    tmp = status.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"address": list(address), "pid": os.getpid()}))
+    tmp.replace(status)
+    print(f"worker {spec.get('sub_job_id')}: pid {os.getpid()}, listening on {address}", flush=True)
+    threading.Thread(target=host.serve_connections, args=(listener,), daemon=True).start()
+    if spec.get("parent_pid"):
+        threading.Thread(target=_watch_parent, args=(int(spec["parent_pid"]),), daemon=True).start()
+    t0 = time.perf_counter()
+    try:
+        host.engine, extra = build_engine(spec)
+        info = {**host.engine.info(), **extra}
+    except BaseException as exc:
+        traceback.print_exc()
+        host.error = error_body(exc, f"{spec.get('role')} engine start")
+        host.state = "failed"
+        time.sleep(3600)  # keep answering `status` until the gateway stops this process
+        return 1
+    info.update(pid=os.getpid(), startup_s=round(time.perf_counter() - t0, 3))
+    host.info, host.state = info, "ready"
+    print(f"worker {spec.get('sub_job_id')}: ready in {info['startup_s']} s", flush=True)
+    host.run()
+    close = getattr(host.engine, "close", None)
+    if close is not None:
+        close()
+    print(f"worker {spec.get('sub_job_id')}: shut down", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

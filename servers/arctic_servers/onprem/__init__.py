@@ -1,0 +1,1 @@
+"""On-prem training server: DeepSpeed/vLLM workers behind the arctic.v1 protocol."""

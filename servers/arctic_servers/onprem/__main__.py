@@ -1,0 +1,150 @@
+"""`python -m arctic_servers.onprem serve`: the on-prem arctic.v1 server.
+
+    python -m arctic_servers.onprem serve [--host 127.0.0.1] [--port 8080] [--grpc-port 50051]
+        [--model DIR] [--job training,sampling] [--lr 1e-5] [--data-dir DIR] [--token T ...]
+        [--threads N | training=N,sampling=N,log_prob=N[,pin]] [--worker-python PY]
+        [--max-slots 16] [--prewarm deepspeed,vllm] [--admin] [--verbose-workers]
+
+With no `--model`, sub-jobs run the embedded tiny Qwen2 model (built once, deterministically, in
+`~/.cache/arctic/`). `--job` pre-creates one job (its id is printed); more jobs come through
+`POST {prefix}/` (CreateJob). The server answers every call inline (200), over HTTP and gRPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m arctic_servers.onprem",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="command")
+    p = sub.add_parser("serve", help="run the server (HTTP and gRPC)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="HTTP port (0 = a free port)")
+    p.add_argument("--grpc-port", type=int, default=0, help="gRPC port (0 = a free port)")
+    p.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
+    p.add_argument(
+        "--model", default="", help="default model directory (default: the embedded tiny model)"
+    )
+    p.add_argument(
+        "--job", default="", help='pre-create a job: "training,sampling" or a CreateJob JSON body'
+    )
+    p.add_argument(
+        "--lr", type=float, default=None, help="learning rate of the pre-created job's trainer"
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="checkpoints and exports (default ~/.cache/arctic/onprem)",
+    )
+    p.add_argument(
+        "--token", action="append", default=[], help="accepted PAT (repeatable; none = no auth)"
+    )
+    p.add_argument(
+        "--threads",
+        default="",
+        help="threads per worker: N, or training=N,sampling=N,log_prob=N[,pin]",
+    )
+    p.add_argument(
+        "--worker-python", default=sys.executable, help="interpreter of the engine workers"
+    )
+    p.add_argument("--max-slots", type=int, default=16, help="sub-jobs running at once")
+    p.add_argument(
+        "--prewarm",
+        default="deepspeed,vllm",
+        help="engines with an idle pre-imported worker kept ready ('' = none)",
+    )
+    p.add_argument("--admin", action="store_true", help="serve /_admin/jobs (worker pids, logs)")
+    p.add_argument("--verbose-workers", action="store_true", help="echo worker output to stderr")
+    p.add_argument(
+        "--ready-file", type=Path, default=None, help="write the URLs as JSON here once serving"
+    )
+    return ap
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from .server import DEFAULT_PATH, job_body, start_onprem
+    from .settings import ServerSettings, ThreadPlan, default_cache_dir
+
+    settings = ServerSettings(
+        data_dir=args.data_dir or default_cache_dir() / "onprem",
+        model=args.model,
+        worker_python=args.worker_python,
+        threads=ThreadPlan.parse(args.threads),
+        max_slots=args.max_slots,
+        verbose_workers=args.verbose_workers,
+        prewarm=tuple(x.strip() for x in args.prewarm.split(",") if x.strip()),
+    )
+    create = []
+    if args.job:
+        tc = {"optimizer": {"name": "adamw", "lr": args.lr}} if args.lr is not None else None
+        create.append(job_body(args.job, training_config=tc))
+    srv, job_ids = await start_onprem(
+        settings,
+        host=args.host,
+        port=args.port,
+        grpc_port=None if args.no_grpc else args.grpc_port,
+        tokens=args.token,
+        admin=args.admin,
+        create_jobs=create,
+    )
+    info = {
+        "base_url": srv.base_url,
+        "prefix_url": srv.base_url + DEFAULT_PATH,
+        "grpc_target": srv.grpc_target if srv.server.grpc_port else "",
+        "admin_url": srv.admin_url if args.admin else "",
+        "job_ids": job_ids,
+    }
+    print(f"onprem server: http {srv.base_url}", flush=True)
+    print(f"  prefix  {info['prefix_url']}", flush=True)
+    if info["grpc_target"]:
+        print(f"  grpc    {info['grpc_target']}", flush=True)
+    if args.admin:
+        print(f"  admin   {srv.admin_url}", flush=True)
+    for j in job_ids:
+        print(f"  job     {j}", flush=True)
+    if args.ready_file:
+        tmp = args.ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(args.ready_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await srv.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # the server process runs no engine: one thread for any numeric library it loads (workers
+    # get their own counts, see settings.ThreadPlan)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    args = parser().parse_args(argv)
+    if args.command != "serve":
+        parser().print_help(sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

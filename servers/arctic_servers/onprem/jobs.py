@@ -1,0 +1,435 @@
+"""Jobs of the on-prem server: sub-jobs as worker processes, states, capacity, leases.
+
+A job moves `pending → placing → initializing → running` as its workers start (all of them at
+once), or to `failed` when one does not. Any worker that dies later fails its sub-job and the job
+(the reason names the sub-job, its exit status and its last output), and the job's other workers
+are stopped. `CancelJob` and lease expiry stop every worker (a lease is re-armed when the job
+reaches running, so a slow engine start-up does not eat it). Capacity is counted in slots (a
+sub-job's `n_gpus`, 1 by default) against `ServerSettings.max_slots`; a job that does not fit
+waits in `pending`, first in, first out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..protocol.errors import ProtocolError
+from .procs import WorkerHandle
+from .settings import ServerSettings, SubJobSpec, cpu_count, resolve_model
+
+log = logging.getLogger("arctic_servers.onprem")
+TERMINAL = frozenset({"cancelled", "terminated", "failed"})
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class SubJob:
+    sub_job_id: str
+    role: str
+    index: int
+    spec: SubJobSpec
+    model_dir: Path | None = None
+    state: str = "pending"
+    reason: str = ""
+    worker: WorkerHandle | None = None
+    weight_version: int = 0
+
+    @property
+    def engine(self) -> str:
+        return str((self.worker.info if self.worker else {}).get("engine") or "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sub_job_id": self.sub_job_id,
+            "job_type": self.role,
+            "state": self.state,
+            "reason": self.reason,
+            "model_name": self.spec.model_name or (str(self.model_dir) if self.model_dir else ""),
+        }
+
+
+@dataclass
+class Job:
+    job_id: str
+    owner: str | None
+    sub_jobs: list[SubJob]
+    labels: dict[str, str]
+    comment: str
+    experiment_name: str
+    lease_seconds: int
+    state: str = "pending"
+    reason: str = ""
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    lease_expires: float = 0.0
+    placed: bool = False
+    history: list[dict[str, Any]] = field(default_factory=list)
+    global_step: int = 0
+    weight_version: int = 0
+    last_loss: float = 0.0
+    # generate waits while this is clear (a weight sync runs)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def slots(self) -> int:
+        return sum(s.spec.n_gpus for s in self.sub_jobs)
+
+    def sub_job(self, role: str) -> SubJob | None:
+        return next((s for s in self.sub_jobs if s.role == role), None)
+
+    def find_sub_job(self, sub_job_id: str) -> SubJob | None:
+        return next((s for s in self.sub_jobs if s.sub_job_id == sub_job_id), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "reason": self.reason,
+            "sub_jobs": [s.to_json() for s in self.sub_jobs],
+            "labels": dict(self.labels),
+            "comment": self.comment,
+            "experiment_name": self.experiment_name,
+            "created_at": rfc3339(self.created_at),
+            "updated_at": rfc3339(self.updated_at),
+            "lease_expires_at": rfc3339(self.lease_expires) if self.lease_expires else "",
+            "global_step": self.global_step,
+            "weight_version": self.weight_version,
+        }
+
+
+def engine_kind(role: str, config: dict[str, Any]) -> str:
+    """The engine a sub-job runs: DeepSpeed (training), vLLM (sampling; log_prob on request),
+    or a plain Hugging Face forward (log_prob by default)."""
+    if role == "training":
+        return "deepspeed"
+    if role == "sampling":
+        return "vllm"
+    return str(config.get("engine") or "hf")
+
+
+def terminal_error(job: Job) -> ProtocolError:
+    return ProtocolError(
+        "job_terminal",
+        f"job {job.job_id} has ended ({job.state}: {job.reason or 'no reason'})",
+        job_id=job.job_id,
+        state=job.state,
+        reason=job.reason,
+    )
+
+
+def not_running_error(job: Job) -> ProtocolError:
+    return ProtocolError(
+        "job_not_running",
+        f"job {job.job_id} is {job.state}, not running"
+        + (f" ({job.reason})" if job.reason else ""),
+        job_id=job.job_id,
+        state=job.state,
+        reason=job.reason,
+    )
+
+
+class JobManager:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.jobs: dict[str, Job] = {}
+        self._queue: list[str] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._leases: dict[str, asyncio.TimerHandle] = {}
+        self._next_cpu = 0
+        self._pool: dict[str, list[WorkerHandle]] = {}
+
+    # ------------------------------------------------------------------ lookup
+
+    def visible(self, job_id: str, owner: str | None) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None or (job.owner is not None and job.owner != owner):
+            raise ProtocolError(
+                "job_not_found", f"no job {job_id!r} is visible to this token", job_id=job_id
+            )
+        return job
+
+    def in_use(self) -> int:
+        return sum(j.slots for j in self.jobs.values() if j.placed and not j.terminal)
+
+    def capacity(self) -> dict[str, Any]:
+        used = self.in_use()
+        return {
+            "has_reservation": True,
+            "max_total_gpus": self.settings.max_slots,
+            "in_use_gpus": used,
+            "available_gpus": max(0, self.settings.max_slots - used),
+            "queued_jobs": len(self._queue),
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def create(
+        self,
+        owner: str | None,
+        specs: list[SubJobSpec],
+        *,
+        labels: dict[str, str],
+        comment: str,
+        experiment_name: str,
+        lease_seconds: int,
+    ) -> Job:
+        job_id = "job-" + secrets.token_hex(4)
+        counts: dict[str, int] = {}
+        subs = []
+        for spec in specs:
+            idx = counts.get(spec.role, 0)
+            counts[spec.role] = idx + 1
+            subs.append(SubJob(f"{job_id}:{spec.role}:{idx}", spec.role, idx, spec))
+        job = Job(job_id, owner, subs, labels, comment, experiment_name, lease_seconds)
+        job.gate.set()
+        if sum(s.spec.n_gpus for s in subs) > self.settings.max_slots:
+            raise ProtocolError(
+                "invalid_argument",
+                f"the job needs {job.slots} slots; this server has {self.settings.max_slots}",
+                field="sub_job_configs",
+                expected=f"<= {self.settings.max_slots} slots",
+            )
+        self.jobs[job_id] = job
+        self._enter(job, "pending", "")
+        if lease_seconds:
+            self._arm_lease(job, lease_seconds)
+        self._queue.append(job_id)
+        self._schedule()
+        return job
+
+    def _enter(self, job: Job, state: str, reason: str) -> None:
+        job.state, job.reason = state, reason
+        job.updated_at = time.time()
+        job.history.append({"state": state, "reason": reason, "at": rfc3339(job.updated_at)})
+        log.info("job %s: %s %s", job.job_id, state, reason)
+
+    def _schedule(self) -> None:
+        while self._queue:
+            job = self.jobs.get(self._queue[0])
+            if job is None or job.state != "pending":
+                self._queue.pop(0)
+                continue
+            free = self.settings.max_slots - self.in_use()
+            if job.slots > free:
+                job.reason = f"waiting for capacity: needs {job.slots} slots, {max(free, 0)} free"
+                return
+            self._queue.pop(0)
+            job.placed = True
+            self._enter(job, "placing", "")
+            self._spawn(self._start(job))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _cpus_for(self, n: int) -> list[int] | None:
+        if not self.settings.threads.pin:
+            return None
+        total = cpu_count()
+        cpus = [(self._next_cpu + i) % total for i in range(min(n, total))]
+        self._next_cpu = (self._next_cpu + n) % total
+        return cpus
+
+    async def _start(self, job: Job) -> None:
+        try:
+            for sub in job.sub_jobs:
+                sub.model_dir = await asyncio.to_thread(
+                    resolve_model, sub.spec.model_name, self.settings
+                )
+        except ProtocolError as exc:
+            self.end(job, "failed", f"model: {exc.message}")
+            return
+        except Exception as exc:
+            self.end(job, "failed", f"model: {type(exc).__name__}: {exc}")
+            return
+        if job.terminal:
+            return
+        self._enter(job, "initializing", "")
+        starts = []
+        for sub in job.sub_jobs:
+            sub.state = "initializing"
+            kind = engine_kind(sub.role, sub.spec.config)
+            threads = self.settings.threads.threads(sub.role, sub.spec.config.get("num_threads"))
+            spec = {
+                "role": sub.role,
+                "model_dir": str(sub.model_dir),
+                "dtype": sub.spec.dtype,
+                "seed": sub.spec.seed,
+                "config": sub.spec.config,
+                "engine": kind,
+                "sub_job_id": sub.sub_job_id,
+            }
+            worker = self._take(sub.role, kind, threads) or self._new_worker(
+                sub.role, kind, threads
+            )
+            worker.on_exit = lambda h, reason, job=job: self._worker_exited(job, h, reason)
+            sub.worker = worker
+            starts.append(worker.start(sub.sub_job_id, spec, self.settings.worker_start_timeout_s))
+        self.refill_pool()
+        results = await asyncio.gather(*starts, return_exceptions=True)
+        failed = [
+            (s, r)
+            for s, r in zip(job.sub_jobs, results, strict=True)
+            if isinstance(r, BaseException)
+        ]
+        if job.terminal:  # cancelled while starting
+            await self._stop_workers(job, "stopped: the job ended while it started")
+            return
+        if failed:
+            for s, r in failed:
+                s.state = "failed"
+                s.reason = getattr(r, "message", None) or f"{type(r).__name__}: {r}"
+            first, _err = failed[0]
+            self.end(job, "failed", f"sub-job {first.sub_job_id} failed to start: {first.reason}")
+            return
+        for s in job.sub_jobs:
+            s.state, s.reason = "running", ""
+        self._enter(job, "running", "")
+        if job.lease_seconds:
+            # engines take seconds to minutes to start: the lease counts from running
+            self._arm_lease(job, job.lease_seconds)
+
+    # ------------------------------------------------------------------ warm worker pool
+
+    def _new_worker(self, role: str, kind: str, threads: int) -> WorkerHandle:
+        return WorkerHandle(
+            role,
+            kind,
+            python=self.settings.worker_python,
+            threads=threads,
+            cpus=self._cpus_for(threads),
+            echo=self.settings.verbose_workers,
+        )
+
+    def _take(self, role: str, kind: str, threads: int) -> WorkerHandle | None:
+        """A pooled worker of this engine whose libraries are (being) imported, if any."""
+        pool = self._pool.get(kind) or []
+        for w in list(pool):
+            pool.remove(w)
+            if w.failure is None and w.threads == threads and w.role_ok(role):
+                w.role = role
+                return w
+            self._spawn(w.stop(reason="dropped from the pool"))
+        return None
+
+    def refill_pool(self) -> None:
+        """Keep one idle worker per engine in `settings.prewarm` (its imports done ahead)."""
+        for kind in self.settings.prewarm:
+            pool = self._pool.setdefault(kind, [])
+            pool[:] = [w for w in pool if w.failure is None]
+            if not pool:
+                role = {"deepspeed": "training", "vllm": "sampling"}.get(kind, "log_prob")
+                w = self._new_worker(role, kind, self.settings.threads.threads(role))
+                w.on_exit = lambda h, reason: None
+                w.spawn()
+                pool.append(w)
+
+    def _worker_exited(self, job: Job, handle: WorkerHandle, reason: str) -> None:
+        sub = job.find_sub_job(handle.sub_job_id)
+        if sub is None or handle.stopping or job.terminal:
+            return
+        if sub.state in ("running", "initializing"):
+            sub.state, sub.reason = "failed", reason
+        if job.state == "running":
+            self.end(job, "failed", f"sub-job {sub.sub_job_id} failed: {reason}")
+
+    async def _stop_workers(self, job: Job, reason: str) -> None:
+        await asyncio.gather(
+            *(s.worker.stop(reason=reason) for s in job.sub_jobs if s.worker is not None),
+            return_exceptions=True,
+        )
+
+    def end(self, job: Job, state: str, reason: str) -> None:
+        """Move a job to a terminal state, stop its workers, free its slots."""
+        if job.terminal:
+            return
+        handle = self._leases.pop(job.job_id, None)
+        if handle is not None:
+            handle.cancel()
+        if job.job_id in self._queue:
+            self._queue.remove(job.job_id)
+        for s in job.sub_jobs:
+            if s.state != "failed":
+                s.state = "terminated" if state == "failed" else state
+                s.reason = s.reason or reason
+        self._enter(job, state, reason)
+        job.gate.set()
+        self._spawn(self._stop_workers(job, f"stopped: job {state}"))
+        self._schedule()
+
+    async def shutdown(self) -> None:
+        pooled = [w for ws in self._pool.values() for w in ws]
+        self._pool.clear()
+        await asyncio.gather(
+            *(w.stop(reason="server shut down") for w in pooled), return_exceptions=True
+        )
+        for job in list(self.jobs.values()):
+            if not job.terminal:
+                self.end(job, "terminated", "server shut down")
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for job in self.jobs.values():
+            await self._stop_workers(job, "server shut down")
+
+    # ------------------------------------------------------------------ leases
+
+    def check_lease(self, seconds: int, field_name: str) -> None:
+        mx = self.settings.lease_max_seconds
+        if seconds < 0 or seconds > mx:
+            raise ProtocolError(
+                "invalid_argument",
+                f"field {field_name}: {seconds} is not in [0, {mx}]",
+                field=field_name,
+                expected=f"0..{mx}",
+            )
+
+    def _arm_lease(self, job: Job, seconds: int) -> None:
+        old = self._leases.pop(job.job_id, None)
+        if old is not None:
+            old.cancel()
+        job.lease_seconds = seconds
+        job.lease_expires = time.time() + seconds
+        loop = asyncio.get_running_loop()
+        self._leases[job.job_id] = loop.call_later(seconds, self._lease_expired, job)
+
+    def _lease_expired(self, job: Job) -> None:
+        self._leases.pop(job.job_id, None)
+        if job.state in ("placing", "initializing"):
+            return  # re-armed when the job is running
+        if not job.terminal:
+            self.end(job, "cancelled", "lease expired")
+
+    def renew(self, job: Job, seconds: int) -> str:
+        if job.terminal:
+            raise terminal_error(job)
+        seconds = seconds or job.lease_seconds
+        if seconds:
+            self._arm_lease(job, seconds)
+        return rfc3339(job.lease_expires) if job.lease_expires else ""
+
+    async def wait_running(self, job: Job, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while job.state != "running":
+            if job.terminal:
+                raise terminal_error(job)
+            if time.monotonic() > deadline:
+                raise not_running_error(job)
+            await asyncio.sleep(0.05)

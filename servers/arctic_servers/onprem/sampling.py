@@ -1,0 +1,330 @@
+"""The sampling engine (vLLM) of a worker process: generate, score, reload weights, sleep/wake.
+
+One `vllm.LLM` per sub-job. On CPU it runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`:
+3 s to start instead of 15 s, and killing the worker kills the engine with it), `enforce_eager`,
+the KV cache sized by `VLLM_CPU_KVCACHE_SPACE`. Weight pushes go through the worker extension
+(`reload_weights`, ENGINE_NOTES §3b), and every push is followed by `reset_prefix_cache()` so
+no KV computed with the old weights is reused (ENGINE_NOTES pitfall 7).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .worker import WorkerError
+
+EXT_CLS = "arctic_servers.onprem.vllm_ext.OnpremWorkerExtension"
+MAX_LOGPROBS = 20
+
+
+def set_vllm_env(cuda: bool) -> None:
+    """Set before `import vllm` (setdefault: an operator's explicit value wins)."""
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not cuda:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+class SamplingEngine:
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self.cuda = _cuda()
+        set_vllm_env(self.cuda)
+        from vllm import LLM
+
+        conf: dict[str, Any] = dict(spec.get("config") or {})
+        max_len = conf.get("max_seq_len")
+        kwargs: dict[str, Any] = {
+            "model": spec["model_dir"],
+            "tokenizer": spec["model_dir"],
+            "dtype": spec.get("dtype") or "float32",
+            "seed": int(spec.get("seed") or 0),
+            "worker_extension_cls": EXT_CLS,
+            "enable_prefix_caching": True,
+            "max_num_seqs": 64,
+        }
+        if max_len:
+            kwargs["max_model_len"] = int(max_len)
+        if self.cuda:
+            kwargs["enable_sleep_mode"] = True
+        else:
+            kwargs["enforce_eager"] = True
+        kwargs.update(dict(conf.get("vllm_config") or {}))
+        t = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.startup_s = time.perf_counter() - t
+        self.tokenizer = self.llm.get_tokenizer()
+        mc = self.llm.llm_engine.model_config
+        self.max_model_len = int(mc.max_model_len)
+        self.vocab_size = int(mc.get_vocab_size())
+        self.sleeping = False
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One tiny generate at start-up: the first call pays seconds of one-time set-up."""
+        from vllm import SamplingParams
+
+        t = time.perf_counter()
+        self.llm.generate(
+            ["warm up"], SamplingParams(max_tokens=4, logprobs=0, seed=0), use_tqdm=False
+        )
+        self.llm.reset_prefix_cache()
+        self.warmup_s = time.perf_counter() - t
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "engine": "vllm",
+            "vocab_size": self.vocab_size,
+            "max_model_len": self.max_model_len,
+            "engine_startup_s": round(self.startup_s, 3),
+            "warmup_s": round(self.warmup_s, 3),
+            "cuda": self.cuda,
+        }
+
+    def close(self) -> None:
+        pass
+
+    # -- generate ----------------------------------------------------------------------------
+
+    def _sampling_params(self, sp: Mapping[str, Any], strict: bool) -> Any:
+        from vllm import SamplingParams
+
+        kw: dict[str, Any] = {
+            "n": int(sp.get("n") or 1),
+            "max_tokens": int(sp.get("max_tokens") or 16),
+        }
+        for name in ("temperature", "top_p"):
+            if sp.get(name) is not None:
+                kw[name] = float(sp[name])
+        if sp.get("top_k") is not None and int(sp["top_k"]) > 0:
+            kw["top_k"] = int(sp["top_k"])
+        for name in ("presence_penalty", "frequency_penalty"):
+            if sp.get(name):
+                kw[name] = float(sp[name])
+        if sp.get("repetition_penalty"):
+            kw["repetition_penalty"] = float(sp["repetition_penalty"])
+        if sp.get("stop"):
+            kw["stop"] = [str(s) for s in sp["stop"]]
+        if sp.get("stop_token_ids"):
+            kw["stop_token_ids"] = [int(t) for t in sp["stop_token_ids"]]
+        if sp.get("seed") is not None:
+            kw["seed"] = int(sp["seed"])
+        if sp.get("logprobs") is not None:
+            kw["logprobs"] = int(sp["logprobs"])
+        if sp.get("min_tokens"):
+            kw["min_tokens"] = int(sp["min_tokens"])
+        if sp.get("ignore_eos"):
+            kw["ignore_eos"] = True
+        try:
+            return SamplingParams(**kw)
+        except (ValueError, TypeError) as exc:
+            raise WorkerError(
+                "invalid_argument", f"field sampling_params: {exc}", field="sampling_params"
+            ) from None
+
+    def _prompts(self, prompts: Sequence[Any]) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        out: list[Any] = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                ids = self.tokenizer.encode(p, add_special_tokens=False)
+            else:
+                ids = [int(t) for t in p]
+            if not ids:
+                raise WorkerError(
+                    "invalid_argument",
+                    f"field prompts[{i}]: the prompt has no tokens",
+                    field=f"prompts[{i}]",
+                )
+            if len(ids) >= self.max_model_len:
+                raise WorkerError(
+                    "invalid_argument",
+                    f"field prompts[{i}]: {len(ids)} tokens leave no room under max_model_len "
+                    f"{self.max_model_len}",
+                    field=f"prompts[{i}]",
+                    expected=f"< {self.max_model_len} tokens",
+                )
+            out.append(TokensPrompt(prompt_token_ids=ids))
+        return out
+
+    def op_generate(
+        self, prompts: Sequence[Any], sampling_params: Mapping[str, Any], strict: bool = False
+    ) -> dict[str, Any]:
+        if self.sleeping:
+            raise WorkerError(
+                "unavailable", "the sampler is asleep (sleep-inference); wake it first"
+            )
+        params = self._sampling_params(sampling_params or {}, strict)
+        inputs = self._prompts(prompts)
+        # clamp max_tokens per prompt so a long prompt is not an engine error
+        per_prompt = []
+        for inp in inputs:
+            room = self.max_model_len - len(inp["prompt_token_ids"])
+            if params.max_tokens is not None and params.max_tokens > room:
+                p2 = params.clone()
+                p2.max_tokens = room
+                per_prompt.append(p2)
+            else:
+                per_prompt.append(params)
+        try:
+            outs = self.llm.generate(inputs, per_prompt, use_tqdm=False)
+        except ValueError as exc:
+            raise WorkerError("invalid_argument", f"generate: {exc}") from None
+        want_lp = params.logprobs is not None
+        results = []
+        for ro in outs:
+            samples = []
+            for co in sorted(ro.outputs, key=lambda c: c.index):
+                toks = [int(t) for t in co.token_ids]
+                s: dict[str, Any] = {
+                    "token_ids": toks,
+                    "text": co.text,
+                    "finish_reason": co.finish_reason or "length",
+                }
+                if want_lp and co.logprobs is not None:
+                    s["logprobs"] = [float(co.logprobs[j][t].logprob) for j, t in enumerate(toks)]
+                if isinstance(co.stop_reason, str):
+                    s["stop_reason"] = co.stop_reason
+                samples.append(s)
+            results.append(
+                {"prompt_token_ids": [int(t) for t in ro.prompt_token_ids], "samples": samples}
+            )
+        return {"results": results}
+
+    # -- scoring (forward / log-probs targeted at a vLLM sub-job) -----------------------------
+
+    def _score(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        b, s = ids.shape
+        out = np.zeros((b, s), np.float32)
+        rows, where = [], []
+        for r in range(b):
+            cols = np.nonzero(mask[r])[0]
+            if len(cols) < 2:
+                continue
+            rows.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids[r, cols]]))
+            where.append((r, cols))
+        if not rows:
+            return out
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        for ro, (r, cols) in zip(self.llm.generate(rows, sp, use_tqdm=False), where, strict=True):
+            plp = ro.prompt_logprobs
+            toks = ro.prompt_token_ids
+            for j in range(1, len(cols)):
+                if cols[j] != cols[j - 1] + 1:
+                    continue  # a hole in the mask: not a prediction of adjacent columns
+                out[r, cols[j - 1]] = plp[j][toks[j]].logprob
+        return out
+
+    def _score_body(self, kw: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(kw["input_ids"]).astype(np.int64)
+        mask = kw.get("attention_mask")
+        m = (
+            np.ones(ids.shape, np.int64)
+            if mask is None
+            else (np.asarray(mask) != 0).astype(np.int64)
+        )
+        return self._score(ids, m), m
+
+    def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        proc = body.get("processing") or {}
+        if proc.get("loss_fn") or "compute_entropy" in (proc.get("post") or []):
+            raise WorkerError(
+                "unsupported_option",
+                "a vLLM sub-job scores log-probs only: no loss_fn, no compute_entropy",
+                options=["processing.loss_fn", "processing.post=compute_entropy"],
+            )
+        lp, m = self._score_body(body["kwargs"])
+        n = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum())
+        return {
+            "loss": 0.0,
+            "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": int(m.shape[0])},
+            "outputs": {"logprobs_shifted": lp},
+        }
+
+    def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        if body.get("entropy"):
+            raise WorkerError(
+                "unsupported_option", "a vLLM sub-job does not compute entropy", options=["entropy"]
+            )
+        lp, m = self._score_body(body)
+        n = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum())
+        return {
+            "loss": 0.0,
+            "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": int(m.shape[0])},
+            "outputs": {"logprobs_shifted": lp},
+        }
+
+    # -- weights, cache, lifecycle -------------------------------------------------------------
+
+    def op_load_weights(
+        self,
+        path: str | None = None,
+        blob: bytes | None = None,
+        method: str = "shm",
+        handles: Any = None,
+        nccl_port: int = 0,
+    ) -> dict[str, Any]:
+        t = time.perf_counter()
+        if method == "nccl" and nccl_port:  # pragma: no cover - GPU only
+            self.llm.collective_rpc("arctic_nccl_init", args=("127.0.0.1", nccl_port, 2, 1))
+        if method in ("cuda_ipc", "nccl"):
+            from .weight_sync import sampler_import_gpu
+
+            res = sampler_import_gpu(self, method, handles)
+        elif path:
+            res = self.llm.collective_rpc("arctic_reload_weights_from_file", args=(path,))[0]
+        else:
+            res = self.llm.collective_rpc("arctic_reload_weights_from_bytes", args=(blob,))[0]
+        reset = bool(self.llm.reset_prefix_cache())
+        return {
+            "num_tensors": int(res.get("n", 0)),
+            "seconds": time.perf_counter() - t,
+            "reset": reset,
+        }
+
+    def op_reset_prefix_cache(self) -> dict[str, Any]:
+        return {"reset": bool(self.llm.reset_prefix_cache())}
+
+    def op_sleep(self, level: int = 1) -> dict[str, Any]:
+        if not self.cuda:
+            return {
+                "applied": False,
+                "reason": "CPU sampler: vLLM sleep mode needs a GPU; nothing to offload",
+            }
+        self.llm.sleep(level=int(level or 1))
+        self.sleeping = True
+        return {"applied": True, "reason": f"vLLM sleep level {int(level or 1)}"}
+
+    def op_wake(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        if not self.cuda:
+            return {
+                "applied": False,
+                "reason": "CPU sampler: vLLM sleep mode needs a GPU; nothing to offload",
+            }
+        self.llm.wake_up(tags=list(tags) if tags else None)
+        if not tags or "weights" in tags:
+            self.sleeping = False
+        return {
+            "applied": True,
+            "reason": f"vLLM woke {list(tags) if tags else ['weights', 'kv_cache']}",
+        }

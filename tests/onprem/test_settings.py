@@ -1,0 +1,173 @@
+"""Fast checks of the on-prem server's configuration and request checks (no engines started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from arctic_servers.onprem import checks
+from arctic_servers.onprem.settings import (
+    ServerSettings,
+    ThreadPlan,
+    resolve_model,
+    sub_job_specs,
+    thread_env,
+)
+from arctic_servers.onprem.weight_sync import pick_method
+from arctic_servers.protocol.errors import ProtocolError
+
+
+def test_thread_plan() -> None:
+    assert ThreadPlan.parse("") == ThreadPlan()
+    plan = ThreadPlan.parse("2,training=1,pin")
+    assert plan.threads("sampling") == 2 and plan.threads("training") == 1 and plan.pin
+    assert plan.threads("sampling", override=3) == 3
+    assert ThreadPlan().threads("training") >= 1
+    with pytest.raises(ValueError, match="unknown role"):
+        ThreadPlan.parse("trainer=1")
+    env = thread_env(3)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
+
+
+def test_sub_job_specs() -> None:
+    specs = sub_job_specs(
+        {
+            "sub_job_configs": [
+                {
+                    "job_type": "training",
+                    "training_config": {
+                        "zero_stage": 3,
+                        "micro_batch_size": 2,
+                        "optimizer": {"name": "sgd", "lr": 0.1},
+                    },
+                },
+                {"job_type": "SUB_JOB_TYPE_SAMPLING"},
+                {"job_type": "log_probability", "inference_config": {"engine": "vllm"}},
+            ]
+        },
+        cuda=False,
+    )
+    assert [s.role for s in specs] == ["training", "sampling", "log_prob"]
+    assert specs[0].dtype == "float32" and specs[0].config["zero_stage"] == 3
+
+
+@pytest.mark.parametrize(
+    ("cfg", "code", "field"),
+    [
+        ({}, "missing_field", "sub_job_configs[0].job_type"),
+        ({"job_type": "training", "dtype": "int8"}, "invalid_argument", "sub_job_configs[0].dtype"),
+        (
+            {"job_type": "training", "training_config": {"zero_stage": 4}},
+            "invalid_argument",
+            "sub_job_configs[0].training_config.zero_stage",
+        ),
+        (
+            {"job_type": "training", "training_config": {"bogus": 1, "other": 2}},
+            "unsupported_option",
+            "sub_job_configs[0].training_config.bogus",
+        ),
+        (
+            {"job_type": "training", "training_config": {"optimizer": {"name": "lion"}}},
+            "invalid_argument",
+            "sub_job_configs[0].training_config.optimizer.name",
+        ),
+        (
+            {"job_type": "sampling", "training_config": {"zero_stage": 1}},
+            "invalid_argument",
+            "sub_job_configs[0].training_config",
+        ),
+        (
+            {"job_type": "sampling", "inference_config": {"engine": "hf"}},
+            "invalid_argument",
+            "sub_job_configs[0].inference_config.engine",
+        ),
+    ],
+)
+def test_sub_job_specs_refuse(cfg: dict[str, object], code: str, field: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        sub_job_specs({"sub_job_configs": [cfg]}, cuda=False)
+    assert err.value.code == code and err.value.details["field"] == field
+    if code == "unsupported_option":
+        assert len(err.value.details["options"]) == 2
+
+
+def test_resolve_model(tmp_path: Path) -> None:
+    with pytest.raises(ProtocolError) as err:
+        resolve_model(str(tmp_path / "nope"), ServerSettings(data_dir=tmp_path))
+    assert err.value.code == "invalid_argument"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert (
+        resolve_model(str(tmp_path / "m"), ServerSettings(data_dir=tmp_path))
+        == (tmp_path / "m").resolve()
+    )
+    assert (
+        resolve_model("", ServerSettings(data_dir=tmp_path, model=str(tmp_path / "m")))
+        == (tmp_path / "m").resolve()
+    )
+
+
+def test_sync_methods() -> None:
+    assert pick_method(None, cuda=False, shm_ok=True) == "shm"
+    assert pick_method("auto", cuda=False, shm_ok=False) == "safetensors"
+    assert pick_method("auto", cuda=True, shm_ok=True) == "cuda_ipc"
+    assert pick_method("auto", cuda=True, shm_ok=True, cuda_ipc=False) == "nccl"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        pick_method("nccl", cuda=False, shm_ok=True)
+
+
+def test_request_checks() -> None:
+    ids = np.array([[1, 2, 3], [0, 4, 5]], np.int64)
+    checks.train_body(
+        {"kwargs": {"input_ids": ids, "attention_mask": np.array([[1, 1, 1], [0, 1, 1]])}},
+        512,
+        need_loss=False,
+    )
+    # padding columns may hold any id; real ones must be in the vocabulary
+    checks.tokens(np.array([[999, 1]]), np.array([[0, 1]]), "", 512)
+    for body, code in (
+        ({"kwargs": {"input_ids": np.array([[1, 512]])}}, "invalid_argument"),
+        (
+            {"kwargs": {"input_ids": ids, "attention_mask": np.array([[1, 2, 1], [1, 1, 1]])}},
+            "invalid_argument",
+        ),
+        ({"args": [1], "kwargs": {"input_ids": ids}}, "invalid_argument"),
+        (
+            {"kwargs": {"input_ids": ids}, "processing": {"post": ["compute_nothing"]}},
+            "unsupported_option",
+        ),
+        (
+            {"kwargs": {"input_ids": ids}, "context": {"loss_mask": -np.ones((2, 3))}},
+            "invalid_argument",
+        ),
+    ):
+        with pytest.raises(ProtocolError) as err:
+            checks.train_body(body, 512, need_loss=False)
+        assert err.value.code == code, body
+    assert checks.prompts({"prompts": ["a", [1, 2], {"token_ids": {"ids": [3]}}]}, 512) == [
+        "a",
+        [1, 2],
+        [3],
+    ]
+    for prompts in ([], [""], [[]], [[1, 600]], [1.5]):
+        with pytest.raises(ProtocolError):
+            checks.prompts({"prompts": prompts}, 512)
+    for sp in (
+        {"n": 0},
+        {"temperature": -1},
+        {"top_p": 0},
+        {"logprobs": 21},
+        {"stop": [""]},
+        {"min_tokens": 5, "max_tokens": 2},
+    ):
+        with pytest.raises(ProtocolError):
+            checks.sampling_params({"sampling_params": sp})
+    assert checks.learning_rate({"learning_rate": 0.0}) == 0.0
+    with pytest.raises(ProtocolError):
+        checks.learning_rate({"learning_rate": float("nan")})
+    for bad in ("", "../x", ".hidden", "a/b", "x" * 200):
+        with pytest.raises(ProtocolError):
+            checks.checkpoint_id(bad)
+    assert checks.checkpoint_id("step-3") == "step-3"
