@@ -496,7 +496,6 @@ def test_unknown_config_keys_are_all_listed_in_one_error() -> None:
         ("ppo", {"loss_mask": t(ONES)}, "context.advantages"),
         ("cispo", {"loss_mask": t(ONES)}, "context.advantages"),
         ("importance_sampling", {"loss_mask": t(ONES)}, "context.advantages"),
-        ("importance_sampling", CTX, "context.old_log_probs_shifted"),
         ("weighted_logprob", {"loss_mask": t(ONES)}, "context.weights"),
         ("weighted_logprob", {"weights": t(ONES)}, "context.loss_mask"),
         ("grpo", {"advantages": t(ONES)}, "context.loss_mask"),
@@ -561,3 +560,12 @@ def test_defaults() -> None:
         "kl_type",
         "temperature",
     }
+
+
+def test_importance_sampling_without_old_is_on_policy() -> None:
+    """training.proto: an absent old_log_probs_shifted means on-policy (r = 1)."""
+    lp = leaf(LP)
+    adv = t([[7.0, 1.0, -1.0, 2.0]])
+    r = run(lp, "importance_sampling", loss_mask=t(ONES), advantages=adv)
+    assert r.metrics["loss"] == approx(-(1.0 - 1.0 + 2.0) / 3)
+    assert r.metrics["approx_kl"] == approx(0.0)

@@ -110,8 +110,6 @@ class LossSettings:
         names = [] if self.loss_fn == "cross_entropy" else ["loss_mask"]
         if self.loss_fn in ADVANTAGE_LOSSES:
             names.append("advantages")
-        if self.loss_fn == "importance_sampling":
-            names.append("old_log_probs_shifted")
         if self.loss_fn == "weighted_logprob":
             names.append("weights")
         if self.kl_coeff > 0:

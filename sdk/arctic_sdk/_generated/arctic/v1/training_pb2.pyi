@@ -172,9 +172,10 @@ class LossConfig(_message.Message):
     Losses per token (r = exp(logp - old), A = advantage, both at the prediction position):
       cross_entropy       -logp
       ppo / grpo          -min(r * A, clip(r, 1 - eps_clip, 1 + eps_clip_high) * A)
-      importance_sampling -r * A                       (old = the sampler's log-probs, required)
+      importance_sampling -r * A                       (old = the sampler's log-probs)
       cispo               -stopgrad(clip(r, 1 - eps_clip, 1 + eps_clip_high)) * A * logp
       weighted_logprob    -w * logp                    (w = `context.weights`)
+    An absent `old_log_probs_shifted` means on-policy (old = logp, r = 1) for every ratio loss;
     plus kl_coeff * KL(ref) and minus entropy_coeff * entropy for any loss, then aggregated by
     `loss_agg_mode`. A value set to 0 is used as 0; only an absent value takes the default.
     """
