@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import requests
@@ -59,7 +60,7 @@ class Driver:
         chunks = chunks_of(method, value, op.identity, max_bytes)
         i = 0
         while True:
-            r = self._retry(lambda i=i: self.c.request("POST", url, headers=h, data=chunks[i]))
+            r = self._retry(partial(self.c.request, "POST", url, headers=h, data=chunks[i]))
             if r.status == 409 and r.code == "chunk_group_restart_required":
                 op.restarts += 1
                 i = 0
@@ -88,7 +89,7 @@ class Driver:
         while status.get("status") not in TERMINAL:
             time.sleep(0.02)
             rid = status["request_id"]
-            p = self._retry(lambda rid=rid: self.c.poll(self.job, rid))
+            p = self._retry(partial(self.c.poll, self.job, rid))
             assert p.status == 200, (op, p.status, p.data)
             status = p.data
         op.status, op.error = status["status"], status.get("error")

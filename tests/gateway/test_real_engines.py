@@ -20,7 +20,7 @@ import pytest
 from arctic_sdk._generated import methods as M
 
 from .harness import Client, Gateway
-from .test_jobs import admin
+from .test_jobs import admin, pids_gone_wait
 
 PYTHON = os.environ.get("ARCTIC_ENGINES_PYTHON", "")
 RAY = os.environ.get("ARCTIC_GATEWAY_RAY_ADDRESS", "")
@@ -72,3 +72,8 @@ def test_real_engines_job_and_kill9_restart(real_gw: Gateway) -> None:
     assert replay.data["request_id"] == step.data["request_id"]
     assert c.result(job, c.call(M.STEP, {}, job_id=job))["metrics"]["global_step"] == 2
     assert c.call(M.CANCEL_JOB, job_id=job).status == 200
+    pids_gone_wait(pids, timeout=60)  # the workers (and Ray actors) stopped before the test ends
+    deadline = time.monotonic() + 60
+    while c.call(M.GET_CAPACITY).data["in_use_gpus"]:
+        assert time.monotonic() < deadline, "the job's GPUs were not freed"
+        time.sleep(0.2)

@@ -80,6 +80,11 @@ class WorkerActor:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            try:  # DeepSpeed's CPU all-reduce buffer outlives the process unless removed
+                maps = Path(f"/proc/{self.proc.pid}/maps").read_text().splitlines()
+                shm = {ln.split()[-1] for ln in maps if " /dev/shm/deepspeed_" in ln}
+            except OSError:
+                shm = set()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -87,6 +92,10 @@ class WorkerActor:
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+            for f in shm:
+                with contextlib.suppress(OSError):
+                    os.unlink(f)
 
 
 def actor_name(sub: SubJob) -> str:
@@ -103,7 +112,11 @@ class RayPlacement:
         self._alive: dict[str, str | None] = {}  # sub-job id -> why gone (None = alive)
         self._watch: asyncio.Task[None] | None = None
 
-    async def place(self, sub: SubJob, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    async def place(
+        self, sub: SubJob, spec: dict[str, Any], env: dict[str, str], timeout: float
+    ) -> dict[str, Any]:
+        """Create the sub-job's actor and start its worker; `sub_job_failed` when Ray cannot
+        place it (no resources, or killed) within `timeout` seconds."""
         opts: dict[str, Any] = {
             "name": actor_name(sub),
             "namespace": self.namespace,
@@ -116,13 +129,18 @@ class RayPlacement:
             opts.update(num_cpus=1)
         actor = WorkerActor.options(**opts).remote()  # type: ignore[attr-defined]
         try:
-            placed: dict[str, Any] = await actor.start.remote(spec, env)
+            placed: dict[str, Any] = await asyncio.wait_for(actor.start.remote(spec, env), timeout)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
+            why = (
+                f"was not placed within {timeout:.0f} s"
+                if isinstance(exc, TimeoutError)
+                else (f"could not start the worker: {exc}")
+            )
             raise ProtocolError(
                 "sub_job_failed",
-                f"sub-job {sub.sub_job_id}: its Ray actor could not start the worker: {exc}",
+                f"sub-job {sub.sub_job_id}: its Ray actor {why}",
                 sub_job_id=sub.sub_job_id,
             ) from None
         self._alive[sub.sub_job_id] = None

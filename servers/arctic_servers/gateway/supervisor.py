@@ -139,7 +139,8 @@ class Supervisor:
             # the worker host listens on its node's address, or ARCTIC_GATEWAY_RAY_BIND
             spec["host"] = os.environ.get("ARCTIC_GATEWAY_RAY_BIND", "")
             spec["python"] = self.settings.worker_python  # must exist on the Ray nodes
-            placed = await self.ray.place(sub, spec, worker_env(self.settings))
+            timeout = self.settings.worker_start_timeout_s
+            placed = await self.ray.place(sub, spec, worker_env(self.settings), timeout)
             record.update(placed)
             return record
         with paths["log"].open("ab") as logf:
@@ -246,10 +247,9 @@ class Supervisor:
             await self.ray.stop(sub)
         else:
             await self._kill_local(sub, grace)
-        for key in ("spec",):
-            if w.get(key):
-                with contextlib.suppress(OSError):
-                    Path(w[key]).unlink()
+        if w.get("spec"):
+            with contextlib.suppress(OSError):
+                Path(w["spec"]).unlink()
 
     async def _kill_local(self, sub: SubJob, grace: float) -> None:
         pid = int((sub.worker or {}).get("pid") or 0)

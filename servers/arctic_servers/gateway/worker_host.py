@@ -22,7 +22,9 @@ twice. A worker that dies takes its journal with it; its sub-job has then failed
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
+import contextlib
 import json
 import os
 import queue
@@ -284,6 +286,18 @@ class WorkerHost:
             return {"ok": False, "error": error_body(exc, e.cmd)}
 
 
+def remove_shm_buffers() -> None:
+    """Remove the DeepSpeed CPU all-reduce buffers this process mapped: they are files in
+    /dev/shm that outlive it (70 MB each), and nothing else ever removes them."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return
+    for path in {ln.split()[-1] for ln in maps if " /dev/shm/deepspeed_" in ln}:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def _watch_parent(pid: int) -> None:
     while True:
         time.sleep(1.0)
@@ -296,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, help="JSON file with the sub-job's worker spec")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    atexit.register(remove_shm_buffers)  # on shutdown and on SIGTERM; a SIGKILL leaves them
     spec = json.loads(Path(args.spec).read_text())
     host = WorkerHost(spec)
     authkey = bytes.fromhex(spec["authkey"])
@@ -323,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     host.info, host.state = info, "ready"
     print(f"worker {spec.get('sub_job_id')}: ready in {info['startup_s']} s", flush=True)
     host.run()
+    remove_shm_buffers()  # before the engine unmaps them (an unlinked mapping stays valid)
     close = getattr(host.engine, "close", None)
     if close is not None:
         close()
