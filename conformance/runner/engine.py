@@ -300,7 +300,7 @@ class CaseRun:
         data_plane = method is not None and method.grpc_shape is not GrpcShape.UNARY
         wait = spec.get("wait", data_plane and method is not M.GET_REQUEST)
         if data_plane and wait and not reply.is_error and call.job_id:
-            reply = self.s.wait_terminal(call.job_id, reply, call.headers)
+            reply = self.s.wait_terminal(call.job_id, reply, call.headers, accept=call.accept)
         if data_plane and spec.get("drain", wait) and not reply.is_error and call.job_id:
             reply = self.drain(call, reply)
         if isinstance(reply.body, Mapping) and not reply.decode_error:
@@ -326,7 +326,9 @@ class CaseRun:
                 reply.decode_error = f"next_cursor {cursor!r} came back twice: the events loop"
                 return reply
             seen.add(str(cursor))
-            page = self.s.poll(call.job_id or "", rid, call.headers, {"cursor": cursor})
+            page = self.s.poll(
+                call.job_id or "", rid, call.headers, {"cursor": cursor}, accept=call.accept
+            )
             if page.is_error or not isinstance(page.body, Mapping):
                 return page
             events += list(page.body.get("events") or [])

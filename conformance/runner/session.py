@@ -198,7 +198,10 @@ class Session:
         request_id: str,
         headers: Mapping[str, str],
         query: Mapping[str, Any] | None = None,
+        accept: str | None = None,
     ) -> Reply:
+        """GetRequest for `request_id`; `accept` repeats the original call's Accept header, so a
+        call that asked for octet results gets them on its polls too (PROTOCOL.md §3.3)."""
         call = Call(
             M.GET_REQUEST,
             job_id=job_id,
@@ -206,11 +209,17 @@ class Session:
             headers=dict(headers),
             query=dict(query or {}),
             timeout=self.cfg.timeout,
+            accept=accept,
         )
         return normalize(self.send(call)[-1])
 
     def wait_terminal(
-        self, job_id: str, first: Reply, headers: Mapping[str, str], deadline: float | None = None
+        self,
+        job_id: str,
+        first: Reply,
+        headers: Mapping[str, str],
+        deadline: float | None = None,
+        accept: str | None = None,
     ) -> Reply:
         """Poll a submitted or running request until its status is terminal."""
         reply = first
@@ -223,7 +232,7 @@ class Session:
                 return reply
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-            reply = self.poll(job_id, rid, headers)
+            reply = self.poll(job_id, rid, headers, accept=accept)
         return reply
 
     # ------------------------------------------------------------------ jobs
