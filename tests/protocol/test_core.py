@@ -142,6 +142,34 @@ async def test_chunk_group_out_of_order_replay_restart_conflict(env: Any) -> Non
     assert (status, body["error"]["code"]) == (409, "chunk_group_conflict")
 
 
+async def test_out_of_range_chunk_idx_is_invalid_not_restart(env: Any) -> None:
+    """An index outside [0, total_chunks) is a bad descriptor whatever group it names: 400, never
+    the 409 that would send a client into a replay (DSSST1.md §8 check order)."""
+    from dssst1._chunks import _chunk_frame
+    from dssst1._format import DEFAULT_LIMITS
+
+    toy, _, s, base = env
+    desc = {"chunk_idx": 5, "total_chunks": 2, "frame_sha256": "0" * 64, "frame_size_bytes": 4,
+            "chunk_group_id": "g-range", "operation": "forward-backward"}  # fmt: skip
+    frame = _chunk_frame(desc, "request", memoryview(b"ab"), DEFAULT_LIMITS).tobytes()
+    status, body = await _post(s, base + "/7/forward-backward", data=frame, headers=OCTET)
+    assert (status, body["error"]["code"]) == (400, "chunk_descriptor_invalid")
+    assert body["error"]["details"]["field"] == "op.request_chunk.chunk_idx"
+    assert toy.log == []
+
+
+async def test_plain_frame_runs_and_empty_body_is_missing(env: Any) -> None:
+    """A DSSST1 body without a chunk descriptor is the whole value (no replay identity); an
+    empty body is `missing_field` (PROTOCOL.md §3.5)."""
+    toy, _, s, base = env
+    status, done = await _post(s, base + "/7/forward-backward", data=dssst1.dumps(_batch()),
+                               headers=OCTET)  # fmt: skip
+    assert status == 200 and done["status"] == "completed"
+    assert [op for op, _ in toy.log] == ["forward-backward"]
+    status, body = await _post(s, base + "/7/forward-backward", data=b"", headers=OCTET)
+    assert (status, body["error"]["code"]) == (400, "missing_field")
+
+
 @pytest.mark.parametrize(
     ("body", "code", "field"),
     [

@@ -100,6 +100,16 @@ class ChunkGroups:
                 f"request_chunk.chunk_idx {idx!r} is not an integer >= 0",
                 field="op.request_chunk.chunk_idx",
             )
+        total = desc.get("total_chunks")
+        if isinstance(total, int) and not isinstance(total, bool) and idx >= total >= 1:
+            # decided before the group lookup: an out-of-range index is a bad descriptor (400),
+            # never a group to restart (409), whichever group it names (DSSST1.md §8)
+            raise ProtocolError(
+                "chunk_descriptor_invalid",
+                f"request_chunk.chunk_idx {idx} is outside [0, total_chunks={total})",
+                field="op.request_chunk.chunk_idx",
+                expected=f"0 <= chunk_idx < {total}",
+            )
         group = self.store.get_group(job_id, gid)
         key = (job_id, gid)
         if group is not None and group.complete:
