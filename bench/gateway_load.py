@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "sdk"), str(ROOT / "servers")]
 
 import dssst1  # noqa: E402
+from arctic_sdk._generated import methods as M  # noqa: E402
+from arctic_sdk._spec import MethodInfo  # noqa: E402
 
 TOKEN = "bench-token"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -85,6 +87,10 @@ class Driver:
         self.request_ids: list[str] = []
         self.steps = 0
 
+    def url(self, method: MethodInfo) -> str:
+        """The URL of a job-scoped op of this driver's job (the method table's route)."""
+        return self.prefix + method.http_path.replace("{job_id}", self.job)
+
     async def create(self) -> None:
         body = {"sub_job_configs": [{"job_type": "training", "model_name": "fake"}]}
         async with self.s.post(self.prefix + "/", json=body, headers=self.h) as r:
@@ -122,16 +128,16 @@ class Driver:
                     dssst1.dumps(value),
                     kind="request",
                     max_bytes=1 << 20,
-                    operation="forward-backward",
+                    operation=M.FORWARD_BACKWARD.name,
                     chunk_group_id=str(uuid.uuid4()),
                 )
                 headers["Content-Type"] = "application/octet-stream"
-                url = f"{self.prefix}/{self.job}/forward-backward"
+                url = self.url(M.FORWARD_BACKWARD)
                 async with self.s.post(url, data=bytes(chunks[-1]), headers=headers) as r:
                     status = await self._answer(r)
             else:
                 headers["Idempotency-Key"] = str(uuid.uuid4())
-                url = f"{self.prefix}/{self.job}/step"
+                url = self.url(M.STEP)
                 async with self.s.post(url, json={}, headers=headers) as r:
                     status = await self._answer(r)
                 self.steps += 1

@@ -37,13 +37,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "servers"))
 
+from arctic_sdk._generated import methods as M  # noqa: E402
+
+GENERATE = M.GENERATE.name  # the measure of the generate op (the other: "train")
+
 FULL = {
-    "generate": {"prompts": 16, "prompt_len": 32, "n": 4, "max_tokens": 256},
+    GENERATE: {"prompts": 16, "prompt_len": 32, "n": 4, "max_tokens": 256},
     "train": {"batch": 32, "seq": 512},
     "reps": 5,
 }
 SMOKE = {
-    "generate": {"prompts": 2, "prompt_len": 8, "n": 2, "max_tokens": 8},
+    GENERATE: {"prompts": 2, "prompt_len": 8, "n": 2, "max_tokens": 8},
     "train": {"batch": 2, "seq": 16},
     "reps": 1,
 }
@@ -230,7 +234,7 @@ async def through_server(
         t = time.perf_counter()
         await client.wait_until_running(timeout=900)
         out["job_start_s"] = time.perf_counter() - t
-        params = sampling_params(sizes["generate"])
+        params = sampling_params(sizes[GENERATE])
         await client.generate(prompts=prompts[:1], sampling_params=params)  # warm-up
         times, tokens = [], 0
         for _ in range(sizes["reps"]):
@@ -239,7 +243,7 @@ async def through_server(
             gen = await client.generate(prompts=prompts, sampling_params=params)
             times.append(time.perf_counter() - t)
             tokens = sum(len(s["token_ids"]) for r in gen["results"] for s in r["samples"])
-        out["generate"] = {"times": times, "tokens": tokens}
+        out[GENERATE] = {"times": times, "tokens": tokens}
         body = {
             "kwargs": {"input_ids": batch, "attention_mask": np.ones_like(batch)},
             "processing": {"loss_fn": "cross_entropy"},
@@ -269,13 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         help="threads per engine, both ways",
     )
     ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--direct", choices=("generate", "train"), help=argparse.SUPPRESS)
+    ap.add_argument("--direct", choices=(GENERATE, "train"), help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.direct:
         spec = json.loads(Path(args.spec).read_text())
-        res = direct_generate(spec) if args.direct == "generate" else direct_train(spec)
+        res = direct_generate(spec) if args.direct == GENERATE else direct_train(spec)
         print("DIRECT_RESULT " + json.dumps(res), flush=True)
         return 0
 
@@ -284,12 +288,12 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = SMOKE if args.smoke else FULL
     model_dir = str(build_tiny_model(default_cache_dir() / "tiny-qwen2-seed0"))
-    prompts = prompts_of(sizes["generate"])
+    prompts = prompts_of(sizes[GENERATE])
     batch = batch_of(sizes["train"])
     common = {"model_dir": model_dir, "threads": args.threads, "reps": sizes["reps"]}
     t0 = time.perf_counter()
     direct_gen = run_direct(
-        "generate", {**common, "prompts": prompts, "params": sampling_params(sizes["generate"])}
+        GENERATE, {**common, "prompts": prompts, "params": sampling_params(sizes[GENERATE])}
     )
     direct_tr = run_direct("train", {**common, "batch": batch.tolist()})
     with tempfile.TemporaryDirectory(prefix="arctic-bench-") as tmp:
@@ -301,11 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(60)
     med = statistics.median
     rows = {
-        "generate": (
+        GENERATE: (
             med(direct_gen["times"]),
-            med(served["generate"]["times"]),
+            med(served[GENERATE]["times"]),
             direct_gen["tokens"],
-            served["generate"]["tokens"],
+            served[GENERATE]["tokens"],
         ),
         "train (forward-backward + step)": (
             med(direct_tr["times"]),
@@ -317,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"on-prem server vs direct engines ({'smoke' if args.smoke else 'full'}; "
         f"{args.threads} thread(s) per engine; sizes "
-        f"{json.dumps({k: sizes[k] for k in ('generate', 'train')})})"
+        f"{json.dumps({k: sizes[k] for k in (GENERATE, 'train')})})"
     )
     print(f"{'measure':34s} {'direct s':>9s} {'server s':>9s} {'ratio':>7s}")
     results: dict[str, Any] = {
@@ -334,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             "server_s": s,
             "ratio": ratio,
             "direct_times": direct_gen["times"] if dt else direct_tr["times"],
-            "server_times": served["generate" if dt else "train"]["times"],
+            "server_times": served[GENERATE if dt else "train"]["times"],
         }
     if not args.smoke:
         slow = [n for n, (d, _s, _a, _b) in rows.items() if d < 1.0]

@@ -168,7 +168,7 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
             return
         require_running(job, method)
 
-    servicer._require_running = _require_running  # type: ignore[method-assign]
+    servicer._require_running = _require_running
 
     # ------------------------------------------------------------------ HTTP answers
     @web.middleware

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.jobs import rfc3339
 
 from . import tokenizer
-from .jobs import Checkpoint, Job, JobManager, SubJob, rfc3339
+from .jobs import Checkpoint, Job, JobManager, SubJob
 from .numerics import token_logprob
 
 TYPES = ("resumable", "weights-only")

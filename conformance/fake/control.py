@@ -1,4 +1,4 @@
-"""Control-plane bodies of the fake gateway: CreateJob configs and ListJobs filters, checked."""
+"""Control-plane bodies of the fake gateway: CreateJob configs, checked."""
 
 from __future__ import annotations
 
@@ -6,24 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, role_of
 
-from .jobs import Job, JobManager, SubJob, role_of
+from .jobs import Job, JobManager, SubJob
 
 DTYPES = ("", "float32", "bfloat16", "float16")
-TRAINING_KEYS = frozenset(
-    {
-        "max_seq_len",
-        "n_gpus",
-        "train_batch_size",
-        "gradient_clipping",
-        "optimizer",
-        "zero_stage",
-        "micro_batch_size",
-        "deepspeed",
-    }
-)
-INFERENCE_KEYS = frozenset({"max_seq_len", "n_gpus", "vllm_config"})
-STATES = ("pending", "placing", "initializing", "running", "cancelled", "terminated", "failed")
 
 
 def _bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
@@ -123,31 +110,3 @@ def create(jobs: JobManager, owner: str | None, body: Mapping[str, Any]) -> Job:
         experiment_name=str(body.get("experiment_name") or ""),
         lease_seconds=lease or jobs.lease_default_seconds,
     )
-
-
-def state_name(value: Any) -> str:
-    s = str(value).lower().removeprefix("job_state_")
-    s = {"canceled": "cancelled"}.get(s, s)
-    if s not in STATES:
-        raise _bad("state", f"{value!r} is not one of {list(STATES)}", expected=list(STATES))
-    return s
-
-
-def list_jobs(jobs: JobManager, owner: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
-    state = state_name(body["state"]) if body.get("state") else ""
-    wanted: list[tuple[str, str]] = []
-    for item in body.get("label") or []:
-        key, sep, value = str(item).partition("=")
-        if not sep or not key:
-            raise _bad("label", f"{item!r} is not key=value", expected="key=value")
-        wanted.append((key, value))
-    out = []
-    for job in jobs.jobs.values():
-        if job.owner != owner and job.owner is not None:
-            continue
-        if state and job.state != state:
-            continue
-        if any(job.labels.get(k) != v for k, v in wanted):
-            continue
-        out.append(job.to_json())
-    return {"jobs": out}

@@ -9,31 +9,12 @@ that does not fit waits in `pending` (FIFO) until another job ends.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from arctic_servers.protocol.errors import ProtocolError
-
-TERMINAL = frozenset({"cancelled", "terminated", "failed"})
-ROLES = {
-    "training": "training",
-    "sampling": "sampling",
-    "log_prob": "log_prob",
-    "log_probability": "log_prob",
-}
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-
-
-def role_of(value: Any) -> str | None:
-    """ "training" / "TRAINING" / "SUB_JOB_TYPE_TRAINING" / "log_probability" -> role name."""
-    if not isinstance(value, str):
-        return None
-    return ROLES.get(value.lower().removeprefix("sub_job_type_"))
+from arctic_servers.protocol import jobs as pj
+from arctic_servers.protocol.job_queue import JobQueue
+from arctic_servers.protocol.jobs import JobRecord
 
 
 @dataclass(frozen=True)
@@ -74,30 +55,13 @@ class Checkpoint:
 
 
 @dataclass
-class Job:
-    job_id: str
-    owner: str | None
-    sub_jobs: list[SubJob]
-    labels: dict[str, str]
-    comment: str
-    experiment_name: str
-    lease_seconds: int
-    state: str = "pending"
-    reason: str = ""
-    created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    lease_expires: float = 0.0
-    placed: bool = False  # capacity found (held until the job ends)
-    history: list[dict[str, Any]] = field(default_factory=list)
+class Job(JobRecord[SubJob]):
     # Training state (NUMERICS.md §4).
-    global_step: int = 0
     applied_steps: int = 0
-    weight_version: int = 0
     lr: float = 1e-5
     grad: dict[int, float] = field(default_factory=dict)
     accum_loss: float = 0.0
     accum_tokens: int = 0
-    last_loss: float = 0.0
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
     execution_log: list[dict[str, Any]] = field(default_factory=list)
 
@@ -105,44 +69,12 @@ class Job:
     def n_gpus(self) -> int:
         return sum(s.n_gpus for s in self.sub_jobs)
 
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
-
-    def sub_job(self, role: str) -> SubJob | None:
-        return next((s for s in self.sub_jobs if s.role == role), None)
-
-    def find_sub_job(self, sub_job_id: str) -> SubJob | None:
-        return next((s for s in self.sub_jobs if s.sub_job_id == sub_job_id), None)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "job_id": self.job_id,
-            "state": self.state,
-            "reason": self.reason,
-            "sub_jobs": [
-                {
-                    "sub_job_id": s.sub_job_id,
-                    "job_type": s.role,
-                    "state": self.state,
-                    "reason": self.reason,
-                    "model_name": s.model_name,
-                }
-                for s in self.sub_jobs
-            ],
-            "labels": dict(self.labels),
-            "comment": self.comment,
-            "experiment_name": self.experiment_name,
-            "created_at": rfc3339(self.created_at),
-            "updated_at": rfc3339(self.updated_at),
-            "lease_expires_at": rfc3339(self.lease_expires) if self.lease_expires else "",
-            "global_step": self.global_step,
-            "weight_version": self.weight_version,
-        }
-        return out
+    def sub_job_json(self, sub: SubJob) -> dict[str, Any]:
+        # the fake's sub-jobs are always in their job's state
+        return pj.sub_job_json(sub.sub_job_id, sub.role, self.state, self.reason, sub.model_name)
 
 
-class JobManager:
+class JobManager(JobQueue[Job]):
     """All jobs of one fake gateway, with the capacity they hold."""
 
     def __init__(
@@ -153,38 +85,18 @@ class JobManager:
         lease_default_seconds: int = 0,
         lease_max_seconds: int = 86_400,
     ) -> None:
+        super().__init__(lease_max_seconds)
         self.max_total_gpus = max_total_gpus
         self.delays = delays or JobDelays()
         self.lease_default_seconds = lease_default_seconds
-        self.lease_max_seconds = lease_max_seconds
-        self.jobs: dict[str, Job] = {}
-        self._queue: list[str] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._lease_timers: dict[str, asyncio.TimerHandle] = {}
         self._next = 1
 
-    # ------------------------------------------------------------------ lookup
+    def total(self) -> int:
+        return self.max_total_gpus
 
-    def visible(self, job_id: str, token: str | None) -> Job:
-        job = self.jobs.get(job_id)
-        if job is None or (job.owner is not None and job.owner != token):
-            raise ProtocolError(
-                "job_not_found", f"no job {job_id!r} is visible to this token", job_id=job_id
-            )
-        return job
-
-    def in_use(self) -> int:
-        return sum(j.n_gpus for j in self.jobs.values() if j.placed and not j.terminal)
-
-    def capacity(self) -> dict[str, Any]:
-        used = self.in_use()
-        return {
-            "has_reservation": True,
-            "max_total_gpus": self.max_total_gpus,
-            "in_use_gpus": used,
-            "available_gpus": max(0, self.max_total_gpus - used),
-            "queued_jobs": len(self._queue),
-        }
+    def needs(self, job: Job) -> int:
+        return job.n_gpus
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -200,11 +112,9 @@ class JobManager:
     ) -> Job:
         job_id = f"job-{self._next}"
         self._next += 1
-        counts: dict[str, int] = {}
-        for s in sub_jobs:
-            s.index = counts.get(s.role, 0)
-            counts[s.role] = s.index + 1
-            s.sub_job_id = f"{job_id}:{s.role}:{s.index}"
+        ids = pj.sub_job_ids(job_id, [s.role for s in sub_jobs])
+        for s, (sid, index) in zip(sub_jobs, ids, strict=True):
+            s.sub_job_id, s.index = sid, index
         job = Job(job_id, owner, sub_jobs, labels, comment, experiment_name, lease_seconds)
         train = job.sub_job("training")
         if train is not None:
@@ -212,35 +122,16 @@ class JobManager:
             if isinstance(opt, dict) and isinstance(opt.get("lr"), int | float):
                 job.lr = float(opt["lr"])
         self.jobs[job_id] = job
-        self._enter(job, "pending", "")
+        job.enter("pending")
         if lease_seconds:
             self._arm_lease(job, lease_seconds)
         self._queue.append(job_id)
         self._schedule()
         return job
 
-    def _enter(self, job: Job, state: str, reason: str) -> None:
-        job.state, job.reason = state, reason
-        job.updated_at = time.time()
-        job.history.append({"state": state, "reason": reason, "at": rfc3339(job.updated_at)})
-
-    def _schedule(self) -> None:
-        """Start queued jobs, FIFO, while they fit."""
-        while self._queue:
-            job = self.jobs.get(self._queue[0])
-            if job is None or job.state != "pending":
-                self._queue.pop(0)
-                continue
-            free = self.max_total_gpus - self.in_use()
-            if job.n_gpus > free:
-                job.reason = (
-                    f"waiting for capacity: needs {job.n_gpus} GPUs, {max(free, 0)} "
-                    f"of {self.max_total_gpus} available"
-                )
-                return
-            self._queue.pop(0)
-            job.placed, job.reason = True, ""
-            self._advance(job, "placing")
+    def place(self, job: Job) -> None:
+        job.reason = ""
+        self._advance(job, "placing")
 
     def _advance(self, job: Job, state: str) -> None:
         """Enter `state` after its delay; chains through to running."""
@@ -257,85 +148,30 @@ class JobManager:
             self._step_into(job, state)
 
     def _step_into(self, job: Job, state: str) -> None:
-        self._enter(job, state, "")
+        job.enter(state)
         nxt = {"placing": "initializing", "initializing": "running"}.get(state)
         if nxt is not None:
             self._advance(job, nxt)
 
     def end(self, job: Job, state: str, reason: str) -> None:
         """Move a job to a terminal state and free its capacity."""
-        for timers in (self._timers, self._lease_timers):
-            handle = timers.pop(job.job_id, None)
-            if handle is not None:
-                handle.cancel()
-        if job.job_id in self._queue:
-            self._queue.remove(job.job_id)
-        self._enter(job, state, reason)
+        handle = self._timers.pop(job.job_id, None)
+        if handle is not None:
+            handle.cancel()
+        self._unqueue(job)
+        job.enter(state, reason)
         self._schedule()
-
-    # ------------------------------------------------------------------ leases
-
-    def check_lease(self, seconds: int, field_name: str) -> None:
-        if seconds < 0 or seconds > self.lease_max_seconds:
-            raise ProtocolError(
-                "invalid_argument",
-                f"field {field_name}: {seconds} is not in [0, {self.lease_max_seconds}]",
-                field=field_name,
-                expected=f"0..{self.lease_max_seconds}",
-            )
-
-    def _arm_lease(self, job: Job, seconds: int) -> None:
-        old = self._lease_timers.pop(job.job_id, None)
-        if old is not None:
-            old.cancel()
-        job.lease_seconds = seconds
-        job.lease_expires = time.time() + seconds
-        loop = asyncio.get_running_loop()
-        self._lease_timers[job.job_id] = loop.call_later(seconds, self._lease_expired, job)
-
-    def _lease_expired(self, job: Job) -> None:
-        self._lease_timers.pop(job.job_id, None)
-        if not job.terminal:
-            self.end(job, "cancelled", "lease expired")
 
     def expire_lease(self, job: Job) -> None:
         """Admin: expire the lease now."""
         self._lease_expired(job)
 
-    def renew(self, job: Job, seconds: int) -> str:
-        if job.terminal:
-            raise terminal_error(job)
-        seconds = seconds or job.lease_seconds
-        if seconds:
-            self._arm_lease(job, seconds)
-        return rfc3339(job.lease_expires) if job.lease_expires else ""
-
     # ------------------------------------------------------------------ reset
 
     def reset(self) -> None:
-        for timers in (self._timers, self._lease_timers):
+        for timers in (self._timers, self._leases):
             for handle in timers.values():
                 handle.cancel()
             timers.clear()
         self.jobs.clear()
         self._queue.clear()  # job ids keep counting: a stale id never names a new job
-
-
-def terminal_error(job: Job) -> ProtocolError:
-    return ProtocolError(
-        "job_terminal",
-        f"job {job.job_id} has ended ({job.state}: {job.reason or 'no reason'})",
-        job_id=job.job_id,
-        state=job.state,
-        reason=job.reason,
-    )
-
-
-def not_running_error(job: Job) -> ProtocolError:
-    return ProtocolError(
-        "job_not_running",
-        f"job {job.job_id} is {job.state}, not running",
-        job_id=job.job_id,
-        state=job.state,
-        reason=job.reason,
-    )

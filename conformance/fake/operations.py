@@ -15,21 +15,22 @@ from arctic_sdk._spec import MethodInfo
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.core import IncomingCall
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.jobs import role_of
+from arctic_servers.protocol.operation_types import (
+    OP_CANCEL,
+    OP_FORWARD,
+    OP_RESET,
+    OP_TAIL_LOGS,
+    OP_WEIGHT_SYNC,
+)
 from arctic_servers.protocol.validate import validate_body
 
 from . import checkpoints as ck
-from .jobs import Job, role_of
+from .jobs import Job
 
 if TYPE_CHECKING:
     from .servicer import FakeServicer
 
-# `/operation` types (the method table's `operation_type`s, plus tail-logs, which has no op).
-OP_WEIGHT_SYNC = M.SYNC_WEIGHTS.operation_type
-OP_RESET = M.RESET_PREFIX_CACHE.operation_type
-OP_CANCEL = M.CANCEL_REQUEST.operation_type
-OP_FORWARD = M.FORWARD.operation_type
-OP_TAIL_LOGS = "tail-logs"
-OPERATION_TYPES = (OP_WEIGHT_SYNC, OP_RESET, OP_CANCEL, OP_TAIL_LOGS, OP_FORWARD)
 SYNC_METHODS = ("auto", "nccl", "cuda_ipc", "shm", "safetensors")
 WAKE_TAGS = ("weights", "kv_cache")
 SLEEP_MODES = ("all", "optimizer", "weights")

@@ -14,44 +14,31 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import GrpcShape, MethodInfo, Role
-from arctic_servers._generated.servicer import ServicerBase
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.job_control import JobControl
+from arctic_servers.protocol.operation_types import OPERATION_TYPES
 
 from . import checkpoints as ck
 from . import control, operations, sampling, training
 from . import numerics as nx
-from .jobs import Job, JobManager, SubJob, not_running_error, terminal_error
+from .jobs import Job, JobManager, SubJob
 
 if TYPE_CHECKING:
     from arctic_servers.protocol.core import ProtocolCore
 
 DEFAULT_VOCAB_SIZE = 151_936  # Qwen2's; ids of the byte tokenizer (< 259) always fit
 LIFECYCLE = {"applied": False, "reason": "fake gateway: nothing to offload"}
-# Data-plane ops a job that is not running may still serve (checkpoint files outlive compute).
-_ANY_STATE = frozenset(
-    {M.LIST_CHECKPOINTS, M.EXPORT_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE, M.DELETE_CHECKPOINT}
-)
-# Roles an op may be pointed at with X-Arctic-Sub-Job (default: its own role only).
-_TARGETS: dict[MethodInfo, frozenset[str]] = {
-    M.FORWARD: frozenset({"training", "log_prob", "sampling"}),
-    M.LOG_PROBS: frozenset({"training", "log_prob", "sampling"}),
-    M.GENERATE: frozenset({"sampling"}),
-    M.RESET_PREFIX_CACHE: frozenset({"sampling", "log_prob"}),
-    M.SLEEP_INFERENCE: frozenset({"sampling", "log_prob"}),
-    M.WAKE_INFERENCE: frozenset({"sampling", "log_prob"}),
-}
 
 
-class FakeServicer(ServicerBase):
+class FakeServicer(JobControl[Job]):
     """The fake gateway's business logic. `behaviour` is the switchboard for behaviour faults.
 
     Behaviour keys honoured now: `latency_s` ({op name: seconds} slept before the op runs, so a
     test can observe `running` requests, 202 answers and CancelRequest of a running request).
     """
 
-    operation_types = operations.OPERATION_TYPES
+    operation_types = OPERATION_TYPES
 
     def __init__(
         self,
@@ -60,33 +47,13 @@ class FakeServicer(ServicerBase):
         vocab_size: int = DEFAULT_VOCAB_SIZE,
         auth: bool = False,
     ) -> None:
-        self.jobs = jobs or JobManager()
+        self.jobs: JobManager = jobs or JobManager()
         self.vocab_size = vocab_size
         self.auth = auth
         self.behaviour: dict[str, Any] = {}
         self.core: ProtocolCore | None = None  # attached by the server (operation cancel-request)
 
     # ------------------------------------------------------------------ protocol hooks
-
-    def _owner(self, ctx: CallContext) -> str | None:
-        return ctx.token if self.auth else None
-
-    def _job(self, ctx: CallContext) -> Job:
-        return self.jobs.visible(ctx.job_id or "", self._owner(ctx))
-
-    async def authorize_job(self, ctx: CallContext, *, running: bool) -> None:
-        job = self._job(ctx)
-        if running and ctx.method.grpc_shape is GrpcShape.FRAMES:
-            self._require_running(job, ctx.method)
-
-    @staticmethod
-    def _require_running(job: Job, method: MethodInfo) -> None:
-        if method in _ANY_STATE:
-            return
-        if job.terminal:
-            raise terminal_error(job)
-        if job.state != "running":
-            raise not_running_error(job)
 
     async def cancel_running(self, ctx: CallContext, request_id: str) -> None:
         job = self.jobs.jobs.get(ctx.job_id or "")
@@ -118,41 +85,6 @@ class FakeServicer(ServicerBase):
 
     # ------------------------------------------------------------------ helpers
 
-    def target(self, job: Job, ctx: CallContext, method: MethodInfo | None = None) -> SubJob:
-        """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""
-        m = method or ctx.method
-        role = "training" if m.role is Role.GATEWAY else m.role.value
-        allowed = _TARGETS.get(m, frozenset({role}))
-        if ctx.sub_job_id:
-            sub = job.find_sub_job(ctx.sub_job_id)
-            if sub is None:
-                raise ProtocolError(
-                    "sub_job_not_found",
-                    f"no sub-job {ctx.sub_job_id!r} in job {job.job_id}",
-                    sub_job_id=ctx.sub_job_id,
-                    job_id=job.job_id,
-                )
-            if sub.role not in allowed:
-                raise ProtocolError(
-                    "invalid_argument",
-                    f"header X-Arctic-Sub-Job: {m.name} cannot run on {sub.role} sub-job "
-                    f"{sub.sub_job_id}",
-                    field="X-Arctic-Sub-Job",
-                    expected=sorted(allowed),
-                )
-            return sub
-        sub = job.sub_job(role)
-        if sub is None and role == "log_prob":
-            sub = job.sub_job("training")
-        if sub is None:
-            raise ProtocolError(
-                "sub_job_not_found",
-                f"job {job.job_id} has no {role} sub-job for {m.name}",
-                job_id=job.job_id,
-                role=role,
-            )
-        return sub
-
     def _log(self, job: Job, ctx: CallContext, **extra: Any) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "index": len(job.execution_log),
@@ -183,30 +115,6 @@ class FakeServicer(ServicerBase):
     async def create_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = control.create(self.jobs, self._owner(ctx), body)
         return {"job_id": job.job_id}
-
-    async def list_jobs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return control.list_jobs(self.jobs, self._owner(ctx), body)
-
-    async def get_capacity(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return self.jobs.capacity()
-
-    async def get_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return {"job": self._job(ctx).to_json()}
-
-    async def cancel_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job = self._job(ctx)
-        if job.terminal:
-            raise terminal_error(job)
-        self.jobs.end(job, "cancelled", "cancelled by CancelJob")
-        if self.core is not None:
-            self.core.groups.forget_job(job.job_id)
-        return {"job": job.to_json()}
-
-    async def renew_job_lease(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job = self._job(ctx)
-        seconds = int(body.get("lease_seconds") or 0)
-        self.jobs.check_lease(seconds, "lease_seconds")
-        return {"lease_expires_at": self.jobs.renew(job, seconds)}
 
     # ------------------------------------------------------------------ training
 

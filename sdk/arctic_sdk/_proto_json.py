@@ -14,7 +14,7 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 from google.protobuf.message import Message
 
 # Deployed synonyms readers accept (PROTOCOL.md §2).
-_SYNONYMS = {
+SYNONYMS = {
     "succeeded": "completed",
     "done": "completed",
     "canceled": "cancelled",
@@ -42,7 +42,7 @@ def enum_from_json(enum: EnumDescriptor, value: str) -> str:
     """ "running" (or "JOB_STATE_RUNNING", or a deployed synonym) -> `JOB_STATE_RUNNING`."""
     if value in enum.values_by_name:
         return value
-    short = _SYNONYMS.get(value.lower(), value.lower())
+    short = SYNONYMS.get(value.lower(), value.lower())
     full = _prefix(enum) + short.upper()
     if full not in enum.values_by_name:
         raise ValueError(f"{value!r} is not a value of {enum.full_name}")

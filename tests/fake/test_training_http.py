@@ -38,7 +38,7 @@ def expected_shifted(rows: list[list[int]], s: int, *, pad_left: bool) -> np.nda
 async def test_forward_backward_exact_logprobs_and_loss(
     http: Http, job: str, pad_left: bool
 ) -> None:
-    ids, mask = batch(ROWS, pad_left=pad_left)
+    ids, mask = batch(ROWS, left=pad_left)
     res = await http.run(M.FORWARD_BACKWARD, job, fb_body(ids, mask))
     got = res["outputs"]["logprobs_shifted"]
     assert got.dtype == np.float32 and got.shape == ids.shape

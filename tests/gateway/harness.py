@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,9 @@ from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
 from arctic_servers.protocol.serve import free_port
 
+from ..rawwire import OCTET, TERMINAL, Resp, path_of
+
 ROOT = Path(__file__).resolve().parents[2]
-OCTET = "application/octet-stream"
-TERMINAL = ("completed", "failed", "cancelled")
 TRAIN = {"job_type": "training", "model_name": "fake-model"}
 SAMPLE = {"job_type": "sampling", "model_name": "fake-model"}
 
@@ -127,26 +126,6 @@ def kill_workers(root: Path) -> None:
         if b"worker_host" in cmd and marker in cmd:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(d.name), signal.SIGKILL)
-
-
-@dataclass
-class Resp:
-    status: int
-    data: Any
-    headers: dict[str, str]
-
-    @property
-    def code(self) -> str | None:
-        if isinstance(self.data, dict) and isinstance(self.data.get("error"), dict):
-            return str(self.data["error"]["code"])
-        return None
-
-
-def path_of(method: MethodInfo, **params: str) -> str:
-    path = method.http_path
-    for k, v in params.items():
-        path = path.replace("{" + k + "}", v)
-    return path
 
 
 def chunks_of(method: MethodInfo, value: Any, group: str, max_bytes: int = 1 << 20) -> list[bytes]:

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..rawwire import pad
+
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -21,17 +23,6 @@ ROWS = (
     [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311, 312, 313],
     [5, 6, 7, 8, 9, 10],
 )
-
-
-def pad(rows: Sequence[Sequence[int]], *, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(r) for r in rows)
-    ids = np.zeros((len(rows), width), np.int64)
-    mask = np.zeros((len(rows), width), np.int64)
-    for b, r in enumerate(rows):
-        sl = slice(width - len(r), width) if left else slice(0, len(r))
-        ids[b, sl] = r
-        mask[b, sl] = 1
-    return ids, mask
 
 
 def sft_body(

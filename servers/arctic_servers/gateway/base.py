@@ -7,15 +7,13 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo, Role
-
-from .._generated.servicer import ServicerBase
+from ..protocol import jobs as pj
 from ..protocol.config import token_digest
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.job_control import JobControl
 from .jobs import JobManager
-from .model import Job, SubJob, not_running_error, terminal_error
+from .model import Job, SubJob
 from .profiles import Profile
 from .settings import GatewaySettings
 from .workers import WorkerClient
@@ -23,22 +21,8 @@ from .workers import WorkerClient
 if TYPE_CHECKING:
     from ..protocol.core import ProtocolCore
 
-# Data-plane ops a job that is not running may still serve (checkpoint files outlive compute).
-ANY_STATE = frozenset(
-    {M.LIST_CHECKPOINTS, M.EXPORT_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE, M.DELETE_CHECKPOINT}
-)
-# Roles an op may be pointed at with X-Arctic-Sub-Job (default: its own role only).
-TARGETS: dict[MethodInfo, frozenset[str]] = {
-    M.FORWARD: frozenset({"training", "log_prob", "sampling"}),
-    M.LOG_PROBS: frozenset({"training", "log_prob", "sampling"}),
-    M.GENERATE: frozenset({"sampling"}),
-    M.RESET_PREFIX_CACHE: frozenset({"sampling", "log_prob"}),
-    M.SLEEP_INFERENCE: frozenset({"sampling", "log_prob"}),
-    M.WAKE_INFERENCE: frozenset({"sampling", "log_prob"}),
-}
 
-
-class GatewayBase(ServicerBase):
+class GatewayBase(JobControl[Job]):
     # ProtocolCore.restore hands requests that were running to us with ctx.recovered: their
     # worker calls are then collected by key, never sent again.
     recovers_running = True
@@ -46,7 +30,7 @@ class GatewayBase(ServicerBase):
     def __init__(
         self, jobs: JobManager, profile: Profile, settings: GatewaySettings, *, auth: bool
     ) -> None:
-        self.jobs = jobs
+        self.jobs: JobManager = jobs
         self.profile = profile
         self.settings = settings
         self.auth = auth
@@ -67,49 +51,14 @@ class GatewayBase(ServicerBase):
                 return job
         return self.jobs.visible(ctx.job_id or "", self.owner(ctx))
 
-    @staticmethod
-    def require_running(job: Job, method: MethodInfo) -> None:
-        if method in ANY_STATE:
-            return
-        if job.terminal:
-            raise terminal_error(job)
-        if job.state != "running":
-            raise not_running_error(job)
+    # JobControl's hooks (the control-plane ops on jobs)
+    _owner = owner
+    _job = job
 
-    def target(self, job: Job, ctx: CallContext, method: MethodInfo | None = None) -> SubJob:
-        """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""
-        m = method or ctx.method
-        role = "training" if m.role is Role.GATEWAY else m.role.value
-        allowed = TARGETS.get(m, frozenset({role}))
-        if ctx.sub_job_id:
-            sub = job.find_sub_job(ctx.sub_job_id)
-            if sub is None:
-                raise ProtocolError(
-                    "sub_job_not_found",
-                    f"no sub-job {ctx.sub_job_id!r} in job {job.job_id}",
-                    sub_job_id=ctx.sub_job_id,
-                    job_id=job.job_id,
-                )
-            if sub.role not in allowed:
-                raise ProtocolError(
-                    "invalid_argument",
-                    f"header X-Arctic-Sub-Job: {m.name} cannot run on {sub.role} sub-job "
-                    f"{sub.sub_job_id}",
-                    field="X-Arctic-Sub-Job",
-                    expected=sorted(allowed),
-                )
-            return sub
-        sub = job.sub_job(role)
-        if sub is None and role == "log_prob":
-            sub = job.sub_job("training")
-        if sub is None:
-            raise ProtocolError(
-                "sub_job_not_found",
-                f"job {job.job_id} has no {role} sub-job for {m.name}",
-                job_id=job.job_id,
-                role=role,
-            )
-        return sub
+    def job_cancelled(self, job: Job) -> None:
+        """Nothing more: `GatewayServicer.job_ended` follows every end of a job."""
+
+    require_running = staticmethod(pj.require_running)
 
     def begin(self, ctx: CallContext) -> tuple[Job, SubJob]:
         job = self.job(ctx)

@@ -17,8 +17,8 @@ from typing import Any
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.jobs import rfc3339
 from .base import GatewayBase
-from .model import rfc3339
 
 PUBLIC = ("checkpoint_id", "checkpoint_type", "global_steps", "avg_loss", "created_at")
 
@@ -76,7 +76,8 @@ class Checkpoints(GatewayBase):
         res = await self.call(
             ctx,
             sub,
-            "save",
+            # the engine command (op_save, DeepSpeed's save_checkpoint), not the op's name
+            "save",  # not-an-op
             directory=str(root),
             tag="ds",
             checkpoint_type=ctype,
@@ -113,7 +114,8 @@ class Checkpoints(GatewayBase):
         res = await self.call(
             ctx,
             sub,
-            "load",
+            # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
+            "load",  # not-an-op
             directory=str(self.ckpt_root(source) / ckpt),
             tag="ds",
             checkpoint_type=str(meta.get("checkpoint_type") or "resumable"),

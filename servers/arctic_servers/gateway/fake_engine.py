@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from arctic_sdk._generated import methods as M
 from conformance.fake import checkpoints as fake_ckpt
 from conformance.fake import numerics as nx
 from conformance.fake import sampling, training
@@ -89,7 +90,7 @@ class FakeEngine:
     # ------------------------------------------------------------------ training
 
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self._begin("forward_backward")
+        self._begin(M.FORWARD_BACKWARD.python_name)
         call = training.parse_train(body, self.vocab, need_loss=True)
         result, lr = training.run(call, self.model_step, forward=False)
         assert lr is not None
@@ -101,20 +102,20 @@ class FakeEngine:
         return result
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self._begin("forward")
+        self._begin(M.FORWARD.python_name)
         call = training.parse_train(body, self.vocab, need_loss=False)
         result, _ = training.run(call, self.model_step, forward=True)
         result["metrics"]["global_step"] = self.global_step
         return result
 
     def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self._begin("log_probs")
+        self._begin(M.LOG_PROBS.python_name)
         result = training.log_probs(body, self.vocab, self.model_step)
         result["metrics"]["global_step"] = self.global_step
         return result
 
     def op_step(self, learning_rate: float | None = None) -> dict[str, Any]:
-        self._begin("step")
+        self._begin(M.STEP.python_name)
         if learning_rate is not None:
             self.lr = float(learning_rate)
         norm = nx.grad_norm(self.grad)
@@ -142,7 +143,7 @@ class FakeEngine:
         strict: bool = False,
         weight_version: int = 0,
     ) -> dict[str, Any]:
-        self._begin("generate")
+        self._begin(M.GENERATE.python_name)
         body = {"prompts": list(prompts), "sampling_params": dict(sampling_params or {})}
         p = sampling.parse_params(body)
         ids_list = sampling.prompt_ids(body, self.vocab, self.max_seq_len)
@@ -195,7 +196,7 @@ class FakeEngine:
     def op_save(
         self, directory: str, tag: str, checkpoint_type: str, client_state: Mapping[str, Any]
     ) -> dict[str, Any]:
-        self._begin("save")
+        self._begin("save")  # not-an-op
         f = self._state_file(directory, tag)
         f.parent.mkdir(parents=True, exist_ok=True)
         state = {

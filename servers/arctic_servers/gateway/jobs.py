@@ -21,8 +21,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..protocol import faultpoints
+from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
-from .model import Job, JobStore, SubJob, rfc3339, terminal_error
+from ..protocol.job_queue import JobQueue
+from ..protocol.jobs import terminal_error
+from .model import Job, JobStore, SubJob
 from .profiles import Profile
 from .settings import GatewaySettings
 from .supervisor import Supervisor
@@ -32,7 +35,7 @@ log = logging.getLogger("arctic_servers.gateway")
 WATCH_INTERVAL_S = 0.5
 
 
-class JobManager:
+class JobManager(JobQueue[Job]):
     def __init__(
         self,
         settings: GatewaySettings,
@@ -40,39 +43,25 @@ class JobManager:
         supervisor: Supervisor,
         profile: Profile,
     ) -> None:
+        super().__init__(settings.lease_max_seconds)
         self.settings = settings
         self.store = store
         self.supervisor = supervisor
         self.profile = profile
-        self.jobs: dict[str, Job] = {}
         self.on_end: list[Callable[[Job], None]] = []
-        self._queue: list[str] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._leases: dict[str, asyncio.TimerHandle] = {}
         self._watch: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lookup and capacity
 
-    def visible(self, job_id: str, owner: str) -> Job:
-        job = self.jobs.get(job_id)
-        if job is None or job.owner != owner:
-            raise ProtocolError(
-                "job_not_found", f"no job {job_id!r} is visible to this token", job_id=job_id
-            )
-        return job
+    def total(self) -> int:
+        return self.settings.max_total_gpus
+
+    def needs(self, job: Job) -> int:
+        return job.n_gpus
 
     def in_use(self) -> int:
+        # a job holds its GPUs from placing until its workers have stopped, ended or not
         return sum(j.n_gpus for j in self.jobs.values() if j.placed)
-
-    def capacity(self) -> dict[str, Any]:
-        total, used = self.settings.max_total_gpus, self.in_use()
-        return {
-            "has_reservation": True,
-            "max_total_gpus": total,
-            "in_use_gpus": used,
-            "available_gpus": max(0, total - used),
-            "queued_jobs": len(self._queue),
-        }
 
     def save(self, job: Job) -> None:
         self.store.put(job)
@@ -96,11 +85,9 @@ class JobManager:
                 expected=f"<= {self.settings.max_total_gpus} GPUs in all",
             )
         job_id = "job-" + secrets.token_hex(6)
-        counts: dict[str, int] = {}
-        for s in subs:
-            s.index = counts.get(s.role, 0)
-            counts[s.role] = s.index + 1
-            s.sub_job_id = f"{job_id}:{s.role}:{s.index}"
+        ids = pj.sub_job_ids(job_id, [s.role for s in subs])
+        for s, (sid, index) in zip(subs, ids, strict=True):
+            s.sub_job_id, s.index = sid, index
         lease = int(body.get("lease_seconds") or 0) or self.settings.lease_default_seconds
         job = Job(
             job_id=job_id,
@@ -124,41 +111,26 @@ class JobManager:
         self._schedule()
         return job
 
-    def _schedule(self) -> None:
-        """Start queued jobs, first in first out, while their GPUs fit."""
-        while self._queue:
-            job = self.jobs.get(self._queue[0])
-            if job is None or job.state != "pending":
-                self._queue.pop(0)
-                continue
-            total = self.settings.max_total_gpus
-            free = total - self.in_use()
-            if job.n_gpus > free:
-                job.reason = (
-                    f"waiting for capacity: needs {job.n_gpus} GPUs, {max(free, 0)} of {total} "
-                    f"free; first in the queue of {len(self._queue)}"
+    def waiting(self, job: Job, free: int) -> None:
+        total = self.settings.max_total_gpus
+        job.reason = (
+            f"waiting for capacity: needs {job.n_gpus} GPUs, {max(free, 0)} of {total} "
+            f"free; first in the queue of {len(self._queue)}"
+        )
+        for i, jid in enumerate(self._queue[1:], start=2):
+            other = self.jobs.get(jid)
+            if other is not None:
+                other.reason = (
+                    f"waiting for capacity: needs {other.n_gpus} GPUs; position {i} of "
+                    f"{len(self._queue)} in the queue"
                 )
-                for i, jid in enumerate(self._queue[1:], start=2):
-                    other = self.jobs.get(jid)
-                    if other is not None:
-                        other.reason = (
-                            f"waiting for capacity: needs {other.n_gpus} GPUs; position {i} of "
-                            f"{len(self._queue)} in the queue"
-                        )
-                return
-            self._queue.pop(0)
-            job.placed = True
-            job.enter("placing")
-            for s in job.sub_jobs:
-                s.state = "placing"
-            self.save(job)
-            self._spawn(self._start(job))
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def place(self, job: Job) -> None:
+        job.enter("placing")
+        for s in job.sub_jobs:
+            s.state = "placing"
+        self.save(job)
+        self._spawn(self._start(job))
 
     async def _start(self, job: Job) -> None:
         try:
@@ -239,15 +211,8 @@ class JobManager:
         """Move a job to a terminal state, stop its workers, then free its GPUs."""
         if job.terminal:
             return
-        handle = self._leases.pop(job.job_id, None)
-        if handle is not None:
-            handle.cancel()
-        if job.job_id in self._queue:
-            self._queue.remove(job.job_id)
-        for s in job.sub_jobs:
-            if s.state != "failed":
-                s.state = "terminated" if state == "failed" else state
-                s.reason = s.reason or reason
+        self._unqueue(job)
+        pj.end_sub_jobs(job.sub_jobs, state, reason)
         job.enter(state, reason)
         self.save(job)
         log.info("job %s: %s (%s)", job.job_id, state, reason)
@@ -268,40 +233,9 @@ class JobManager:
 
     # ------------------------------------------------------------------ leases
 
-    def check_lease(self, seconds: int, field_name: str) -> None:
-        mx = self.settings.lease_max_seconds
-        if seconds < 0 or seconds > mx:
-            raise ProtocolError(
-                "invalid_argument",
-                f"field {field_name}: {seconds} is not in [0, {mx}]",
-                field=field_name,
-                expected=f"0..{mx}",
-            )
-
-    def _arm_lease(self, job: Job) -> None:
-        old = self._leases.pop(job.job_id, None)
-        if old is not None:
-            old.cancel()
-        delay = max(0.0, job.lease_expires - time.time())
-        loop = asyncio.get_running_loop()
-        self._leases[job.job_id] = loop.call_later(delay, self._lease_expired, job)
-
-    def _lease_expired(self, job: Job) -> None:
-        self._leases.pop(job.job_id, None)
-        if not job.terminal:
-            self.end(job, "cancelled", "lease expired")
-
-    def renew(self, job: Job, seconds: int) -> str:
-        if job.terminal:
-            raise terminal_error(job)
-        seconds = seconds or job.lease_seconds
-        if seconds:
-            job.lease_seconds = seconds
-            job.lease_expires = time.time() + seconds
-            job.updated_at = time.time()
-            self.save(job)
-            self._arm_lease(job)
-        return rfc3339(job.lease_expires) if job.lease_expires else ""
+    def renewed(self, job: Job) -> None:
+        job.updated_at = time.time()
+        self.save(job)
 
     # ------------------------------------------------------------------ start and stop
 

@@ -15,12 +15,11 @@ from arctic_sdk._spec import GrpcShape
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.operation_types import OP_TAIL_LOGS, OPERATION_TYPES
 from .base import GatewayBase
 from .checkpoints import Checkpoints, _filename
 from .dataplane import DataPlane, learning_rate
-from .model import STATES, Job, terminal_error
-
-OPERATION_TYPES = ("weight-sync", "reset-prefix-cache", "cancel-request", "tail-logs", "forward")
+from .model import Job
 
 
 class _OperationChecks:
@@ -30,19 +29,6 @@ class _OperationChecks:
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
-
-
-def _state_name(value: Any) -> str:
-    s = str(value).lower().removeprefix("job_state_")
-    s = {"canceled": "cancelled"}.get(s, s)
-    if s not in STATES:
-        raise ProtocolError(
-            "invalid_argument",
-            f"field state: {value!r} is not one of {list(STATES)}",
-            field="state",
-            expected=list(STATES),
-        )
-    return s
 
 
 class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
@@ -64,7 +50,7 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
         m = ctx.method
         fake_job: Any = job  # the fake's checks are duck-typed: job_id, find_sub_job, sub_job
         if m is M.OPERATION:
-            if body.get("operation_type") != "tail-logs":
+            if body.get("operation_type") != OP_TAIL_LOGS:
                 self.require_running(job, m)
             train = job.sub_job("training")
             vocab = (train.vocab_size if train else 0) or 151_936
@@ -103,48 +89,6 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
         job = self.jobs.create(owner, body, subs, key)
         return {"job_id": job.job_id}
 
-    async def list_jobs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        state = _state_name(body["state"]) if body.get("state") else ""
-        wanted: list[tuple[str, str]] = []
-        for item in body.get("label") or []:
-            k, sep, v = str(item).partition("=")
-            if not sep or not k:
-                raise ProtocolError(
-                    "invalid_argument",
-                    f"field label: {item!r} is not key=value",
-                    field="label",
-                    expected="key=value",
-                )
-            wanted.append((k, v))
-        owner = self.owner(ctx)
-        out = [
-            j.to_json()
-            for j in self.jobs.jobs.values()
-            if j.owner == owner
-            and (not state or j.state == state)
-            and all(j.labels.get(k) == v for k, v in wanted)
-        ]
-        return {"jobs": out}
-
-    async def get_capacity(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return self.jobs.capacity()
-
-    async def get_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return {"job": self.job(ctx).to_json()}
-
-    async def cancel_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job = self.job(ctx)
-        if job.terminal:
-            raise terminal_error(job)
-        self.jobs.end(job, "cancelled", "cancelled by CancelJob")
-        return {"job": job.to_json()}
-
-    async def renew_job_lease(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job = self.job(ctx)
-        seconds = int(body.get("lease_seconds") or 0)
-        self.jobs.check_lease(seconds, "lease_seconds")
-        return {"lease_expires_at": self.jobs.renew(job, seconds)}
-
     # ------------------------------------------------------------------ housekeeping
 
     def job_ended(self, job: Job) -> None:
@@ -153,14 +97,9 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             self.core.groups.forget_job(job.job_id)
         self._gates.pop(job.job_id, None)
 
-    def job_state(self, job_id: str) -> dict[str, Any]:
-        """The admin view of a job: history and workers (no authkeys)."""
-        job = self.jobs.jobs.get(job_id)
-        if job is None:
-            raise ProtocolError("job_not_found", f"no job {job_id!r}", job_id=job_id)
-        out = job.to_json()
-        out["history"] = list(job.history)
-        out["workers"] = [
+    def worker_views(self, job: Job) -> list[dict[str, Any]]:
+        """The admin view of a job's workers (no authkeys)."""
+        return [
             {
                 "sub_job_id": s.sub_job_id,
                 "state": s.state,
@@ -172,4 +111,3 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             }
             for s in job.sub_jobs
         ]
-        return out

@@ -6,7 +6,8 @@ once), or to `failed` when one does not. Any worker that dies later fails its su
 are stopped. `CancelJob` and lease expiry stop every worker (a lease is re-armed when the job
 reaches running, so a slow engine start-up does not eat it). Capacity is counted in slots (a
 sub-job's `n_gpus`, 1 by default) against `ServerSettings.max_slots`; a job that does not fit
-waits in `pending`, first in, first out.
+waits in `pending`, first in, first out. A training sub-job with `n_gpus` = W > 1 is one worker
+(rank 0) that starts W - 1 rank processes of its own (`ranks.py`, `dp_training.py`).
 """
 
 from __future__ import annotations
@@ -16,20 +17,17 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
+from ..protocol.job_queue import JobQueue
+from ..protocol.jobs import JobRecord, not_running_error, terminal_error
 from .procs import WorkerHandle
 from .settings import ServerSettings, SubJobSpec, cpu_count, resolve_model
 
 log = logging.getLogger("arctic_servers.onprem")
-TERMINAL = frozenset({"cancelled", "terminated", "failed"})
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -48,68 +46,23 @@ class SubJob:
     def engine(self) -> str:
         return str((self.worker.info if self.worker else {}).get("engine") or "")
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sub_job_id": self.sub_job_id,
-            "job_type": self.role,
-            "state": self.state,
-            "reason": self.reason,
-            "model_name": self.spec.model_name or (str(self.model_dir) if self.model_dir else ""),
-        }
+    @property
+    def model_name(self) -> str:
+        return self.spec.model_name or (str(self.model_dir) if self.model_dir else "")
 
 
 @dataclass
-class Job:
-    job_id: str
-    owner: str | None
-    sub_jobs: list[SubJob]
-    labels: dict[str, str]
-    comment: str
-    experiment_name: str
-    lease_seconds: int
-    state: str = "pending"
-    reason: str = ""
-    created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    lease_expires: float = 0.0
-    placed: bool = False
-    history: list[dict[str, Any]] = field(default_factory=list)
-    global_step: int = 0
-    weight_version: int = 0
-    last_loss: float = 0.0
+class Job(JobRecord[SubJob]):
     # generate waits while this is clear (a weight sync runs)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
-
-    @property
     def slots(self) -> int:
         return sum(s.spec.n_gpus for s in self.sub_jobs)
 
-    def sub_job(self, role: str) -> SubJob | None:
-        return next((s for s in self.sub_jobs if s.role == role), None)
-
-    def find_sub_job(self, sub_job_id: str) -> SubJob | None:
-        return next((s for s in self.sub_jobs if s.sub_job_id == sub_job_id), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "state": self.state,
-            "reason": self.reason,
-            "sub_jobs": [s.to_json() for s in self.sub_jobs],
-            "labels": dict(self.labels),
-            "comment": self.comment,
-            "experiment_name": self.experiment_name,
-            "created_at": rfc3339(self.created_at),
-            "updated_at": rfc3339(self.updated_at),
-            "lease_expires_at": rfc3339(self.lease_expires) if self.lease_expires else "",
-            "global_step": self.global_step,
-            "weight_version": self.weight_version,
-        }
+    def sub_job_json(self, sub: SubJob) -> dict[str, Any]:
+        return pj.sub_job_json(sub.sub_job_id, sub.role, sub.state, sub.reason, sub.model_name)
 
 
 def engine_kind(role: str, config: dict[str, Any]) -> str:
@@ -122,59 +75,24 @@ def engine_kind(role: str, config: dict[str, Any]) -> str:
     return str(config.get("engine") or "hf")
 
 
-def terminal_error(job: Job) -> ProtocolError:
-    return ProtocolError(
-        "job_terminal",
-        f"job {job.job_id} has ended ({job.state}: {job.reason or 'no reason'})",
-        job_id=job.job_id,
-        state=job.state,
-        reason=job.reason,
-    )
+class JobManager(JobQueue[Job]):
+    # engines take seconds to minutes to start: the lease counts from running
+    lease_from_running = True
 
-
-def not_running_error(job: Job) -> ProtocolError:
-    return ProtocolError(
-        "job_not_running",
-        f"job {job.job_id} is {job.state}, not running"
-        + (f" ({job.reason})" if job.reason else ""),
-        job_id=job.job_id,
-        state=job.state,
-        reason=job.reason,
-    )
-
-
-class JobManager:
     def __init__(self, settings: ServerSettings) -> None:
+        super().__init__(settings.lease_max_seconds)
         self.settings = settings
-        self.jobs: dict[str, Job] = {}
-        self._queue: list[str] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._leases: dict[str, asyncio.TimerHandle] = {}
         self._next_cpu = 0
         self._pool: dict[str, list[WorkerHandle]] = {}
 
-    # ------------------------------------------------------------------ lookup
+    def total(self) -> int:
+        return self.settings.max_slots
 
-    def visible(self, job_id: str, owner: str | None) -> Job:
-        job = self.jobs.get(job_id)
-        if job is None or (job.owner is not None and job.owner != owner):
-            raise ProtocolError(
-                "job_not_found", f"no job {job_id!r} is visible to this token", job_id=job_id
-            )
-        return job
+    def needs(self, job: Job) -> int:
+        return job.slots
 
-    def in_use(self) -> int:
-        return sum(j.slots for j in self.jobs.values() if j.placed and not j.terminal)
-
-    def capacity(self) -> dict[str, Any]:
-        used = self.in_use()
-        return {
-            "has_reservation": True,
-            "max_total_gpus": self.settings.max_slots,
-            "in_use_gpus": used,
-            "available_gpus": max(0, self.settings.max_slots - used),
-            "queued_jobs": len(self._queue),
-        }
+    def waiting(self, job: Job, free: int) -> None:
+        job.reason = f"waiting for capacity: needs {job.slots} slots, {max(free, 0)} free"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -189,12 +107,10 @@ class JobManager:
         lease_seconds: int,
     ) -> Job:
         job_id = "job-" + secrets.token_hex(4)
-        counts: dict[str, int] = {}
-        subs = []
-        for spec in specs:
-            idx = counts.get(spec.role, 0)
-            counts[spec.role] = idx + 1
-            subs.append(SubJob(f"{job_id}:{spec.role}:{idx}", spec.role, idx, spec))
+        ids = pj.sub_job_ids(job_id, [spec.role for spec in specs])
+        subs = [
+            SubJob(sid, spec.role, idx, spec) for spec, (sid, idx) in zip(specs, ids, strict=True)
+        ]
         job = Job(job_id, owner, subs, labels, comment, experiment_name, lease_seconds)
         job.gate.set()
         if sum(s.spec.n_gpus for s in subs) > self.settings.max_slots:
@@ -213,31 +129,12 @@ class JobManager:
         return job
 
     def _enter(self, job: Job, state: str, reason: str) -> None:
-        job.state, job.reason = state, reason
-        job.updated_at = time.time()
-        job.history.append({"state": state, "reason": reason, "at": rfc3339(job.updated_at)})
+        job.enter(state, reason)
         log.info("job %s: %s %s", job.job_id, state, reason)
 
-    def _schedule(self) -> None:
-        while self._queue:
-            job = self.jobs.get(self._queue[0])
-            if job is None or job.state != "pending":
-                self._queue.pop(0)
-                continue
-            free = self.settings.max_slots - self.in_use()
-            if job.slots > free:
-                job.reason = f"waiting for capacity: needs {job.slots} slots, {max(free, 0)} free"
-                return
-            self._queue.pop(0)
-            job.placed = True
-            self._enter(job, "placing", "")
-            self._spawn(self._start(job))
-
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def place(self, job: Job) -> None:
+        self._enter(job, "placing", "")
+        self._spawn(self._start(job))
 
     def _cpus_for(self, n: int) -> list[int] | None:
         if not self.settings.threads.pin:
@@ -360,15 +257,8 @@ class JobManager:
         """Move a job to a terminal state, stop its workers, free its slots."""
         if job.terminal:
             return
-        handle = self._leases.pop(job.job_id, None)
-        if handle is not None:
-            handle.cancel()
-        if job.job_id in self._queue:
-            self._queue.remove(job.job_id)
-        for s in job.sub_jobs:
-            if s.state != "failed":
-                s.state = "terminated" if state == "failed" else state
-                s.reason = s.reason or reason
+        self._unqueue(job)
+        pj.end_sub_jobs(job.sub_jobs, state, reason)
         self._enter(job, state, reason)
         job.gate.set()
         self._spawn(self._stop_workers(job, f"stopped: job {state}"))
@@ -388,42 +278,6 @@ class JobManager:
             await asyncio.gather(*tasks, return_exceptions=True)
         for job in self.jobs.values():
             await self._stop_workers(job, "server shut down")
-
-    # ------------------------------------------------------------------ leases
-
-    def check_lease(self, seconds: int, field_name: str) -> None:
-        mx = self.settings.lease_max_seconds
-        if seconds < 0 or seconds > mx:
-            raise ProtocolError(
-                "invalid_argument",
-                f"field {field_name}: {seconds} is not in [0, {mx}]",
-                field=field_name,
-                expected=f"0..{mx}",
-            )
-
-    def _arm_lease(self, job: Job, seconds: int) -> None:
-        old = self._leases.pop(job.job_id, None)
-        if old is not None:
-            old.cancel()
-        job.lease_seconds = seconds
-        job.lease_expires = time.time() + seconds
-        loop = asyncio.get_running_loop()
-        self._leases[job.job_id] = loop.call_later(seconds, self._lease_expired, job)
-
-    def _lease_expired(self, job: Job) -> None:
-        self._leases.pop(job.job_id, None)
-        if job.state in ("placing", "initializing"):
-            return  # re-armed when the job is running
-        if not job.terminal:
-            self.end(job, "cancelled", "lease expired")
-
-    def renew(self, job: Job, seconds: int) -> str:
-        if job.terminal:
-            raise terminal_error(job)
-        seconds = seconds or job.lease_seconds
-        if seconds:
-            self._arm_lease(job, seconds)
-        return rfc3339(job.lease_expires) if job.lease_expires else ""
 
     async def wait_running(self, job: Job, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -15,43 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
+from ..protocol.jobs import role_of
 
 ROLES = ("training", "sampling", "log_prob")
-_ROLE_NAMES = {
-    "training": "training",
-    "sampling": "sampling",
-    "log_prob": "log_prob",
-    "log_probability": "log_prob",
-}
 DTYPES = ("float32", "bfloat16", "float16")
 # Names that mean "the embedded default model" (an empty model_name means it too).
 DEFAULT_MODEL_NAMES = frozenset({"", "tiny", "arctic-tiny", "tiny-qwen2", "default"})
-TRAINING_KEYS = frozenset(
-    {
-        "max_seq_len",
-        "n_gpus",
-        "train_batch_size",
-        "gradient_clipping",
-        "optimizer",
-        "zero_stage",
-        "micro_batch_size",
-        "deepspeed",
-        # on-prem extensions
-        "attn_implementation",
-        "num_threads",
-    }
-)
-INFERENCE_KEYS = frozenset(
-    {
-        "max_seq_len",
-        "n_gpus",
-        "vllm_config",
-        # on-prem extensions: the log-prob engine ("hf" = a torch forward, "vllm"), threads
-        "engine",
-        "num_threads",
-    }
-)
+# the standard config keys, with the on-prem extensions
+TRAINING_KEYS = pj.TRAINING_KEYS | {"attn_implementation", "num_threads"}
+# the log-prob engine ("hf" = a torch forward, "vllm"), threads
+INFERENCE_KEYS = pj.INFERENCE_KEYS | {"engine", "num_threads"}
 OPTIMIZER_KEYS = frozenset({"name", "type", "lr", "betas", "eps", "weight_decay", "momentum"})
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
@@ -143,12 +118,6 @@ class ServerSettings:
     tiny_model_seed: int = 0
     # engines with one idle, pre-imported worker kept ready, so a job starts in seconds
     prewarm: tuple[str, ...] = ("deepspeed", "vllm")
-
-
-def role_of(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    return _ROLE_NAMES.get(value.lower().removeprefix("sub_job_type_"))
 
 
 def _bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
@@ -243,7 +212,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         known = TRAINING_KEYS if role == "training" else INFERENCE_KEYS
         unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
         cpath = f"{path}.{own}"
-        # on CPU, n_gpus counts capacity slots (one process per sub-job whatever the count)
+        # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
         n_gpus = _int(conf, "n_gpus", cpath) or 1
         _int(conf, "max_seq_len", cpath)
         _int(conf, "num_threads", cpath)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -12,11 +11,8 @@ import dssst1
 from arctic_sdk._spec import BodyKind
 
 from .core import Outcome, ProtocolCore
+from .jobs import rfc3339
 from .stores import RequestRecord
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _has_tensor(value: Any) -> bool:

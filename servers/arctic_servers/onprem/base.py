@@ -1,0 +1,66 @@
+"""What every part of the on-prem servicer shares: settings, jobs visible to a token, sub-job
+targeting, vocabulary sizes, and the call that runs a command on a sub-job's worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from arctic_sdk._spec import MethodInfo
+
+from ..protocol.context import CallContext
+from ..protocol.errors import ProtocolError
+from ..protocol.job_control import JobControl
+from .jobs import Job, JobManager, SubJob
+from .settings import ServerSettings, model_vocab_size
+
+if TYPE_CHECKING:
+    from ..protocol.core import ProtocolCore
+
+
+def _has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+class OnpremBase(JobControl[Job]):
+    def __init__(self, settings: ServerSettings | None = None, *, auth: bool = False) -> None:
+        self.settings = settings or ServerSettings()
+        self.jobs: JobManager = JobManager(self.settings)
+        self.auth = auth
+        self.cuda = _has_cuda()
+        self.core: ProtocolCore | None = None  # attached by the server (cancel-request operation)
+        self._vocab: dict[str, int] = {}
+        self._exports: dict[tuple[str, str], asyncio.Lock] = {}
+
+    # ------------------------------------------------------------------ protocol hooks
+
+    def _vocab_of(self, sub: SubJob) -> int:
+        if sub.worker is not None and sub.worker.info.get("vocab_size"):
+            return int(sub.worker.info["vocab_size"])
+        if sub.model_dir is None:
+            return 0
+        key = str(sub.model_dir)
+        if key not in self._vocab:
+            self._vocab[key] = model_vocab_size(sub.model_dir)
+        return self._vocab[key]
+
+    # ------------------------------------------------------------------ helpers
+
+    def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
+        """Semantic checks before a data-plane call is accepted: `OnpremServicer` has them."""
+
+    async def _begin(
+        self, ctx: CallContext, method: MethodInfo | None = None
+    ) -> tuple[Job, SubJob]:
+        job = self._job(ctx)
+        self._require_running(job, method or ctx.method)
+        sub = self.target(job, ctx, method)
+        return job, sub
+
+    @staticmethod
+    async def _call(sub: SubJob, cmd: str, **args: Any) -> Any:
+        if sub.worker is None:
+            raise ProtocolError("unavailable", f"sub-job {sub.sub_job_id} has no worker yet")
+        return await sub.worker.call(cmd, **args)

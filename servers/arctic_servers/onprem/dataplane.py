@@ -1,0 +1,271 @@
+"""Data-plane ops of the on-prem server: training and sampling on the target sub-job's worker,
+weight sync (export from the trainer, load into every target while new generates wait), the
+prefix-cache reset, and the colocation lifecycle (sleep / wake)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from arctic_sdk._generated import methods as M
+
+from ..protocol.context import CallContext
+from ..protocol.errors import ProtocolError
+from . import checks
+from .base import OnpremBase
+from .jobs import Job, SubJob
+from .weight_sync import METHODS as SYNC_METHODS
+from .weight_sync import pick_method
+
+CPU_LIFECYCLE_REASON = "CPU server: nothing is colocated on a GPU, so there is nothing to offload"
+
+
+class DataPlane(OnpremBase):
+    # ------------------------------------------------------------------ training
+
+    async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        _, sub = await self._begin(ctx)
+        return dict(await self._call(sub, M.FORWARD_BACKWARD.python_name, body=body))
+
+    async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = await self._begin(ctx)
+        res = dict(await self._call(sub, M.FORWARD.python_name, body=body))
+        res.setdefault("metrics", {})["global_step"] = job.global_step
+        return res
+
+    async def log_probs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = await self._begin(ctx)
+        res = dict(await self._call(sub, M.LOG_PROBS.python_name, body=body))
+        res.setdefault("metrics", {})["global_step"] = job.global_step
+        return res
+
+    async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = await self._begin(ctx)
+        lr = checks.learning_rate(body)
+        res = dict(await self._call(sub, M.STEP.python_name, learning_rate=lr))
+        metrics = res.get("metrics") or {}
+        job.global_step = int(metrics.get("global_step", job.global_step))
+        job.last_loss = float(metrics.get("loss") or 0.0)
+        return res
+
+    # ------------------------------------------------------------------ sampling
+
+    async def generate(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = await self._begin(ctx)
+        prompts = checks.prompts(body, 0)
+        await job.gate.wait()  # a weight sync in progress pauses new generates
+        self._require_running(job, ctx.method)
+        version = sub.weight_version
+        res = dict(
+            await self._call(
+                sub,
+                M.GENERATE.python_name,
+                prompts=prompts,
+                sampling_params=dict(body.get("sampling_params") or {}),
+                strict=bool(body.get("strict")),
+            )
+        )
+        res["weight_version"] = version
+        return res
+
+    async def generate_stream(
+        self, ctx: CallContext, body: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One sample of `body["prompts"][0]`, token by token (the OpenAI routes' streams): the
+        same checks, weight-sync gate and `weight_version` as `generate`; each item is the new
+        tokens of one engine step, the last has `finished`. Leaving early aborts the request."""
+        from .worker import ABORT_CMD, STREAM_CMD
+
+        self.check_request(ctx, body)
+        job, sub = await self._begin(ctx)
+        prompts = checks.prompts(body, 0)
+        await job.gate.wait()  # a weight sync in progress pauses new generates
+        self._require_running(job, ctx.method)
+        if sub.worker is None:
+            raise ProtocolError("unavailable", f"sub-job {sub.sub_job_id} has no worker yet")
+        version = sub.weight_version
+        sp = dict(body.get("sampling_params") or {})
+        async for item in sub.worker.stream(
+            STREAM_CMD, ABORT_CMD, prompt=prompts[0], sampling_params=sp
+        ):
+            yield {**item, "weight_version": version}
+
+    def _check_sync(self, job: Job, body: Mapping[str, Any], path: str) -> None:
+        checks.one_of(body, "method", SYNC_METHODS, path)
+        try:
+            pick_method(
+                body.get("method"),
+                cuda=self.cuda,
+                shm_ok=Path("/dev/shm").is_dir(),
+                cuda_ipc=body.get("cuda_ipc"),
+            )
+        except ValueError as exc:
+            raise ProtocolError(
+                "unsupported_option", str(exc), options=[f"{path}method"], field=f"{path}method"
+            ) from None
+        src = body.get("source_sub_job_id")
+        if src:
+            s = job.find_sub_job(str(src))
+            if s is None:
+                raise ProtocolError(
+                    "sub_job_not_found",
+                    f"no sub-job {src!r} in job {job.job_id}",
+                    sub_job_id=src,
+                    job_id=job.job_id,
+                )
+            if s.role != "training":
+                raise checks.bad(
+                    path + "source_sub_job_id",
+                    f"{src} is a {s.role} sub-job",
+                    expected="a training sub-job",
+                )
+        for i, tid in enumerate(body.get("target_sub_job_ids") or []):
+            t = job.find_sub_job(str(tid))
+            if t is None:
+                raise ProtocolError(
+                    "sub_job_not_found",
+                    f"no sub-job {tid!r} in job {job.job_id}",
+                    sub_job_id=tid,
+                    job_id=job.job_id,
+                )
+            if t.role == "training":
+                raise checks.bad(
+                    f"{path}target_sub_job_ids[{i}]",
+                    f"{tid} is a training sub-job",
+                    expected="sampling or log_prob sub-jobs",
+                )
+
+    async def _sync(self, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
+        src_id = body.get("source_sub_job_id")
+        src = job.find_sub_job(str(src_id)) if src_id else job.sub_job("training")
+        if src is None:
+            raise ProtocolError(
+                "sub_job_not_found",
+                f"job {job.job_id} has no training sub-job",
+                job_id=job.job_id,
+                role="training",
+            )
+        ids = body.get("target_sub_job_ids") or [
+            s.sub_job_id for s in job.sub_jobs if s.role in ("sampling", "log_prob")
+        ]
+        targets = [t for t in (job.find_sub_job(str(i)) for i in ids) if t is not None]
+        shm_dir = Path("/dev/shm")
+        method = pick_method(
+            body.get("method"),
+            cuda=self.cuda,
+            shm_ok=shm_dir.is_dir(),
+            cuda_ipc=body.get("cuda_ipc"),
+        )
+        async with job.sync_lock:
+            job.gate.clear()  # new generates wait; those already sent finish first (FIFO workers)
+            t0 = time.perf_counter()
+            path: Path | None = None
+            try:
+                if method == "shm":
+                    path = shm_dir / f"arctic-{job.job_id}-{uuid.uuid4().hex[:8]}.safetensors"
+                    exp = await self._call(src, "export_weights", path=str(path))
+                    load = {"path": str(path)}
+                elif method == "safetensors":
+                    exp = await self._call(src, "export_weights")
+                    load = {"blob": exp.pop("blob")}
+                else:  # GPU paths (weight_sync.py)
+                    exp = await self._call(src, "export_weights", method=method)
+                    load = {"method": method, "handles": exp.pop("handles")}
+                    if method == "nccl":
+                        return await self._sync_nccl(job, src, targets, exp, load, t0)
+                await asyncio.gather(*(self._call(t, "load_weights", **load) for t in targets))
+            finally:
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                job.gate.set()
+            job.weight_version += 1
+            for t in targets:
+                t.weight_version = job.weight_version
+            return {
+                "weight_version": job.weight_version,
+                "method": method,
+                "num_tensors": int(exp.get("num_tensors", 0)),
+                "num_bytes": int(exp.get("num_bytes", 0)),
+                "seconds": time.perf_counter() - t0,
+            }
+
+    async def _sync_nccl(
+        self,
+        job: Job,
+        src: SubJob,
+        targets: list[SubJob],
+        exp: dict[str, Any],
+        load: dict[str, Any],
+        t0: float,
+    ) -> dict[str, Any]:  # pragma: no cover - GPU only
+        from ..protocol.serve import free_port
+
+        for t in targets:
+            port = free_port()
+            await asyncio.gather(
+                self._call(src, "nccl_broadcast", host="127.0.0.1", port=port),
+                self._call(
+                    t, "load_weights", method="nccl", handles=load["handles"], nccl_port=port
+                ),
+            )
+            t.weight_version = job.weight_version + 1
+        job.weight_version += 1
+        return {
+            "weight_version": job.weight_version,
+            "method": "nccl",
+            "num_tensors": exp["num_tensors"],
+            "num_bytes": exp["num_bytes"],
+            "seconds": time.perf_counter() - t0,
+        }
+
+    async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(ctx)
+        self._require_running(job, ctx.method)
+        return await self._sync(job, body)
+
+    async def reset_prefix_cache(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = await self._begin(ctx)
+        targets = (
+            [sub]
+            if ctx.sub_job_id
+            else [s for s in job.sub_jobs if s.role in ("sampling", "log_prob")] or [sub]
+        )
+        reset = M.RESET_PREFIX_CACHE.python_name
+        res = await asyncio.gather(*(self._call(t, reset) for t in targets))
+        return {"reset": all(bool(r.get("reset")) for r in res)}
+
+    # ------------------------------------------------------------------ colocation lifecycle
+
+    async def _lifecycle(
+        self, ctx: CallContext, cmd: str, roles: tuple[str, ...], **args: Any
+    ) -> dict[str, Any]:
+        job, sub = await self._begin(ctx)
+        subs = [sub] if ctx.sub_job_id else [s for s in job.sub_jobs if s.role in roles]
+        res = await asyncio.gather(*(self._call(s, cmd, **args) for s in subs))
+        applied = any(bool(r.get("applied")) for r in res)
+        reasons = sorted({str(r.get("reason") or "") for r in res} - {""})
+        return {"applied": applied, "reason": "; ".join(reasons) or CPU_LIFECYCLE_REASON}
+
+    async def sleep_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._lifecycle(
+            ctx, "sleep", ("sampling", "log_prob"), level=int(body.get("level") or 1)
+        )
+
+    async def wake_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._lifecycle(
+            ctx, "wake", ("sampling", "log_prob"), tags=list(body.get("tags") or [])
+        )
+
+    async def sleep_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._lifecycle(
+            ctx, "sleep", ("training",), mode=str(body.get("mode") or "all")
+        )
+
+    async def wake_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._lifecycle(ctx, "wake", ("training",))

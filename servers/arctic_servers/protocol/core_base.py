@@ -1,0 +1,240 @@
+"""The state of the protocol core and what every step of a call uses: auth, the capabilities
+answer, bodies (JSON, path and query parameters, DSSST1 frames, validation) and request look-up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from google.protobuf import descriptor_pool
+
+import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
+import dssst1
+from arctic_sdk._generated import methods as M
+from arctic_sdk._spec import MethodInfo
+
+from .._generated.servicer import ServicerBase
+from .calls import IncomingCall
+from .chunk_groups import ChunkGroups
+from .config import ProtocolConfig, token_digest
+from .context import CallContext
+from .errors import ProtocolError
+from .sequencer import Sequencer
+from .stores import (
+    ChunkStore,
+    MemoryChunkStore,
+    MemoryRequestStore,
+    RequestRecord,
+    RequestStore,
+)
+from .validate import validate_body
+
+
+class CoreBase:
+    def __init__(
+        self,
+        servicer: ServicerBase,
+        config: ProtocolConfig | None = None,
+        *,
+        request_store: RequestStore | None = None,
+        chunk_store: ChunkStore | None = None,
+    ) -> None:
+        self.servicer = servicer
+        self.config = config or ProtocolConfig()
+        self.requests: RequestStore = request_store or MemoryRequestStore()
+        limits = self.config.limits
+        self.codec_limits = dssst1.Limits(
+            max_header_bytes=limits.max_header_bytes,
+            max_tensors=limits.max_tensors,
+            max_depth=limits.max_depth,
+            max_frame_bytes=limits.max_frame_bytes,
+            max_chunks=limits.max_chunks,
+        )
+        self.groups = ChunkGroups(chunk_store or MemoryChunkStore(), self.codec_limits)
+        self._seq: Sequencer | None = None
+        self._done: dict[tuple[str, str], asyncio.Event] = {}
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._events: dict[tuple[str, str], list[bytes]] = {}
+        self._pool = descriptor_pool.Default()
+        self._implemented = frozenset(self.implemented())
+        # requests whose servicer call has begun (a cancel then goes through `cancel_running`)
+        self._started: set[tuple[str, str]] = set()
+        self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
+        self._durations: dict[str, float] = {}  # token hash -> mean request seconds (EWMA)
+        self.draining = False  # refuse new work (503) while a server shuts down
+        self._handing_off = False
+
+    # ------------------------------------------------------------------ auth and jobs
+
+    def _authenticate(self, call: IncomingCall) -> str | None:
+        auth = call.headers.get("authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+        c = self.config
+        if (c.tokens or c.token_sha256) and call.method is not M.GET_CAPABILITIES:
+            if not token:
+                raise ProtocolError("unauthenticated", "missing Authorization: Bearer <token>")
+            if token not in c.tokens and token_digest(token) not in c.token_sha256:
+                raise ProtocolError("unauthenticated", "the bearer token is not accepted")
+        return token
+
+    @staticmethod
+    def _parse_seq(raw: str | None) -> int | None:
+        if raw is None or raw == "":
+            return None
+        try:
+            seq = int(raw)
+        except ValueError:
+            seq = 0
+        if seq < 1:
+            raise ProtocolError(
+                "invalid_argument",
+                f"header X-Arctic-Seq: {raw!r} is not an integer >= 1",
+                field="X-Arctic-Seq",
+                expected="an integer >= 1",
+            )
+        return seq
+
+    async def _authorize_job(self, ctx: CallContext, *, running: bool) -> None:
+        hook = getattr(self.servicer, "authorize_job", None)
+        if hook is not None:
+            await hook(ctx, running=running)
+
+    # ------------------------------------------------------------------ capabilities
+
+    def implemented(self) -> list[MethodInfo]:
+        out = []
+        for m in M.METHODS:
+            if m.protocol:
+                out.append(m)
+                continue
+            mine = getattr(type(self.servicer), m.python_name, None)
+            if mine is not None and mine is not getattr(ServicerBase, m.python_name, None):
+                out.append(m)
+        return out
+
+    def capabilities(self) -> dict[str, Any]:
+        c, lim = self.config, self.config.limits
+        return {
+            "spec_version": "arctic.v1",
+            "wire_formats": ["DSSST1"],
+            "routes": [m.name for m in self.implemented()],
+            "operation_types": list(getattr(self.servicer, "operation_types", ())),
+            "features": {
+                "idempotency": c.idempotency,
+                "sequencing": c.sequencing,
+                "octet_results": c.octet_results,
+                "grpc": c.grpc_port > 0,
+                "grpc_port": c.grpc_port,
+                "openai": c.openai,
+                "chunk_checksum": c.chunk_checksum,
+                "leases": c.leases,
+                "lease_default_seconds": c.lease_default_seconds,
+                "lease_max_seconds": c.lease_max_seconds,
+            },
+            "limits": {
+                "max_body_bytes": lim.max_body_bytes,
+                "max_chunk_bytes": lim.max_chunk_bytes,
+                "max_header_bytes": lim.max_header_bytes,
+                "max_frame_bytes": lim.max_frame_bytes,
+                "max_chunks": lim.max_chunks,
+                "max_tensors": lim.max_tensors,
+                "max_depth": lim.max_depth,
+                "max_grpc_message_bytes": lim.max_grpc_message_bytes,
+                "retention_seconds": lim.retention_seconds,
+                "sequence_gap_timeout_seconds": int(lim.sequence_gap_timeout_seconds),
+            },
+            "server": c.server,
+            "server_version": c.server_version,
+        }
+
+    # ------------------------------------------------------------------ bodies
+
+    def _json_body(self, call: IncomingCall) -> Any:
+        if call.value is not None:
+            return call.value
+        if call.body is None or len(call.body) == 0:
+            return {}
+        try:
+            value = json.loads(bytes(call.body))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError("invalid_json", f"the body is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ProtocolError(
+                "invalid_json", f"the body must be a JSON object, got {type(value).__name__}"
+            )
+        return value
+
+    def _params_body(self, call: IncomingCall, body: dict[str, Any]) -> dict[str, Any]:
+        """Bind path parameters and query parameters into the body (PROTOCOL.md §3.1)."""
+        desc = self._pool.FindMessageTypeByName(call.method.request_type)
+        for name, value in call.path_params.items():
+            if name in desc.fields_by_name:
+                body[name] = value
+        for name, values in call.query.items():
+            fd = desc.fields_by_name.get(name)
+            if fd is None:
+                continue  # unknown query parameters are ignored, as HTTP servers do
+            typed: list[Any] = []
+            for v in values:
+                if fd.cpp_type in (fd.CPPTYPE_INT64, fd.CPPTYPE_INT32):
+                    try:
+                        typed.append(int(v))
+                    except ValueError:
+                        raise ProtocolError(
+                            "invalid_argument",
+                            f"query parameter {name}={v!r} is not an integer",
+                            field=name,
+                        ) from None
+                else:
+                    typed.append(v)
+            body[name] = typed if fd.is_repeated else typed[-1]
+        return body
+
+    def _validate(self, method: MethodInfo, body: Any) -> None:
+        validate_body(self._pool.FindMessageTypeByName(method.request_type), body)
+
+    def _decode(self, frame: bytes | memoryview) -> Any:
+        try:
+            return dssst1.loads(frame, limits=self.codec_limits)
+        except dssst1.DSSError as exc:
+            raise ProtocolError(exc.code, str(exc), field=exc.path or "body") from None
+
+    # ------------------------------------------------------------------ requests
+
+    def _record(self, job_id: str, request_id: str) -> RequestRecord:
+        rec = self.requests.get(job_id, request_id)
+        if rec is None:
+            raise ProtocolError(
+                "request_not_found",
+                f"no request {request_id!r} in job {job_id!r}",
+                request_id=request_id,
+                job_id=job_id,
+            )
+        if rec.expired:
+            raise self._expired(rec)
+        return rec
+
+    def _expired(self, rec: RequestRecord) -> ProtocolError:
+        return ProtocolError(
+            "request_not_found",
+            f"request {rec.request_id} of job {rec.job_id} ended and its result was dropped "
+            f"{self.config.limits.retention_seconds} s after it was first fetched (retention); "
+            "it is not run again",
+            request_id=rec.request_id,
+            job_id=rec.job_id,
+            expired=True,
+        )
+
+    @staticmethod
+    def _key_conflict(key: str) -> ProtocolError:
+        return ProtocolError(
+            "idempotency_key_conflict",
+            f"Idempotency-Key {key!r} was already used in this scope with a different body",
+            idempotency_key=key,
+        )
+
+    def _sequencer(self) -> Sequencer:
+        if self._seq is None:  # created inside the running loop
+            self._seq = Sequencer(self.config.limits.sequence_gap_timeout_seconds)
+        return self._seq

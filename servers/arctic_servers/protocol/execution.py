@@ -1,0 +1,242 @@
+"""Running data-plane requests: recorded before they run, queued by sequence number, limited per
+token, answered inline (200) or polled (202), with their results as chunk events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import time
+import uuid
+from typing import Any
+
+import dssst1
+from arctic_sdk._spec import MethodInfo
+
+from . import faultpoints
+from .calls import IncomingCall, Outcome
+from .context import CallContext
+from .core_base import CoreBase
+from .errors import ProtocolError
+from .stores import RequestRecord
+
+log = logging.getLogger("arctic_servers.protocol")
+
+
+class Execution(CoreBase):
+    async def _invoke(self, method: MethodInfo, ctx: CallContext, body: Any) -> Any:
+        return await getattr(self.servicer, method.python_name)(ctx, body)
+
+    async def _submit(
+        self,
+        call: IncomingCall,
+        ctx: CallContext,
+        body: Any,
+        kind: str,
+        identity: str,
+        body_hash: str,
+        group: str = "",
+        body_frame: bytes | None = None,
+    ) -> Outcome:
+        method = call.method
+        job_id = ctx.job_id
+        assert job_id is not None
+        if kind:
+            old = self.requests.find_identity(job_id, kind, identity)
+            if old is not None:
+                if old.body_hash != body_hash:
+                    if kind == "key":
+                        raise self._key_conflict(identity)
+                    raise ProtocolError(
+                        "chunk_group_conflict",
+                        f"chunk group {identity!r} was used with different content",
+                        chunk_group_id=identity,
+                    )
+                if old.expired:
+                    raise self._expired(old)
+                if group and group != identity:  # a keyed retry in a new group
+                    self.groups.bind_request(job_id, group, old.request_id)
+                return await self._answer(old, method, call)
+        if ctx.seq is not None and self.config.sequencing:
+            taken = self.requests.find_seq(job_id, ctx.seq)
+            if taken is not None:
+                raise ProtocolError(
+                    "sequence_conflict",
+                    f"X-Arctic-Seq {ctx.seq} was already used in job {job_id} by request "
+                    f"{taken.request_id}",
+                    seq=ctx.seq,
+                    request_id=taken.request_id,
+                )
+        token_hash = hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16]
+        self._admit(token_hash)
+        rec = RequestRecord(
+            job_id=job_id,
+            request_id=uuid.uuid4().hex,
+            op=method.name,
+            identity_kind=kind,
+            identity=identity,
+            body_hash=body_hash,
+            seq=ctx.seq if self.config.sequencing else None,
+            token_hash=token_hash,
+            body_frame=body_frame,
+            sub_job_id=ctx.sub_job_id or "",
+        )
+        self.requests.create(rec)  # recorded before anything executes
+        if group:
+            self.groups.bind_request(job_id, group, rec.request_id)
+        faultpoints.hit("request_recorded")
+        ctx.request_id = rec.request_id
+        self._start(rec, method, ctx, body)
+        return await self._answer(rec, method, call)
+
+    def _start(self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any) -> None:
+        key = (rec.job_id, rec.request_id)
+        self._inflight[rec.token_hash] = self._inflight.get(rec.token_hash, 0) + 1
+        self._done[key] = asyncio.Event()
+        self._tasks[key] = asyncio.get_running_loop().create_task(self._run(rec, method, ctx, body))
+
+    def _admit(self, token_hash: str) -> None:
+        """Per-token concurrency limit: 429 with Retry-After and the queue position."""
+        limit = self.config.max_inflight_per_token
+        n = self._inflight.get(token_hash, 0)
+        if limit <= 0 or n < limit:
+            return
+        position = n - limit + 1  # requests of this token that must end before one is admitted
+        mean = self._durations.get(token_hash, 1.0)
+        retry = max(1, math.ceil(mean * position / limit))
+        raise ProtocolError(
+            "rate_limited",
+            f"this token has {n} requests pending or running, its limit is {limit}; retry in "
+            f"about {retry} s (queue position {position})",
+            limit=limit,
+            in_flight=n,
+            queue_position=position,
+            retry_after_s=retry,
+        )
+
+    async def _run(
+        self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any
+    ) -> None:
+        key = (rec.job_id, rec.request_id)
+        seq = self._sequencer()
+        t0 = time.monotonic()
+        try:
+            if rec.seq is not None and not ctx.recovered:
+                await seq.wait_turn(rec.job_id, rec.seq)
+            self._started.add(key)
+            if rec.status != "running":
+                rec.status = "running"
+                self.requests.update(rec)
+                faultpoints.hit("request_started")
+            result = await self._invoke(method, ctx, body)
+            faultpoints.hit("request_executed")
+            rec.result_frame = dssst1.dumps(result)
+            rec.status = "completed"
+        except ProtocolError as exc:
+            rec.status = "cancelled" if exc.code == "request_cancelled" else "failed"
+            rec.error = exc.body()["error"]
+        except asyncio.CancelledError:
+            if self._handing_off:  # shutting down: the record stays pending/running for a restart
+                self._tasks.pop(key, None)
+                self._started.discard(key)
+                raise
+            rec.status = "cancelled"
+            rec.error = ProtocolError(
+                "request_cancelled", f"request {rec.request_id} was cancelled"
+            ).body()["error"]
+        except dssst1.DSSError as exc:
+            log.exception("result of %s could not be encoded", method.name)
+            rec.status = "failed"
+            rec.error = ProtocolError(
+                "internal", f"the server could not encode the result of {method.name}: {exc}"
+            ).body()["error"]
+        except Exception as exc:  # a servicer bug must become a failed request, not a hang
+            log.exception("%s failed", method.name)
+            rec.status = "failed"
+            rec.error = ProtocolError(
+                "internal", f"{method.name} failed: {type(exc).__name__}: {exc}"
+            ).body()["error"]
+        if not rec.terminal:  # handed off (re-raised above)
+            return
+        rec.body_frame = None
+        self.requests.update(rec)
+        self._started.discard(key)
+        n = self._inflight.get(rec.token_hash, 1) - 1
+        if n > 0:
+            self._inflight[rec.token_hash] = n
+        else:
+            self._inflight.pop(rec.token_hash, None)
+        old = self._durations.get(rec.token_hash)
+        took = time.monotonic() - t0
+        self._durations[rec.token_hash] = took if old is None else 0.8 * old + 0.2 * took
+        if rec.seq is not None:
+            await seq.mark_done(rec.job_id, rec.seq)
+        self._tasks.pop(key, None)
+        event = self._done.pop(key, None)
+        if event is not None:
+            event.set()
+
+    async def _inline_wait(self, rec: RequestRecord, event: asyncio.Event) -> None:
+        """Inline mode: wait for the request to end, unless it stays queued (a sequenced request
+        waiting for an earlier number) longer than `inline_wait_seconds`: that one answers 202,
+        so it can be polled and cancelled instead of holding the connection."""
+        if rec.seq is None:
+            await event.wait()
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.inline_wait_seconds
+        while not event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), 0.05)
+            cur = self.requests.get(rec.job_id, rec.request_id) or rec
+            if cur.status != "pending":
+                await event.wait()
+                return
+            if loop.time() > deadline:
+                return
+
+    async def _answer(self, rec: RequestRecord, method: MethodInfo, call: IncomingCall) -> Outcome:
+        event = self._done.get((rec.job_id, rec.request_id))
+        mode = self.config.answer_mode
+        if event is not None and not rec.terminal:
+            if mode == "inline":
+                await self._inline_wait(rec, event)
+            elif mode == "auto" or method.inline_preferred:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+        fresh = self.requests.get(rec.job_id, rec.request_id) or rec
+        if fresh.terminal and fresh.fetched_at is None:
+            self.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
+        return Outcome(
+            200 if fresh.terminal else 202,
+            method,
+            record=fresh,
+            max_events=self.config.limits.default_max_events,
+        )
+
+    # ------------------------------------------------------------------ result events
+
+    def result_events(self, rec: RequestRecord) -> list[bytes]:
+        """The result chunk frames of a large result (cached, deterministic)."""
+        key = (rec.job_id, rec.request_id)
+        chunks = self._events.get(key)
+        if chunks is None:
+            assert rec.result_frame is not None
+            chunks = [
+                bytes(c)
+                for c in dssst1.encode_chunks(
+                    rec.result_frame,
+                    kind="result",
+                    max_bytes=self.config.limits.result_chunk_bytes,
+                )
+            ]
+            self._events[key] = chunks
+        return chunks
+
+    async def drain(self) -> None:
+        """Wait for every running request to finish (graceful shutdown)."""
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,93 @@
+"""`JobControl`: the servicer side of jobs that every server shares.
+
+The `authorize_job` hook of the protocol core (another token's job is `job_not_found`, a 404;
+a data-plane call needs a running job), the sub-job an op runs on (`target`), the control-plane
+ops `ListJobs`, `GetCapacity`, `GetJob`, `CancelJob` and `RenewJobLease` over the servicer's
+`jobs` (a `JobQueue`), and the admin view of a job. `CreateJob` is each server's own (its
+configs differ). The owner of a call is its token with `auth`, else nobody (`_owner`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic
+
+from arctic_sdk._spec import GrpcShape, MethodInfo
+
+from .._generated.servicer import ServicerBase
+from .context import CallContext
+from .errors import ProtocolError
+from .job_queue import JobQueue
+from .jobs import J, JobRecord, S, cancel_job, list_jobs, require_running, target
+
+if TYPE_CHECKING:
+    from .core import ProtocolCore
+
+
+class JobControl(ServicerBase, Generic[J]):
+    jobs: JobQueue[J]
+    core: ProtocolCore | None
+    auth: bool
+
+    # ------------------------------------------------------------------ visibility
+
+    def _owner(self, ctx: CallContext) -> str | None:
+        return ctx.token if self.auth else None
+
+    def _job(self, ctx: CallContext) -> J:
+        return self.jobs.visible(ctx.job_id or "", self._owner(ctx))
+
+    async def authorize_job(self, ctx: CallContext, *, running: bool) -> None:
+        job = self._job(ctx)
+        if running and ctx.method.grpc_shape is GrpcShape.FRAMES:
+            self._require_running(job, ctx.method)
+
+    # a method, so a server (or the fake's behaviour faults) can wrap it
+    _require_running = staticmethod(require_running)
+
+    def target(self, job: JobRecord[S], ctx: CallContext, method: MethodInfo | None = None) -> S:
+        """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""
+        return target(job, method or ctx.method, ctx.sub_job_id)
+
+    # ------------------------------------------------------------------ control plane
+
+    def job_cancelled(self, job: J) -> None:
+        """A job was cancelled: its open chunk groups can never complete."""
+        if self.core is not None:
+            self.core.groups.forget_job(job.job_id)
+
+    async def list_jobs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return list_jobs(self.jobs.jobs.values(), self._owner(ctx), body)
+
+    async def get_capacity(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return self.jobs.capacity()
+
+    async def get_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return {"job": self._job(ctx).to_json()}
+
+    async def cancel_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(ctx)
+        answer = cancel_job(job, self.jobs.end)
+        self.job_cancelled(job)
+        return answer
+
+    async def renew_job_lease(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(ctx)
+        seconds = int(body.get("lease_seconds") or 0)
+        self.jobs.check_lease(seconds, "lease_seconds")
+        return {"lease_expires_at": self.jobs.renew(job, seconds)}
+
+    # ------------------------------------------------------------------ admin
+
+    def job_state(self, job_id: str) -> dict[str, Any]:
+        """The admin view of a job, whoever owns it: its answer, history and `workers`."""
+        job = self.jobs.jobs.get(job_id)
+        if job is None:
+            raise ProtocolError("job_not_found", f"no job {job_id!r}", job_id=job_id)
+        out = job.to_json()
+        out["history"] = list(job.history)
+        out["workers"] = self.worker_views(job)
+        return out
+
+    def worker_views(self, job: J) -> list[dict[str, Any]]:
+        """The admin view of a job's workers."""
+        return []

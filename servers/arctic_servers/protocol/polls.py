@@ -1,0 +1,69 @@
+"""`GetRequest` and `CancelRequest`: a request's status and result events, and its cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from arctic_sdk._generated import methods as M
+
+from .calls import IncomingCall, Outcome
+from .context import CallContext
+from .core_base import CoreBase
+from .errors import ProtocolError
+
+
+class Polls(CoreBase):
+    def _poll(self, call: IncomingCall, ctx: CallContext) -> Outcome:
+        body = self._params_body(call, dict(self._json_body(call)))
+        self._validate(call.method, body)
+        rec = self._record(ctx.job_id or "", str(body.get("request_id", "")))
+        lim = self.config.limits
+        cursor_raw = str(body.get("cursor") or "0")
+        try:
+            cursor = int(cursor_raw)
+        except ValueError:
+            cursor = -1
+        if cursor < 0:
+            raise ProtocolError(
+                "invalid_argument",
+                f"cursor {cursor_raw!r} is not a cursor this server issued",
+                field="cursor",
+            )
+        max_events = int(body.get("max_events") or lim.default_max_events)
+        max_events = max(1, min(max_events, lim.max_events))
+        method = M.BY_NAME.get(rec.op, call.method)
+        if rec.terminal and rec.fetched_at is None:
+            self.requests.mark_fetched(rec.job_id, rec.request_id, time.time())
+        return Outcome(200, method, record=rec, cursor=cursor, max_events=max_events)
+
+    async def _cancel_request(self, call: IncomingCall, ctx: CallContext) -> Outcome:
+        body = self._params_body(call, dict(self._json_body(call)))
+        self._validate(call.method, body)
+        rec = self._record(ctx.job_id or "", str(body.get("request_id", "")))
+        cancelled = False
+        if not rec.terminal:
+            key = (rec.job_id, rec.request_id)
+            task = self._tasks.get(key)
+            event = self._done.get(key)
+            hook = getattr(self.servicer, "cancel_running", None)
+            # A servicer whose `cancel_running` answers True ends a running request itself, at
+            # its engine's next safe point (completed if it finished first); else the task stops.
+            handled = False
+            if key in self._started and hook is not None:
+                handled = bool(await hook(ctx, rec.request_id))
+            if task is not None and not handled:
+                task.cancel()
+            if event is not None and handled:  # a running engine call may take a while
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+            elif event is not None:
+                await event.wait()
+            rec = self._record(rec.job_id, rec.request_id)
+            cancelled = rec.status == "cancelled"
+        return Outcome(
+            200,
+            call.method,
+            value={"request_id": rec.request_id, "cancelled": cancelled, "status": rec.status},
+        )
