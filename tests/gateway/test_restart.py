@@ -107,3 +107,24 @@ def test_sigterm_drains_and_hands_off_queued_work(gw: Gateway, client: Client) -
     assert client.result(job, second)["metrics"]["global_step"] == 1
     assert client.result(job, queued)["metrics"]["global_step"] == 2
     client.call(M.CANCEL_JOB, job_id=job)
+
+
+def test_a_refused_seq_is_not_waited_for_after_a_restart(gw: Gateway, client: Client) -> None:
+    """Seq 2 refused (an invalid body: never run), the gateway killed -9 and restarted: seq 3
+    runs at once, not after the 60 s gap timeout for a number that will never run."""
+    job = client.create_job(TRAIN)
+    client.wait_job(job)
+    first = client.call(M.STEP, {}, job_id=job, headers={"X-Arctic-Seq": "1"})
+    assert client.wait(job, first)["status"] == "completed"
+    bad = client.call(M.STEP, {"bogus": 1}, job_id=job, headers={"X-Arctic-Seq": "2"})
+    assert (bad.status, bad.code) == (400, "invalid_argument"), bad.data
+    gw.kill9()
+    gw.start()
+    t0 = time.monotonic()
+    third = client.call(M.STEP, {}, job_id=job, headers={"X-Arctic-Seq": "3"})
+    status = client.wait(job, third, timeout=20)
+    took = time.monotonic() - t0
+    assert status["status"] == "completed", status
+    assert status["result"]["metrics"]["global_step"] == 2
+    assert took < 10, f"seq 3 waited {took:.1f} s for the refused seq 2"
+    client.call(M.CANCEL_JOB, job_id=job)

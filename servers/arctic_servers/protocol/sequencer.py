@@ -22,7 +22,8 @@ class Sequencer:
         return seq in self._done.get(job_id, set())
 
     def restore(self, job_id: str, seqs: set[int]) -> None:
-        """Mark sequence numbers executed (after a restart, from the request store)."""
+        """Mark sequence numbers executed (after a restart, from the request store: the numbers
+        of requests that ended and the ones refused for good, `RequestStore.refuse_seq`)."""
         self._done.setdefault(job_id, set()).update(seqs)
 
     async def wait_turn(self, job_id: str, seq: int) -> None:

@@ -28,6 +28,9 @@ CREATE TABLE IF NOT EXISTS chunk_groups (
   total_chunks INTEGER NOT NULL, frame_size_bytes INTEGER NOT NULL, operation TEXT NOT NULL,
   received TEXT NOT NULL, complete INTEGER NOT NULL, request_id TEXT NOT NULL,
   created_at REAL NOT NULL, PRIMARY KEY (job_id, group_id));
+-- sequence numbers refused for good (never run): they count as executed after a restart
+CREATE TABLE IF NOT EXISTS refused_seqs (
+  job_id TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (job_id, seq));
 CREATE TABLE IF NOT EXISTS chunks (
   job_id TEXT NOT NULL, group_id TEXT NOT NULL, idx INTEGER NOT NULL, frame BLOB NOT NULL,
   PRIMARY KEY (job_id, group_id, idx));
@@ -154,6 +157,7 @@ class SqliteRequestStore:
     def delete_job(self, job_id: str) -> None:
         with self._db.lock:
             self._db.conn.execute("DELETE FROM requests WHERE job_id = ?", (job_id,))
+            self._db.conn.execute("DELETE FROM refused_seqs WHERE job_id = ?", (job_id,))
 
     def unfinished(self) -> list[RequestRecord]:
         with self._db.lock:
@@ -162,10 +166,18 @@ class SqliteRequestStore:
             ).fetchall()
         return [_row_to_request(r) for r in rows]
 
+    def refuse_seq(self, job_id: str, seq: int) -> None:
+        """Record `seq` as refused for good (committed before the refusal is answered)."""
+        with self._db.lock:
+            self._db.conn.execute(
+                "INSERT OR IGNORE INTO refused_seqs (job_id, seq) VALUES (?, ?)", (job_id, seq)
+            )
+
     def executed_seqs(self) -> dict[str, set[int]]:
         with self._db.lock:
             rows = self._db.conn.execute(
-                f"SELECT job_id, seq FROM requests WHERE seq IS NOT NULL AND NOT {_OPEN}"
+                f"SELECT job_id, seq FROM requests WHERE seq IS NOT NULL AND NOT {_OPEN} "
+                "UNION SELECT job_id, seq FROM refused_seqs"
             ).fetchall()
         out: dict[str, set[int]] = {}
         for job_id, seq in rows:

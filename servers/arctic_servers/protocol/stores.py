@@ -74,7 +74,10 @@ class RequestStore(Protocol):
     def delete_job(self, job_id: str) -> None: ...
     # Requests still pending or running (oldest first), for a restart.
     def unfinished(self) -> list[RequestRecord]: ...
-    # Per job, the sequence numbers of requests that ended, for a restart.
+    # A sequence number refused for good (no request recorded, never run): it counts as executed,
+    # so the job's next number does not wait for it, also after a restart.
+    def refuse_seq(self, job_id: str, seq: int) -> None: ...
+    # Per job, the sequence numbers of requests that ended, and the refused ones, for a restart.
     def executed_seqs(self) -> dict[str, set[int]]: ...
     def mark_fetched(self, job_id: str, request_id: str, ts: float) -> None: ...
     # Drop results (and bodies) fetched before `fetched_before`; the records stay as `expired`
@@ -104,6 +107,7 @@ class MemoryRequestStore:
         self._by_id: dict[tuple[str, str], RequestRecord] = {}
         self._by_identity: dict[tuple[str, str, str], str] = {}
         self._by_seq: dict[tuple[str, int], str] = {}
+        self._refused: set[tuple[str, int]] = set()
 
     def create(self, rec: RequestRecord) -> None:
         key = (rec.job_id, rec.request_id)
@@ -141,16 +145,22 @@ class MemoryRequestStore:
         self._by_id = {k: v for k, v in self._by_id.items() if k[0] != job_id}
         self._by_identity = {k: v for k, v in self._by_identity.items() if k[0] != job_id}
         self._by_seq = {k: v for k, v in self._by_seq.items() if k[0] != job_id}
+        self._refused = {k for k in self._refused if k[0] != job_id}
 
     def unfinished(self) -> list[RequestRecord]:
         out = [copy.copy(r) for r in self._by_id.values() if not r.terminal]
         return sorted(out, key=lambda r: r.created_at)
+
+    def refuse_seq(self, job_id: str, seq: int) -> None:
+        self._refused.add((job_id, seq))
 
     def executed_seqs(self) -> dict[str, set[int]]:
         out: dict[str, set[int]] = {}
         for r in self._by_id.values():
             if r.seq is not None and r.terminal:
                 out.setdefault(r.job_id, set()).add(r.seq)
+        for job_id, seq in self._refused:
+            out.setdefault(job_id, set()).add(seq)
         return out
 
     def mark_fetched(self, job_id: str, request_id: str, ts: float) -> None:
