@@ -171,3 +171,24 @@ def test_request_checks() -> None:
         with pytest.raises(ProtocolError):
             checks.checkpoint_id(bad)
     assert checks.checkpoint_id("step-3") == "step-3"
+
+
+def test_request_checks_do_not_import_torch() -> None:
+    """The server runs `checks` on its event loop before a call is accepted: importing torch
+    there stalled every request for seconds on the first training call (found when a call sent
+    right after a job started reached its trainer only after a rank had died)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from arctic_servers.onprem import checks\n"
+        "body = {'input_ids': np.ones((1, 4), np.int64)}\n"
+        "checks.train_body({'kwargs': body, 'processing': {'loss_fn': 'grpo'},\n"
+        "                   'context': {'loss_mask': np.ones((1, 4), np.float32),\n"
+        "                               'advantages': np.ones((1, 4), np.float32)}},\n"
+        "                  100, need_loss=True)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from arctic_sdk._generated import methods as M
+
 from ..protocol.errors import ProtocolError
+from . import loss_config
 
 POST = ("compute_logprobs", "compute_entropy")
 CHECKPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -27,14 +30,6 @@ MAX_LOGPROBS = 20
 
 def bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
     return ProtocolError(code, f"field {path}: {message}", field=path, **details)
-
-
-def _losses() -> Any:
-    try:
-        from . import losses
-    except ImportError:  # pragma: no cover - a server without torch: the trainer checks at run time
-        return None
-    return losses
 
 
 def _ints(
@@ -133,13 +128,10 @@ def train_body(body: Mapping[str, Any], vocab: int, *, need_loss: bool) -> None:
         if t is not None and not (isinstance(t, int | float) and float(t) > 0):
             raise bad("processing.config.temperature", f"{t!r} is not > 0", expected="> 0")
         return
-    L = _losses()
-    if L is None:
-        return
     try:
-        st = L.parse_processing({k: v for k, v in proc.items() if k != "post"})
-        L.check_context(st, {k: v for k, v in ctx.items() if v is not None})
-    except L.LossConfigError as exc:
+        st = loss_config.parse_processing({k: v for k, v in proc.items() if k != "post"})
+        loss_config.check_context(st, {k: v for k, v in ctx.items() if v is not None})
+    except loss_config.LossConfigError as exc:
         raise ProtocolError(exc.code, exc.message, **exc.details) from None
 
 
@@ -291,11 +283,11 @@ def one_of(body: Mapping[str, Any], name: str, allowed: Sequence[str], path: str
 
 
 def lifecycle(op: str, body: Mapping[str, Any]) -> None:
-    if op == "sleep-inference":
+    if op == M.SLEEP_INFERENCE.name:
         level = int(body.get("level") or 0)
         if level not in (0, 1, 2):
             raise bad("level", f"{level} is not 1 or 2", expected=[1, 2])
-    elif op == "wake-inference":
+    elif op == M.WAKE_INFERENCE.name:
         for i, tag in enumerate(body.get("tags") or []):
             if tag not in WAKE_TAGS:
                 raise bad(
@@ -303,5 +295,5 @@ def lifecycle(op: str, body: Mapping[str, Any]) -> None:
                     f"{tag!r} is not one of {list(WAKE_TAGS)}",
                     expected=list(WAKE_TAGS),
                 )
-    elif op == "sleep-training":
+    elif op == M.SLEEP_TRAINING.name:
         one_of(body, "mode", SLEEP_MODES)

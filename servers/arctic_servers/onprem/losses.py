@@ -14,186 +14,38 @@ non-zero ones and `token-mean` divides by their sum (= the count for a 0/1 mask)
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-LOSS_FNS = ("cross_entropy", "grpo", "ppo", "importance_sampling", "cispo", "weighted_logprob")
-ADVANTAGE_LOSSES = frozenset({"grpo", "ppo", "importance_sampling", "cispo"})
-CLIPPED_LOSSES = frozenset({"grpo", "ppo", "cispo"})
-AGG_MODES = ("token-mean", "seq-mean", "sum")
-KL_TYPES = ("low_var_kl", "kl", "mse")
-TOKEN_ALIGNED_KEYS = ("advantages", "loss_mask", "weights")
-SHIFTED_KEYS = ("old_log_probs_shifted", "ref_log_probs_shifted")
-CONTEXT_KEYS = ("input_ids", *TOKEN_ALIGNED_KEYS, *SHIFTED_KEYS)
-IGNORE_INDEX = -100
-# Deployed (arctic_platform / verl) knob names: refused like any unknown key, with a hint.
-_DEPLOYED_NAMES = {
-    "eps_clip_higher": "eps_clip_high",
-    "clip_ratio": "eps_clip",
-    "clip_ratio_low": "eps_clip",
-    "clip_ratio_high": "eps_clip_high",
-    "kl_loss_coef": "kl_coeff",
-    "kl_loss_type": "kl_type",
-    "use_kl_loss": "kl_coeff > 0",
-    "dp_size": "nothing (ranks never scale the loss)",
-    "batch_num_tokens": "global_num_tokens",
-}
+from .loss_config import (
+    AGG_MODES,
+    CONFIG_KEYS,
+    CONTEXT_KEYS,
+    IGNORE_INDEX,
+    KL_TYPES,
+    LOSS_FNS,
+    SHIFTED_KEYS,
+    TOKEN_ALIGNED_KEYS,
+    LossConfigError,
+    LossSettings,
+    check_context,
+    config_error,
+    parse_processing,
+)
+
 _LOG_RATIO_CLAMP = 20.0  # |log π/π_old| and the k3 exponent are clamped here, as verl does
 _K3_CLAMP = 10.0
 _CHUNK_ELEMENTS = 1 << 27  # row-chunk budget (logit elements) of `shifted_logprobs` without grad
-
-
-class LossConfigError(ValueError):
-    """A `processing` / `context` the losses cannot honour; maps onto the spec's error body."""
-
-    def __init__(
-        self,
-        code: str,
-        field: str,
-        message: str,
-        *,
-        expected: Any = None,
-        options: Iterable[str] = (),
-    ) -> None:
-        super().__init__(message)
-        self.code = code  # "invalid_argument" | "missing_field" | "unsupported_option" | ...
-        self.field = field
-        self.message = message
-        self.expected = expected
-        self.options = list(options)
-
-    @property
-    def details(self) -> dict[str, Any]:
-        """`ErrorBody.details`: `field`, plus `expected` / `options` when set."""
-        out: dict[str, Any] = {"field": self.field}
-        if self.expected is not None:
-            out["expected"] = self.expected
-        if self.options:
-            out["options"] = self.options
-        return out
-
-
-def _bad(
-    field: str, message: str, expected: Any = None, code: str = "invalid_argument"
-) -> LossConfigError:
-    return LossConfigError(code, field, f"field {field}: {message}", expected=expected)
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """`processing.loss_fn` and `processing.config` with the spec's defaults applied."""
-
-    loss_fn: str = "cross_entropy"
-    loss_agg_mode: str = "token-mean"
-    global_num_tokens: int = 0
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.2
-    entropy_coeff: float = 0.0
-    kl_coeff: float = 0.0
-    kl_type: str = "low_var_kl"
-    temperature: float = 1.0
-
-    @property
-    def needs_entropy(self) -> bool:
-        """The caller must pass `entropy_shifted` (with grad) to `compute_loss`."""
-        return self.entropy_coeff != 0.0
-
-    @property
-    def required_context(self) -> tuple[str, ...]:
-        """Context tensors this loss needs (`missing_field` when absent)."""
-        names = [] if self.loss_fn == "cross_entropy" else ["loss_mask"]
-        if self.loss_fn in ADVANTAGE_LOSSES:
-            names.append("advantages")
-        if self.loss_fn == "weighted_logprob":
-            names.append("weights")
-        if self.kl_coeff > 0:
-            names.append("ref_log_probs_shifted")
-        return tuple(names)
-
-
-CONFIG_KEYS = tuple(f.name for f in fields(LossSettings) if f.name != "loss_fn")
 
 
 @dataclass
 class LossResult:
     loss: Tensor  # scalar; backprop this
     metrics: dict[str, float]
-
-
-def _number(cfg: Mapping[str, Any], name: str, default: float, want: str = "finite") -> float:
-    """`cfg[name]` (None: `default`) as a float that is finite and `want` (">= 0" / "> 0")."""
-    v = cfg.get(name)
-    if v is None:
-        return default
-    x = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
-    ok = math.isfinite(x) and (x >= 0 if want == ">= 0" else x > 0 if want == "> 0" else True)
-    if not ok:
-        raise _bad(f"processing.config.{name}", f"{v!r} is not a number {want}", f"a number {want}")
-    return x
-
-
-def _choice(cfg: Mapping[str, Any], name: str, known: tuple[str, ...], path: str) -> str:
-    v = cfg.get(name) or known[0]
-    if v not in known:
-        raise _bad(path, f"{v!r} is not one of {list(known)}", list(known))
-    return str(v)
-
-
-def parse_processing(processing: Mapping[str, Any] | None) -> LossSettings:
-    """Validate `processing` (`loss_fn`, `config`; `post` is the caller's) into LossSettings."""
-    processing = processing or {}
-    fn = _choice(processing, "loss_fn", LOSS_FNS, "processing.loss_fn")
-    cfg = processing.get("config") or {}
-    if not isinstance(cfg, Mapping):
-        raise _bad("processing.config", f"{cfg!r} is not an object", "a LossConfig object")
-    unknown = [str(k) for k in cfg if k not in CONFIG_KEYS]
-    if unknown:
-        paths = [f"processing.config.{k}" for k in unknown]
-        hints = [f"{k} (use {_DEPLOYED_NAMES[k]})" for k in unknown if k in _DEPLOYED_NAMES]
-        raise LossConfigError(
-            "unsupported_option",
-            paths[0],
-            f"unknown option(s) {', '.join(paths)}; known: {list(CONFIG_KEYS)}"
-            + (f"; deployed names: {', '.join(hints)}" if hints else ""),
-            expected=list(CONFIG_KEYS),
-            options=paths,
-        )
-    agg = _choice(cfg, "loss_agg_mode", AGG_MODES, "processing.config.loss_agg_mode")
-    gnt_raw = cfg.get("global_num_tokens") or 0
-    path = "processing.config.global_num_tokens"
-    integral = isinstance(gnt_raw, numbers.Real) and float(gnt_raw).is_integer()
-    if isinstance(gnt_raw, bool) or not integral or gnt_raw < 0:
-        raise _bad(path, f"{gnt_raw!r} is not an integer >= 0", "an integer >= 0")
-    gnt = int(gnt_raw)
-    if gnt > 0 and agg != "token-mean":
-        raise _bad(path, f"{gnt} needs loss_agg_mode token-mean, not {agg!r}", "0 or token-mean")
-    eps = _number(cfg, "eps_clip", 0.2, ">= 0")
-    return LossSettings(
-        loss_fn=fn,
-        loss_agg_mode=agg,
-        global_num_tokens=gnt,
-        eps_clip=eps,
-        eps_clip_high=_number(cfg, "eps_clip_high", eps, ">= 0"),
-        entropy_coeff=_number(cfg, "entropy_coeff", 0.0),
-        kl_coeff=_number(cfg, "kl_coeff", 0.0, ">= 0"),
-        kl_type=_choice(cfg, "kl_type", KL_TYPES, "processing.config.kl_type"),
-        temperature=_number(cfg, "temperature", 1.0, "> 0"),
-    )
-
-
-def check_context(settings: LossSettings, context: Mapping[str, Any]) -> None:
-    """Raise `missing_field` for the first context tensor the loss needs but did not get."""
-    for name in settings.required_context:
-        if context.get(name) is None:
-            why = " with kl_coeff > 0" if name == "ref_log_probs_shifted" else ""
-            msg = f"is required by loss_fn {settings.loss_fn!r}{why}"
-            raise _bad(f"context.{name}", msg, code="missing_field")
 
 
 def shifted_logprobs(
@@ -213,9 +65,9 @@ def shifted_logprobs(
     """
     if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(input_ids.shape):
         msg = f"shape {list(logits.shape)} does not match input_ids {list(input_ids.shape)}"
-        raise _bad("logits", msg, "[B, S, V]", code="shape_mismatch")
+        raise config_error("logits", msg, "[B, S, V]", code="shape_mismatch")
     if not temperature > 0:
-        raise _bad("processing.config.temperature", f"{temperature!r} is not > 0", "> 0")
+        raise config_error("processing.config.temperature", f"{temperature!r} is not > 0", "> 0")
     b, s, v = logits.shape
     zeros = torch.zeros((b, 1), dtype=torch.float32, device=logits.device)
     if s < 2:
@@ -275,7 +127,9 @@ def prediction_mask(
     if loss_mask is not None:
         base = loss_mask.to(device=real.device, dtype=torch.float32)
     elif loss_fn != "cross_entropy":
-        raise _bad("context.loss_mask", f"is required by loss_fn {loss_fn!r}", code="missing_field")
+        raise config_error(
+            "context.loss_mask", f"is required by loss_fn {loss_fn!r}", code="missing_field"
+        )
     elif labels is not None:
         base = (labels != IGNORE_INDEX).to(device=real.device, dtype=torch.float32)
     else:
@@ -292,9 +146,9 @@ def _check_tensors(
             continue
         if tuple(t.shape) != shape:
             msg = f"has shape {list(t.shape)}, input_ids {list(shape)}"
-            raise _bad(name, msg, f"shape {list(shape)}", code="shape_mismatch")
+            raise config_error(name, msg, f"shape {list(shape)}", code="shape_mismatch")
         if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise _bad(name, "holds NaN or infinity", "finite values")
+            raise config_error(name, "holds NaN or infinity", "finite values")
 
 
 def _kl(lp: Tensor, ref: Tensor, kl_type: str) -> Tensor:
@@ -339,20 +193,22 @@ def compute_loss(
     check_context(st, context)
     shape = tuple(input_ids.shape)
     if len(shape) != 2:
-        raise _bad("kwargs.input_ids", f"has shape {list(shape)}", "[B, S]", "shape_mismatch")
+        raise config_error(
+            "kwargs.input_ids", f"has shape {list(shape)}", "[B, S]", "shape_mismatch"
+        )
     outputs = {"logprobs_shifted": logprobs_shifted, "entropy_shifted": entropy_shifted}
     _check_tensors(shape, outputs, finite=False)
     _check_tensors(shape, {"kwargs.attention_mask": attention_mask, "kwargs.labels": labels})
     _check_tensors(shape, {f"context.{k}": context.get(k) for k in CONTEXT_KEYS})
     ctx_ids = context.get("input_ids")
     if ctx_ids is not None and not torch.equal(ctx_ids.to(input_ids), input_ids):
-        raise _bad("context.input_ids", "differs from kwargs.input_ids", "equal tensors")
+        raise config_error("context.input_ids", "differs from kwargs.input_ids", "equal tensors")
     loss_mask = context.get("loss_mask")
     if loss_mask is not None and bool((loss_mask < 0).any()):
-        raise _bad("context.loss_mask", "holds a negative value", "values >= 0")
+        raise config_error("context.loss_mask", "holds a negative value", "values >= 0")
     if st.needs_entropy and entropy_shifted is None:
         msg = "is required when entropy_coeff != 0 (shifted_logprobs(with_entropy=True))"
-        raise _bad("entropy_shifted", msg, code="missing_field")
+        raise config_error("entropy_shifted", msg, code="missing_field")
 
     dev = logprobs_shifted.device
     dtype = torch.float64 if logprobs_shifted.dtype == torch.float64 else torch.float32
