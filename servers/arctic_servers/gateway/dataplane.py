@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.operation_types import OP_CANCEL, OP_RESET, OP_TAIL_LOGS, OP_WEIGHT_SYNC
 from .base import GatewayBase
 from .model import Job, SubJob
 
@@ -46,23 +47,23 @@ class DataPlane(GatewayBase):
 
     async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         _, sub = self.begin(ctx)
-        return dict(await self.call(ctx, sub, "forward_backward", body=body))
+        return dict(await self.call(ctx, sub, M.FORWARD_BACKWARD.python_name, body=body))
 
     async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = self.begin(ctx)
-        res = dict(await self.call(ctx, sub, "forward", body=body))
+        res = dict(await self.call(ctx, sub, M.FORWARD.python_name, body=body))
         res.setdefault("metrics", {})["global_step"] = job.global_step
         return res
 
     async def log_probs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = self.begin(ctx)
-        res = dict(await self.call(ctx, sub, "log_probs", body=body))
+        res = dict(await self.call(ctx, sub, M.LOG_PROBS.python_name, body=body))
         res.setdefault("metrics", {})["global_step"] = job.global_step
         return res
 
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = self.begin(ctx)
-        res = dict(await self.call(ctx, sub, "step", learning_rate=learning_rate(body)))
+        res = dict(await self.call(ctx, sub, M.STEP.python_name, learning_rate=learning_rate(body)))
         metrics = res.get("metrics") or {}
         job.global_step = int(metrics.get("global_step", job.global_step))
         job.last_loss = float(metrics.get("loss") or 0.0)
@@ -77,9 +78,25 @@ class DataPlane(GatewayBase):
         self.require_running(job, ctx.method)
         version = sub.weight_version
         args = self.profile.generate_args(body, sub)
-        res = dict(await self.call(ctx, sub, "generate", **args))
+        res = dict(await self.call(ctx, sub, M.GENERATE.python_name, **args))
         res["weight_version"] = version
         return res
+
+    async def generate_stream(
+        self, ctx: CallContext, body: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One sample of `body["prompts"][0]`, token by token (the OpenAI routes' streams, on
+        engines that stream: the vLLM sampler): the same checks, weight-sync gate and
+        `weight_version` as `generate`; leaving early aborts it in the engine."""
+        job, sub = self.begin(ctx)  # the caller ran check_request (the profile's checks)
+        await self.gate(job).wait()  # a weight sync in progress pauses new generates
+        self.require_running(job, ctx.method)
+        version = sub.weight_version
+        args = self.profile.generate_args(body, sub)
+        client = await self.jobs.client(sub)
+        stream_args = {"prompt": args["prompts"][0], "sampling_params": args["sampling_params"]}
+        async for item in client.stream(stream_args, meta={"op": ctx.method.name}):
+            yield {**item, "weight_version": version}
 
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self.job(ctx)
@@ -143,7 +160,8 @@ class DataPlane(GatewayBase):
         targets = [sub]
         if not ctx.sub_job_id:
             targets = [s for s in job.sub_jobs if s.role in ("sampling", "log_prob")] or [sub]
-        res = await asyncio.gather(*(self.call(ctx, t, "reset_prefix_cache") for t in targets))
+        reset = M.RESET_PREFIX_CACHE.python_name
+        res = await asyncio.gather(*(self.call(ctx, t, reset) for t in targets))
         return {"reset": all(bool(r.get("reset")) for r in res)}
 
     # ------------------------------------------------------------------ colocation lifecycle
@@ -194,12 +212,12 @@ class DataPlane(GatewayBase):
         job = self.job(ctx)
         otype = str(body["operation_type"])
         payload: Mapping[str, Any] = body.get("payload") or {}
-        if otype != "tail-logs":  # the deployed exception: logs while the job is starting
+        if otype != OP_TAIL_LOGS:  # the deployed exception: logs while the job is starting
             self.require_running(job, ctx.method)
-        if otype == "weight-sync":
+        if otype == OP_WEIGHT_SYNC:
             args = {k: v for k, v in payload.items() if k != "weight_format"}
             result = await self.sync(ctx, job, args)
-        elif otype == "reset-prefix-cache":
+        elif otype == OP_RESET:
             sid = body.get("sub_job_id")
             subs = [self.op_sub(job, body, "sampling")] if sid else []
             if not subs:
@@ -209,15 +227,17 @@ class DataPlane(GatewayBase):
                     for s in job.sub_jobs
                     if s.role in ("sampling", "log_prob") and (not role or s.role == role)
                 ]
-            res = await asyncio.gather(*(self.call(ctx, s, "reset_prefix_cache") for s in subs))
+            reset = M.RESET_PREFIX_CACHE.python_name
+            res = await asyncio.gather(*(self.call(ctx, s, reset) for s in subs))
             result = {"reset": all(bool(r.get("reset")) for r in res)}
-        elif otype == "tail-logs":
+        elif otype == OP_TAIL_LOGS:
             result = await self.tail_logs(job, body, payload)
-        elif otype == "cancel-request":
+        elif otype == OP_CANCEL:
             result = await self._cancel(ctx, str(payload["request_id"]))
         else:  # forward
             sub = self.op_sub(job, body, "training")
-            result = dict(await self.call(ctx, sub, "forward", body=_forward_body(payload)))
+            fwd = _forward_body(payload)
+            result = dict(await self.call(ctx, sub, M.FORWARD.python_name, body=fwd))
         return {"result": result}
 
     async def tail_logs(

@@ -7,10 +7,14 @@ talks to the worker host exactly as to a local one; the actor is the placement a
 it is detached, so it outlives the gateway, and a restarted gateway finds it by name. Killing
 the actor takes the worker host down with it (the host exits when its parent, the actor, is gone).
 
-Multi-GPU engines run inside the worker host: vLLM tensor parallel through its own executor
-(`vllm_config.tensor_parallel_size`, the actor holding all the GPUs); a multi-rank DeepSpeed
-trainer needs a torch.distributed launch inside the host, which the on-prem training engine does
-not do yet (it is single-rank).
+Multi-GPU engines: vLLM tensor parallel runs through its own executor inside the worker host
+(`vllm_config.tensor_parallel_size`, the actor holding all the GPUs). A multi-rank DeepSpeed
+trainer (an on-prem training sub-job with `n_gpus` = W > 1, `onprem/dp_training.py`) is placed as
+W actors, one per rank, each with one GPU (one CPU on a cluster without GPUs): the sub-job's actor
+is rank 0 and runs the worker host; it picks torch.distributed's `MASTER_ADDR`/`MASTER_PORT` and
+rank 0's control port on its node, and the rank actors (`arctic-worker:{sub_job}:rank{r}`) start
+the followers (`python -m arctic_servers.onprem.ranks`) against them. A rank that dies ends rank
+0 (its worker host exits with the reason in its log), so the sub-job fails.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,15 +38,89 @@ from ..protocol.errors import ProtocolError
 from .model import SubJob
 
 
-@ray.remote(max_restarts=0)
-class WorkerActor:
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
+
+def _local_file(path: Path) -> Path:
+    """`path`, or the same name in a local temp dir when its directory is on another node."""
+    if path.parent.is_dir():
+        return path
+    local = Path(tempfile.gettempdir()) / "arctic-gateway" / path.parent.name
+    local.mkdir(parents=True, exist_ok=True)
+    return local / path.name
+
+
+class _Process:
+    proc: subprocess.Popen[bytes] | None = None
+
+    def ping(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:  # DeepSpeed's CPU all-reduce buffer outlives the process unless removed
+                maps = Path(f"/proc/{self.proc.pid}/maps").read_text().splitlines()
+                shm = {ln.split()[-1] for ln in maps if " /dev/shm/deepspeed_" in ln}
+            except OSError:
+                shm = set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+            for f in shm:
+                with contextlib.suppress(OSError):
+                    os.unlink(f)
+
+
+@ray.remote(max_restarts=0)
+class RankActor(_Process):
+    """Rank r > 0 of a multi-rank trainer: a follower process (`arctic_servers.onprem.ranks`)."""
+
+    def start(self, fspec: dict[str, Any], env: dict[str, str], log: str) -> dict[str, Any]:
+        from ..onprem.ranks import SPEC_ENV, dist_env
+
+        host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        rank, world = int(fspec["rank"]), int(fspec["world_size"])
+        env = dict(env)
+        # one GPU (or none) per actor: the rank's local device is always 0
+        env.update(dist_env(rank, world, 0, fspec["master_addr"], int(fspec["master_port"])))
+        env["LOCAL_SIZE"] = "1"
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env[SPEC_ENV] = json.dumps(dict(fspec, parent_pid=os.getpid()))
+        with open(_local_file(Path(log)), "ab") as logf:
+            self.proc = subprocess.Popen(
+                [fspec.get("python") or sys.executable, "-m", "arctic_servers.onprem.ranks"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return {"pid": self.proc.pid, "node": host, "gpus": gpus, "rank": rank}
+
+
+@ray.remote(max_restarts=0)
+class WorkerActor(_Process):
     def start(self, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
         host = spec.get("host") or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         gpus = [str(g) for g in ray.get_gpu_ids()]
         spec = dict(spec, host=host, parent_pid=os.getpid())
+        es = spec.get("engine_spec") or {}
+        if isinstance(es.get("dist"), dict):  # rank 0 of a multi-rank trainer: its addresses
+            dist = dict(es["dist"], master_addr=host)
+            dist.setdefault("master_port", _free_port(host))
+            dist.setdefault("control_port", _free_port(host))
+            spec["engine_spec"] = dict(es, dist=dist)
+            env = dict(env, LOCAL_RANK="0", LOCAL_SIZE="1")
         status = Path(spec["status_file"])
         if not status.parent.is_dir():  # another node: keep the files on this one
             local = Path(tempfile.gettempdir()) / "arctic-gateway" / status.parent.name
@@ -73,33 +152,23 @@ class WorkerActor:
                 raise RuntimeError(f"worker host did not listen (exit {self.proc.poll()})")
             time.sleep(0.02)
         st = json.loads(status.read_text())
-        return {"pid": st["pid"], "address": st["address"], "node": host, "gpus": gpus}
-
-    def ping(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:  # DeepSpeed's CPU all-reduce buffer outlives the process unless removed
-                maps = Path(f"/proc/{self.proc.pid}/maps").read_text().splitlines()
-                shm = {ln.split()[-1] for ln in maps if " /dev/shm/deepspeed_" in ln}
-            except OSError:
-                shm = set()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-            for f in shm:
-                with contextlib.suppress(OSError):
-                    os.unlink(f)
+        out = {"pid": st["pid"], "address": st["address"], "node": host, "gpus": gpus}
+        if isinstance(es.get("dist"), dict):
+            out["dist"] = spec["engine_spec"]["dist"]
+        return out
 
 
-def actor_name(sub: SubJob) -> str:
-    return f"arctic-worker:{sub.sub_job_id}"
+def actor_name(sub: SubJob, rank: int = 0) -> str:
+    return f"arctic-worker:{sub.sub_job_id}" + (f":rank{rank}" if rank else "")
+
+
+def ranks_of(sub: SubJob, spec: dict[str, Any]) -> int:
+    """Actors a sub-job takes: W for a multi-rank on-prem trainer, else 1."""
+    if spec.get("engine") != "onprem":
+        return 1
+    from ..onprem.ranks import world_size
+
+    return world_size(spec.get("engine_spec") or {})
 
 
 class RayPlacement:
@@ -117,22 +186,44 @@ class RayPlacement:
     ) -> dict[str, Any]:
         """Create the sub-job's actor and start its worker; `sub_job_failed` when Ray cannot
         place it (no resources, or killed) within `timeout` seconds."""
-        opts: dict[str, Any] = {
-            "name": actor_name(sub),
-            "namespace": self.namespace,
-            "lifetime": "detached",
-            "runtime_env": {"env_vars": {"PYTHONPATH": env.get("PYTHONPATH", "")}},
-        }
-        if self.gpu:
-            opts.update(num_gpus=sub.n_gpus, num_cpus=1)
-        else:
-            opts.update(num_cpus=1)
-        actor = WorkerActor.options(**opts).remote()  # type: ignore[attr-defined]
+        world = ranks_of(sub, spec)
+        if world > 1:
+            es = dict(spec["engine_spec"])
+            es["dist"] = {"launch": "external", "authkey": spec["authkey"]}
+            spec = dict(spec, engine_spec=es)
+
+        def opts(rank: int) -> dict[str, Any]:
+            o: dict[str, Any] = {
+                "name": actor_name(sub, rank),
+                "namespace": self.namespace,
+                "lifetime": "detached",
+                "runtime_env": {"env_vars": {"PYTHONPATH": env.get("PYTHONPATH", "")}},
+                "num_cpus": 1,
+            }
+            if self.gpu:
+                o["num_gpus"] = 1 if world > 1 else sub.n_gpus
+            return o
+
+        actors = [WorkerActor.options(**opts(0)).remote()]  # type: ignore[attr-defined]
         try:
-            placed: dict[str, Any] = await asyncio.wait_for(actor.start.remote(spec, env), timeout)
+            placed: dict[str, Any] = await asyncio.wait_for(
+                actors[0].start.remote(spec, env), timeout
+            )
+            if world > 1:
+                from ..onprem.ranks import follower_spec
+
+                starts = []
+                for r in range(1, world):
+                    fspec = follower_spec(spec["engine_spec"], r, world, placed["dist"])
+                    fspec["python"] = spec.get("python") or ""
+                    actors.append(RankActor.options(**opts(r)).remote())  # type: ignore[attr-defined]
+                    starts.append(actors[-1].start.remote(fspec, env, f"{spec['log']}.rank{r}"))
+                placed["ranks"] = await asyncio.wait_for(asyncio.gather(*starts), timeout)
+                placed.pop("dist", None)  # holds the control channel's authkey
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
+            for a in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a)
             why = (
                 f"was not placed within {timeout:.0f} s"
                 if isinstance(exc, TimeoutError)
@@ -145,11 +236,11 @@ class RayPlacement:
             ) from None
         self._alive[sub.sub_job_id] = None
         self._ensure_watch()
-        return {"actor": actor_name(sub), **placed}
+        return {"actor": actor_name(sub), "world_size": world, **placed}
 
-    def _actor(self, sub: SubJob) -> Any:
+    def _actor(self, sub: SubJob, rank: int = 0) -> Any:
         try:
-            return ray.get_actor(actor_name(sub), namespace=self.namespace)
+            return ray.get_actor(actor_name(sub, rank), namespace=self.namespace)
         except ValueError:
             return None
 
@@ -178,13 +269,15 @@ class RayPlacement:
 
     async def stop(self, sub: SubJob) -> None:
         self._alive.pop(sub.sub_job_id, None)
-        actor = self._actor(sub)
-        if actor is None:
-            return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(actor.stop.remote(), 15)
-        with contextlib.suppress(Exception):
-            ray.kill(actor)
+        # rank 0 first (its followers end with it), then the rank actors of a multi-rank trainer
+        for rank in range(max(1, sub.n_gpus)):
+            actor = self._actor(sub, rank)
+            if actor is None:
+                continue
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(actor.stop.remote(), 15)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
 
     def close(self) -> None:
         if self._watch is not None:

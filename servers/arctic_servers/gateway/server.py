@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from ..openai.gateway import install as install_openai
 from ..protocol.config import ProtocolConfig, ProtocolLimits
 from ..protocol.core import ProtocolCore
 from ..protocol.errors import ProtocolError
@@ -177,6 +178,7 @@ async def start_gateway(
         lease_max_seconds=settings.lease_max_seconds,
         max_inflight_per_token=settings.max_inflight_per_token,
         limits=limits or ProtocolLimits(),
+        openai=True,  # /v1/... on the same listener (arctic_servers.openai.gateway)
     )
     if grpc_port is not None:
         config = dataclasses.replace(config, grpc_port=grpc_port)
@@ -189,6 +191,7 @@ async def start_gateway(
     if grpc_port is not None:
         gserver, grpc_port = await start_grpc_server(core, host=host, port=grpc_port)
     app = make_app(core)
+    install_openai(app, servicer, token_sha256)  # /v1/models, /v1/chat/completions, ...
     if admin:
         _admin_routes(servicer, core)(app)
     runner = web.AppRunner(app, access_log=None)

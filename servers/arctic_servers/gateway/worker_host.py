@@ -11,12 +11,21 @@ a restart — connects with the authkey from the spec (`multiprocessing.connecti
                        {"op": "cancel", id, key}                -> {id, ok, result: {cancelled,
                                                                                     state}}
                        {"op": "stats" | "logs" | "shutdown", id, ...}
+                       {"op": "stream", id, key, args, meta}    -> {id, partial: {...}} per engine
+                                                                   step, then {id, ok, result}
+                       {"op": "abort_stream", key}              -> (no answer) ends that stream
 
 Commands run one at a time on the main thread, in arrival order (`op_<cmd>` of the engine: the
 on-prem engines' command set, or the fake engine's). Every call with a `key` is journaled in
 memory before it runs and keeps its answer afterwards, so a gateway that restarts collects the
 answer of a call it sent before it died, and a call whose key the worker has seen is never run
 twice. A worker that dies takes its journal with it; its sub-job has then failed anyway.
+
+Streams (engines with `stream_start` / `pump`, the on-prem vLLM sampler: `onprem/sampling.py`):
+one sample whose new tokens go to the gateway after every engine step. Streams are not journaled
+(a stream cut by a gateway restart is not collected). While streams run, the main thread
+alternates between one engine step and the queue: a new stream joins the running batch, an
+abort runs at once, and every other command waits until the streams have ended.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ class Entry:
     reply: dict[str, Any] | None = None  # {"ok", "result" | "error"} once done
     waiters: list[tuple[Channel, int]] = field(default_factory=list)
     cancel: threading.Event = field(default_factory=threading.Event)
+    kind: str = "call"  # call, stream (a streamed sample), abort (ends the stream `key`)
 
 
 class Channel:
@@ -117,6 +127,9 @@ class WorkerHost:
         self.readers: list[threading.Thread] = []
         self.current: Entry | None = None
         self.anon = 0
+        self.stream_entries: dict[str, Entry] = {}  # stream key -> its entry (until it ends)
+        self.stream_ids: dict[int, Entry] = {}  # the engine's id of a running stream -> entry
+        self.stream_count = 0
 
     # ------------------------------------------------------------------ connections
 
@@ -161,6 +174,17 @@ class WorkerHost:
             self.collect(chan, mid, str(msg.get("key")))
         elif op == "cancel":
             chan.send({"id": mid, "ok": True, "result": self.cancel(str(msg.get("key")))})
+        elif op == "stream":
+            key = str(msg.get("key") or f"stream-{mid}")
+            e = Entry(key, "stream", dict(msg.get("args") or {}), msg.get("meta") or {})
+            e.kind = "stream"
+            e.waiters.append((chan, mid))
+            with self.lock:
+                self.stream_entries[key] = e
+            self.queue.put(e)
+        elif op == "abort_stream":  # runs on the main thread, at once (the engine's thread)
+            key = str(msg.get("key"))
+            self.queue.put(Entry(f"abort-{key}", "abort", {"key": key}, {}, kind="abort"))
         elif op == "stats":
             stats = getattr(self.engine, "stats", None)
             chan.send({"id": mid, "ok": True, "result": stats() if stats else {}})
@@ -255,10 +279,34 @@ class WorkerHost:
     # ------------------------------------------------------------------ execution
 
     def run(self) -> None:
+        pump = getattr(self.engine, "pump", None)
+        streaming = getattr(self.engine, "streaming", None)
+        deferred: collections.deque[Entry] = collections.deque()
         while True:
-            e = self.queue.get()
+            busy = bool(pump is not None and streaming is not None and streaming())
+            queued = False
+            if busy and pump is not None:
+                try:
+                    e = self.queue.get_nowait()
+                except queue.Empty:
+                    pump(self._stream_send)  # one engine step: the streams' new tokens
+                    continue
+            elif deferred:
+                e, queued = deferred.popleft(), True
+            else:
+                e = self.queue.get()
             if e is None:
                 return
+            if e.kind == "abort":
+                self._abort_stream(str(e.args["key"]))
+                continue
+            joins = e.kind == "stream" and not deferred  # a new stream joins the running batch
+            if not queued and (busy or deferred) and not joins:
+                deferred.append(e)  # after the running streams, in arrival order
+                continue
+            if e.kind == "stream":
+                self._start_stream(e)
+                continue
             with self.lock:
                 if e.state != "queued":
                     continue  # cancelled while queued
@@ -268,6 +316,65 @@ class WorkerHost:
             with self.lock:
                 self.current = None
                 self._finish(e, reply)
+
+    def _start_stream(self, e: Entry) -> None:
+        start = getattr(self.engine, "stream_start", None)
+        if e.cancel.is_set():  # aborted before it started
+            reply: dict[str, Any] = {"ok": True, "result": {"token_ids": [], "finished": True,
+                                                           "finish_reason": "abort"}}  # fmt: skip
+        elif self.engine is None or start is None:
+            what = type(self.engine).__name__ if self.engine is not None else "no engine"
+            reply = {"ok": False, "error": {"code": "unimplemented",
+                                            "message": f"{what} does not stream"}}  # fmt: skip
+        else:
+            self.stream_count += 1
+            sid = self.stream_count
+            try:
+                start(sid, **e.args)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:
+                reply = {"ok": False, "error": error_body(exc, "stream")}
+            else:
+                e.state = "running"
+                self.stream_ids[sid] = e
+                return
+        with self.lock:
+            self.stream_entries.pop(e.key, None)
+            self._finish_stream(e, reply)
+
+    def _abort_stream(self, key: str) -> None:
+        with self.lock:
+            e = self.stream_entries.get(key)
+        if e is None:
+            return  # ended already
+        e.cancel.set()
+        sid = next((i for i, x in self.stream_ids.items() if x is e), None)
+        if sid is not None:
+            for msg in self.engine.stream_abort(sid):
+                self._stream_send(msg)
+
+    def _stream_send(self, msg: dict[str, Any]) -> None:
+        """A message of the engine's `pump` / `stream_abort`, keyed by the engine's stream id."""
+        sid = int(msg.get("id") or 0)
+        e = self.stream_ids.get(sid)
+        if e is None:
+            return
+        if "partial" in msg:
+            for chan, mid in list(e.waiters):
+                chan.send({"id": mid, "partial": msg["partial"]})
+            return
+        del self.stream_ids[sid]
+        with self.lock:
+            self.stream_entries.pop(e.key, None)
+            self._finish_stream(e, {k: v for k, v in msg.items() if k != "id"})
+
+    @staticmethod
+    def _finish_stream(e: Entry, reply: dict[str, Any]) -> None:
+        e.state, e.reply = "done", reply
+        waiters, e.waiters = e.waiters, []
+        for chan, mid in waiters:
+            chan.send({"id": mid, **reply})
 
     def execute(self, e: Entry) -> dict[str, Any]:
         if self.engine is None:
@@ -298,6 +405,25 @@ def remove_shm_buffers() -> None:
             os.unlink(path)
 
 
+def rank_lost(host: WorkerHost, reason: str) -> None:
+    """A rank of this multi-rank trainer died (`onprem/ranks.py`): answer the call in flight
+    with `sub_job_failed`, then end (the gateway sees the exit, the reason is in the log)."""
+    sid = str(host.spec.get("sub_job_id") or "")
+    print(f"worker {sid}: rank group failed: {reason}", flush=True)
+    err = {
+        "code": "sub_job_failed",
+        "message": f"sub-job {sid} failed: lost {reason}",
+        "details": {"sub_job_id": sid, "reason": f"lost {reason}"},
+    }
+    host.error, host.state = err, "failed"
+    with host.lock:
+        if host.current is not None and host.current.state != "done":
+            host._finish(host.current, {"ok": False, "error": err})
+    time.sleep(0.2)  # let the answer go out
+    remove_shm_buffers()
+    os._exit(70)
+
+
 def _watch_parent(pid: int) -> None:
     while True:
         time.sleep(1.0)
@@ -325,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     if spec.get("parent_pid"):
         threading.Thread(target=_watch_parent, args=(int(spec["parent_pid"]),), daemon=True).start()
     t0 = time.perf_counter()
+    if spec.get("engine") == "onprem":
+        from ..onprem.ranks import set_failure_handler
+
+        set_failure_handler(lambda reason: rank_lost(host, reason))
     try:
         host.engine, extra = build_engine(spec)
         info = {**host.engine.info(), **extra}

@@ -5,6 +5,10 @@
 connection is re-established when it breaks while the worker lives, and calls in flight are then
 collected again by key, so an answer is never lost and a command never runs twice. When the
 worker is gone, every call fails with `sub_job_failed` naming the sub-job and why.
+
+`stream` iterates over a streamed sample's messages (the new tokens of each engine step, then the
+final result); leaving it early tells the worker to abort it. A stream is not collected again
+after a reconnect: it fails with `unavailable`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -51,6 +56,7 @@ class WorkerClient:
         self._conn: Connection | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        self._streams: dict[int, asyncio.Queue[dict[str, Any] | None]] = {}
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected = asyncio.Event()
@@ -97,6 +103,11 @@ class WorkerClient:
                 loop.call_soon_threadsafe(fn, *args)
 
     def _deliver(self, msg: dict[str, Any]) -> None:
+        if "partial" in msg:  # a stream's new tokens
+            q = self._streams.get(int(msg.get("id") or 0))
+            if q is not None:
+                q.put_nowait(dict(msg["partial"]))
+            return
         p = self._pending.pop(int(msg.get("id") or 0), None)
         if p is None or p.fut.done():
             return
@@ -225,6 +236,41 @@ class WorkerClient:
     ) -> Any:
         msg = {"op": "call", "key": key, "cmd": cmd, "args": args, "meta": meta or {}}
         return await self.request(msg, key)
+
+    async def stream(
+        self, args: dict[str, Any], *, meta: Any = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One streamed sample (`args`: the engine's `stream_start` arguments): each message
+        the worker sends for it, the final result last. Leaving early aborts it there."""
+        assert self._loop is not None
+        mid, key = next(self._ids), f"stream-{uuid.uuid4().hex}"
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        fut.add_done_callback(lambda _: queue.put_nowait(None))
+        self._pending[mid] = _Pending(fut, None)
+        self._streams[mid] = queue
+        ended = False
+        try:
+            msg = {"op": "stream", "id": mid, "key": key, "args": args, "meta": meta or {}}
+            try:
+                await self._send(msg)
+            except ProtocolError:
+                ended = True
+                raise
+            while True:
+                item = await queue.get()
+                if item is None:  # the final answer, or the worker's failure
+                    ended = True
+                    yield dict(fut.result())
+                    return
+                yield item
+        finally:
+            self._streams.pop(mid, None)
+            self._pending.pop(mid, None)
+            conn = self._conn
+            if not ended and conn is not None:
+                with contextlib.suppress(OSError, ValueError, EOFError), self._send_lock:
+                    conn.send({"op": "abort_stream", "id": next(self._ids), "key": key})
 
     async def collect(self, key: str) -> Any:
         return await self.request({"op": "collect", "key": key}, key)

@@ -6,7 +6,13 @@ connect to it) wrapped in a `multiprocessing.connection.Connection`. A reader th
 worker's replies into asyncio results; a watcher thread waits on the process. When the process
 ends — killed, crashed, or out of memory — every call in flight and every later call fails at once
 with `sub_job_failed` (details: `sub_job_id`, `reason` with the exit status and the last lines the
-worker printed), and `on_exit` tells the job manager.
+worker printed), and `on_exit` tells the job manager. A multi-rank trainer's worker (rank 0) that
+loses one of its ranks says so first (`{"kind": "failed"}`): the reason then names the rank.
+
+`call` awaits a command's one reply; `stream` iterates over a streaming command's messages (the
+worker's `partial` messages, then its final result) as they arrive. Leaving a stream early
+(the consumer stops iterating, or its task is cancelled because the HTTP client went away) sends
+the worker the abort command, which removes the request from the engine.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -74,6 +80,7 @@ class WorkerHandle:
         self._conn: Connection | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[dict[str, Any] | None]] = {}
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_reported = False
@@ -219,9 +226,17 @@ class WorkerHandle:
             if self.idle is not None and not self.idle.done():
                 self.idle.set_result(dict(msg))
             return
+        if kind == "failed":  # a multi-rank trainer lost one of its ranks (ranks.py)
+            self._fail_all(str(msg.get("reason") or "failed"))
+            return
         if kind == "init_failed":
             err = msg.get("error") or {}
             self._fail_all(f"engine start failed: {err.get('message', err)}", init_error=err)
+            return
+        if "partial" in msg:
+            q = self._streams.get(int(msg.get("id") or 0))
+            if q is not None:
+                q.put_nowait(dict(msg["partial"]))
             return
         fut = self._pending.pop(int(msg.get("id") or 0), None)
         if fut is None or fut.done():
@@ -314,6 +329,47 @@ class WorkerHandle:
                 sub_job_id=self.sub_job_id,
             ) from None
         return await fut
+
+    async def stream(self, cmd: str, abort_cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
+        """Run the streaming command `cmd`: each message the worker sends for it, the final
+        result last. Leaving early sends `abort_cmd` (`{"stream": id}`) to the worker."""
+        if self.failure is not None:
+            raise self.error()
+        if self._conn is None or self._loop is None:
+            raise ProtocolError("unavailable", f"sub-job {self.sub_job_id} is not started")
+        rid = next(self._ids)
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        fut.add_done_callback(lambda _: queue.put_nowait(None))
+        self._pending[rid] = fut
+        self._streams[rid] = queue
+        ended = False
+        try:
+            try:
+                await asyncio.to_thread(self._send, {"id": rid, "cmd": cmd, "args": args})
+            except (OSError, ValueError) as exc:
+                ended = True
+                if self.failure is not None:
+                    raise self.error() from None
+                raise ProtocolError(
+                    "sub_job_failed",
+                    f"sub-job {self.sub_job_id}: send failed: {exc}",
+                    sub_job_id=self.sub_job_id,
+                ) from None
+            while True:
+                item = await queue.get()
+                if item is None:  # the final reply (or the worker's failure)
+                    ended = True
+                    yield dict(fut.result())
+                    return
+                yield item
+        finally:
+            self._streams.pop(rid, None)
+            self._pending.pop(rid, None)
+            if not ended and self.failure is None and self._conn is not None:
+                # the consumer left: stop the engine's work on it (the abort's reply is dropped)
+                with contextlib.suppress(OSError, ValueError):
+                    self._send({"id": next(self._ids), "cmd": abort_cmd, "args": {"stream": rid}})
 
     async def stop(self, *, reason: str = "stopped", grace: float = 5.0) -> None:
         """Ask the worker to exit, then terminate / kill its process group."""

@@ -5,13 +5,24 @@ One `vllm.LLM` per sub-job. On CPU it runs in-process (`VLLM_ENABLE_V1_MULTIPROC
 the KV cache sized by `VLLM_CPU_KVCACHE_SPACE`. Weight pushes go through the worker extension
 (`reload_weights`, ENGINE_NOTES §3b), and every push is followed by `reset_prefix_cache()` so
 no KV computed with the old weights is reused (ENGINE_NOTES pitfall 7).
+
+Streaming (`generate_stream`, one sample per request): the request is added to the engine
+(`LLMEngine.add_request` with `RequestOutputKind.DELTA`) and the worker's serve loop calls
+`pump` between reads of its pipe; each `pump` is one `LLMEngine.step()` and sends, per streamed
+request that got tokens, a `{"id", "partial": {token_ids, logprobs, text, at}}` message with
+the new tokens only, then the final `{"id", "ok": True, "result": {..., "finished": True,
+finish_reason, stop_reason}}`. Concurrent streams share the engine's batch. `abort_stream`
+removes a request from the engine (`LLMEngine.abort_request`), so a client that went away stops
+costing engine steps. While streams run, the other commands wait (the serve loop defers them):
+`LLM.generate` drives the same engine until it has no unfinished request.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +31,18 @@ from .worker import WorkerError
 
 EXT_CLS = "arctic_servers.onprem.vllm_ext.OnpremWorkerExtension"
 MAX_LOGPROBS = 20
+
+
+@dataclass
+class _Stream:
+    """A streamed request: the pipe message id that started it, and what it has produced."""
+
+    msg_id: int
+    engine_id: str
+    max_tokens: int
+    logprobs: bool
+    produced: int = 0
+    started: float = 0.0
 
 
 def set_vllm_env(cuda: bool) -> None:
@@ -74,6 +97,8 @@ class SamplingEngine:
         self.max_model_len = int(mc.max_model_len)
         self.vocab_size = int(mc.get_vocab_size())
         self.sleeping = False
+        self.streams: dict[str, _Stream] = {}  # engine request id -> stream
+        self.stream_counts = {"started": 0, "finished": 0, "aborted": 0}
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -98,7 +123,8 @@ class SamplingEngine:
         }
 
     def close(self) -> None:
-        pass
+        for engine_id in list(self.streams):
+            self.stream_abort_engine_id(engine_id)
 
     # -- generate ----------------------------------------------------------------------------
 
@@ -207,6 +233,120 @@ class SamplingEngine:
                 {"prompt_token_ids": [int(t) for t in ro.prompt_token_ids], "samples": samples}
             )
         return {"results": results}
+
+    # -- streaming ---------------------------------------------------------------------------
+
+    def streaming(self) -> bool:
+        """Whether streamed requests are in the engine (the serve loop then pumps it)."""
+        return bool(self.streams)
+
+    def stream_start(
+        self, msg_id: int, prompt: Sequence[Any], sampling_params: Mapping[str, Any]
+    ) -> None:
+        """Add one streamed sample of `prompt` to the engine; `pump` sends its tokens."""
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.sleeping:
+            raise WorkerError(
+                "unavailable", "the sampler is asleep (sleep-inference); wake it first"
+            )
+        sp = dict(sampling_params or {})
+        if int(sp.get("n") or 1) != 1:
+            raise WorkerError(
+                "invalid_argument",
+                f"field sampling_params.n: {sp.get('n')!r}; a stream is one sample",
+                field="sampling_params.n",
+                expected=1,
+            )
+        params = self._sampling_params(sp, False)
+        (inp,) = self._prompts([prompt])
+        room = self.max_model_len - len(inp["prompt_token_ids"])
+        if params.max_tokens is None or params.max_tokens > room:
+            params.max_tokens = room
+        params.output_kind = RequestOutputKind.DELTA
+        engine_id = f"arctic-stream-{msg_id}"
+        try:
+            self.llm.llm_engine.add_request(engine_id, inp, params)
+        except ValueError as exc:
+            raise WorkerError("invalid_argument", f"generate_stream: {exc}") from None
+        self.streams[engine_id] = _Stream(
+            msg_id, engine_id, int(params.max_tokens), params.logprobs is not None,
+            started=time.time(),
+        )  # fmt: skip
+        self.stream_counts["started"] += 1
+
+    def stream_abort(self, msg_id: int) -> list[dict[str, Any]]:
+        """Abort the stream that message `msg_id` started: the messages that end it."""
+        return self.stream_abort_engine_id(f"arctic-stream-{int(msg_id)}")
+
+    def stream_abort_engine_id(self, engine_id: str) -> list[dict[str, Any]]:
+        st = self.streams.pop(engine_id, None)
+        if st is None:
+            return []  # finished already
+        self.llm.llm_engine.abort_request([engine_id])
+        self.stream_counts["aborted"] += 1
+        print(
+            f"generate_stream {engine_id}: aborted after {st.produced} of {st.max_tokens} "
+            f"tokens; {len(self.streams)} streams running, "
+            f"{self.llm.llm_engine.get_num_unfinished_requests()} requests in the engine",
+            flush=True,
+        )
+        result: dict[str, Any] = {
+            "token_ids": [],
+            "logprobs": [] if st.logprobs else None,
+            "text": "",
+            "at": time.time(),
+            "finished": True,
+            "finish_reason": "abort",
+            "stop_reason": None,
+        }
+        return [{"id": st.msg_id, "ok": True, "result": result}]
+
+    def pump(self, send: Callable[[dict[str, Any]], None]) -> None:
+        """One engine step: each streamed request's new tokens, and the final messages."""
+        try:
+            outs = self.llm.llm_engine.step()
+        except Exception as exc:
+            err = {"code": "internal", "message": f"generate_stream: engine step failed: {exc}"}
+            for st in list(self.streams.values()):
+                send({"id": st.msg_id, "ok": False, "error": err})
+                self.stream_abort_engine_id(st.engine_id)
+            return
+        now = time.time()
+        for ro in outs:
+            found = self.streams.get(str(ro.request_id))
+            if found is None or not isinstance(ro.outputs, list) or not ro.outputs:
+                continue
+            st, co = found, ro.outputs[0]
+            toks = [int(t) for t in co.token_ids]
+            st.produced += len(toks)
+            part: dict[str, Any] = {"token_ids": toks, "text": co.text, "at": now}
+            lps: Any = co.logprobs
+            part["logprobs"] = (
+                [float(lps[j][t].logprob) for j, t in enumerate(toks)]
+                if st.logprobs and lps is not None
+                else None
+            )
+            if not ro.finished:
+                if toks:
+                    send({"id": st.msg_id, "partial": part})
+                continue
+            del self.streams[st.engine_id]
+            self.stream_counts["finished"] += 1
+            part.update(
+                finished=True,
+                finish_reason=co.finish_reason or "length",
+                stop_reason=co.stop_reason if isinstance(co.stop_reason, str | int) else None,
+            )
+            send({"id": st.msg_id, "ok": True, "result": part})
+
+    def op_stream_stats(self) -> dict[str, Any]:
+        """Streams running / started / finished / aborted, and the engine's unfinished requests."""
+        return {
+            "running": len(self.streams),
+            **self.stream_counts,
+            "engine_unfinished": int(self.llm.llm_engine.get_num_unfinished_requests()),
+        }
 
     # -- scoring (forward / log-probs targeted at a vLLM sub-job) -----------------------------
 

@@ -72,8 +72,23 @@ def set_ds_env() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def _unlink_allreduce_buffers() -> None:
+    """Unlink DeepSpeed's CPU all-reduce buffers (`/dev/shm`, ~70 MB a rank) as soon as every
+    rank has mapped them: the mappings stay valid, and a worker killed with SIGKILL then leaves
+    nothing behind. The barrier proves every rank is past DeepSpeed's init (where each rank maps
+    all the others' buffers)."""
+    from .ranks import remove_shm_buffers
+
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
+    remove_shm_buffers(os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0))
+
+
 def device() -> torch.device:
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    """This rank's device: GPU `LOCAL_RANK` (0 for a single-rank sub-job), or the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK") or 0) % torch.cuda.device_count())
 
 
 def load_hf_model(model_dir: str, dtype: str, attn: str) -> Any:
@@ -400,6 +415,7 @@ class TrainingEngine(_Forward):
             config=self.ds_config,
         )
         self.engine = engine
+        _unlink_allreduce_buffers()
         t_init = time.perf_counter()
         self.timings = {
             "import_s": round(t_import - t0, 3),

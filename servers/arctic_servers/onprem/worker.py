@@ -11,8 +11,23 @@ outside the process tree can reach it). The protocol:
     worker -> server   {"id": n, "ok": True, "result": ...}
                        or {"id": n, "ok": False, "error": {...}}
 
+A multi-rank trainer (`n_gpus` > 1: this worker is rank 0, `dp_training.py`) that loses one of
+its ranks sends `{"kind": "failed", "reason": "lost rank r of W (pid ...) ..."}` and exits.
+
 Errors are the spec's error body (`code`, `message`, `details`). Commands run one at a time, in
 arrival order, on the main thread. End of input (the server went away) ends the worker.
+
+Streaming (sampling engines with `stream_start` / `pump`): `generate_stream` answers several
+messages, the new tokens of each engine step and then the final reply:
+
+    server -> worker   {"id": n, "cmd": "generate_stream", "args": {"prompt", "sampling_params"}}
+    worker -> server   {"id": n, "partial": {"token_ids", "logprobs", "text", "at"}}   (0 or more)
+    worker -> server   {"id": n, "ok": True, "result": {..., "finished": True, "finish_reason"}}
+    server -> worker   {"id": m, "cmd": "abort_stream", "args": {"stream": n}}  (the client left)
+
+While streams run, the loop alternates between one engine step (`pump`) and what arrived on the
+pipe: another `generate_stream` joins the running batch, `abort_stream` and `stream_stats` run at
+once, and every other command waits until the streams have ended (in arrival order, after them).
 
 This module imports neither the protocol layer nor the SDK: a worker runs in the engines'
 environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`.
@@ -21,6 +36,7 @@ environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import signal
@@ -73,6 +89,12 @@ def set_threads(n: int) -> None:
 def build_engine(role: str, spec: dict[str, Any]) -> Any:
     engine = spec.get("engine") or {"training": "deepspeed", "sampling": "vllm"}.get(role, "hf")
     if engine == "deepspeed":
+        from .ranks import world_size
+
+        if world_size(spec) > 1:  # n_gpus ranks under torch.distributed (dp_training.py)
+            from .dp_training import DataParallelTrainer
+
+            return DataParallelTrainer(spec)
         from .training import TrainingEngine
 
         return TrainingEngine(spec)
@@ -87,12 +109,48 @@ def build_engine(role: str, spec: dict[str, Any]) -> Any:
     raise WorkerError("invalid_argument", f"unknown engine {engine!r}")
 
 
+STREAM_CMD = "generate_stream"  # a command answered by partial messages, then its reply
+ABORT_CMD = "abort_stream"  # ends a stream early (its final reply: finish_reason "abort")
+IMMEDIATE_CMDS = frozenset({ABORT_CMD, "stream_stats"})  # not deferred behind running streams
+
+
+def run_command(engine: Any, msg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one command; the messages that answer it (none for a stream that started)."""
+    cmd, mid = msg.get("cmd"), msg.get("id")
+    args = msg.get("args") or {}
+    try:
+        if cmd == STREAM_CMD and hasattr(engine, "stream_start"):
+            engine.stream_start(int(mid or 0), **args)
+            return []
+        if cmd == ABORT_CMD and hasattr(engine, "stream_abort"):
+            ended = engine.stream_abort(int(args.get("stream") or 0))
+            return [*ended, {"id": mid, "ok": True, "result": {"aborted": bool(ended)}}]
+        fn = getattr(engine, f"op_{cmd}", None)
+        if fn is None:
+            raise WorkerError("unimplemented", f"{type(engine).__name__} has no op {cmd!r}")
+        return [{"id": mid, "ok": True, "result": fn(**args)}]
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        return [{"id": mid, "ok": False, "error": error_body(exc, str(cmd))}]
+
+
 def serve(conn: Connection, engine: Any) -> None:
+    pump = getattr(engine, "pump", None)
+    streaming = getattr(engine, "streaming", None)
+    deferred: collections.deque[dict[str, Any]] = collections.deque()
     while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
+        busy = bool(pump is not None and streaming is not None and streaming())
+        if busy and pump is not None and not conn.poll(0):
+            pump(conn.send)  # one engine step: the streams' new tokens
+            continue
+        if not busy and deferred:
+            msg, queued = deferred.popleft(), True
+        else:
+            try:
+                msg, queued = conn.recv(), False
+            except (EOFError, OSError):
+                return
         cmd = msg.get("cmd")
         if cmd == "shutdown":
             try:
@@ -100,17 +158,14 @@ def serve(conn: Connection, engine: Any) -> None:
             finally:
                 conn.send({"id": msg.get("id"), "ok": True, "result": None})
             return
-        fn = getattr(engine, f"op_{cmd}", None)
-        try:
-            if fn is None:
-                raise WorkerError("unimplemented", f"{type(engine).__name__} has no op {cmd!r}")
-            result = fn(**(msg.get("args") or {}))
-            reply = {"id": msg.get("id"), "ok": True, "result": result}
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            reply = {"id": msg.get("id"), "ok": False, "error": error_body(exc, str(cmd))}
-        conn.send(reply)
+        # behind running streams or deferred commands, a command waits its turn; a new stream
+        # joins the running batch (unless commands wait before it), aborts run at once
+        joins = cmd == STREAM_CMD and not deferred
+        if not queued and (busy or deferred) and cmd not in IMMEDIATE_CMDS and not joins:
+            deferred.append(msg)
+            continue
+        for reply in run_command(engine, msg):
+            conn.send(reply)
 
 
 def torch_extensions_dir() -> str:
@@ -147,6 +202,14 @@ def preload(engine: str) -> None:
         from transformers import AutoModelForCausalLM  # noqa: F401
 
 
+def report_failure(conn: Connection, reason: str) -> None:
+    """A rank of this multi-rank sub-job was lost (ranks.py): tell the server, then end."""
+    print(f"rank group failed: {reason}", flush=True)
+    with contextlib.suppress(Exception):
+        conn.send({"kind": "failed", "reason": f"lost {reason}"})
+    os._exit(70)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m arctic_servers.onprem.worker")
     ap.add_argument("--role", required=True, choices=("training", "sampling", "log_prob"))
@@ -173,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     spec = dict(msg["args"]["spec"])
     t1 = time.perf_counter()
+    if args.engine == "deepspeed":
+        from .ranks import set_failure_handler
+
+        set_failure_handler(lambda reason: report_failure(conn, reason))
     try:
         set_threads(int(spec.get("num_threads") or os.environ.get("ARCTIC_NUM_THREADS") or 1))
         engine = build_engine(args.role, spec)

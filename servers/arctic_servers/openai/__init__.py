@@ -6,7 +6,8 @@
 
 A server supplies a `Resolver` (which models a token may use, and their `Sampler`s):
 `arctic_servers.openai.onprem.OnpremResolver` over the on-prem server's sampling sub-jobs,
-`arctic_servers.openai.fake.FakeResolver` over the fake gateway's numerics (tests).
+`arctic_servers.openai.gateway.GatewayResolver` over the Cortex gateway's (Bearer auth
+mandatory), `arctic_servers.openai.fake.FakeResolver` over the fake gateway's numerics (tests).
 """
 
 from .routes import OpenAIRoutes, add_openai_routes, start_openai_server

@@ -7,20 +7,18 @@ visible only to the token that created them. Generation goes through the service
 the tokenizer and chat template are the model directory's (`transformers.AutoTokenizer`,
 loaded once per model in the server process).
 
-Streaming: the sampler worker answers one reply per command, so a stream is produced by
-continuation: each step asks the worker for up to `chunk_tokens` more tokens of the same sample
-(prompt + tokens so far; the prefix cache makes the re-read cheap) and sends them at once.
-Stop strings are applied on the whole text; the EOS / stop tokens end the stream. Penalties and
-`min_tokens` depend on the whole completion, which a continuation would reset, so such requests
-are generated in one call and then streamed (not incremental). True token-by-token streaming
-needs a streaming reply on the worker pipe (a `generate_stream` op answering one message per
-step of vLLM's engine).
+Streaming is token by token: `OnpremSampler.stream` iterates over the servicer's
+`generate_stream`, which runs the sampling worker's `generate_stream` command (one vLLM request
+with `RequestOutputKind.DELTA`; the worker sends the new tokens of every engine step, see
+`onprem/sampling.py`). Every sampling parameter applies as in a whole generate (penalties and
+`min_tokens` included: the engine sees the whole completion). Stop strings are vLLM's (it holds
+back text that could start one). When the consumer leaves early (the HTTP client disconnected
+and the route cancelled the stream), the worker aborts the request in the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,31 +26,13 @@ from typing import Any
 from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
-from .sampler import ModelCard, NoChatTemplateError, OpenAIError, Sample, StreamEvent, cut_at_stop
+from .sampler import ModelCard, OpenAIError, StreamEvent
+from .tokenized import TokenizedSampler, load_tokenizer, stream_body, stream_events
 
 __all__ = ["OnpremResolver", "OnpremSampler"]
 
-NOT_INCREMENTAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
-_TOKENIZERS: dict[Path, Any] = {}
 
-
-def _load_tokenizer(model_dir: Path) -> Any:
-    tok = _TOKENIZERS.get(model_dir)
-    if tok is None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
-        _TOKENIZERS[model_dir] = tok
-    return tok
-
-
-def _text(content: Any) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-
-
-class OnpremSampler:
+class OnpremSampler(TokenizedSampler):
     def __init__(
         self,
         servicer: Any,
@@ -60,136 +40,42 @@ class OnpremSampler:
         sub: Any,
         token: str | None,
         tokenizer: Any,
-        *,
-        chunk_tokens: int = 4,
     ) -> None:
+        info = sub.worker.info if sub.worker is not None else {}
+        super().__init__(job_id, tokenizer, int(info.get("max_model_len") or 0))
         self.servicer = servicer
         self.job_id = job_id
         self.sub = sub
         self.token = token
-        self.tok = tokenizer
-        self.model_id = job_id
-        self.chunk_tokens = max(1, chunk_tokens)
-        info = sub.worker.info if sub.worker is not None else {}
-        self.max_model_len = int(info.get("max_model_len") or 0)
 
-    def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self.tok.encode(text, add_special_tokens=False)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tok.decode(list(ids), skip_special_tokens=True))
-
-    def token_text(self, token_id: int) -> str:
-        return str(self.tok.decode([token_id], skip_special_tokens=False))
-
-    def render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool,
-        tools: Any = None,
-        **template_kwargs: Any,
-    ) -> str:
-        if not getattr(self.tok, "chat_template", None):
-            raise NoChatTemplateError(self.model_id)
-        msgs = [{**m, "content": _text(m.get("content"))} for m in messages]
-        kw: dict[str, Any] = dict(template_kwargs)
-        if tools:
-            kw["tools"] = tools
-        try:
-            return str(
-                self.tok.apply_chat_template(
-                    msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kw
-                )
-            )
-        except Exception as exc:
-            raise OpenAIError(
-                400,
-                f"the chat template failed on these messages: {exc}",
-                param="messages",
-                code="chat_template_error",
-            ) from None
+    def _ctx(self) -> CallContext:
+        return CallContext(method=M.GENERATE, job_id=self.job_id, token=self.token)
 
     async def _generate(
         self,
         prompts: Sequence[Sequence[int]],
         params: Mapping[str, Any],
     ) -> dict[str, Any]:
-        ctx = CallContext(method=M.GENERATE, job_id=self.job_id, token=self.token)
+        ctx = self._ctx()
         body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
         self.servicer.check_request(ctx, body)
         return dict(await self.servicer.generate(ctx, body))
 
-    async def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: Mapping[str, Any],
-    ) -> tuple[list[list[Sample]], int]:
-        res = await self._generate(prompts, params)
-        out = [
-            [
-                Sample(
-                    [int(t) for t in s["token_ids"]],
-                    s.get("text", ""),
-                    s.get("finish_reason") or "length",
-                    s.get("logprobs"),
-                    s.get("stop_reason") or None,
-                )
-                for s in r["samples"]
-            ]
-            for r in res["results"]
-        ]
-        return out, int(res.get("weight_version") or 0)
-
-    async def stream(
+    def stream(
         self,
         prompt: Sequence[int],
         params: Mapping[str, Any],
         index: int = 0,
     ) -> AsyncIterator[StreamEvent]:
-        max_tokens = int(params.get("max_tokens") or 16)
-        if any(params.get(k) for k in NOT_INCREMENTAL):
-            samples, _ = await self.generate([prompt], {**params, "n": 1})
-            s = samples[0][0]
-            yield StreamEvent(
-                s.token_ids, s.logprobs, s.text, time.time(), True, s.finish_reason, s.stop_reason
-            )
-            return
-        stops = list(params.get("stop") or [])
-        base = {k: v for k, v in params.items() if k not in ("stop", "n", "max_tokens")}
-        seed = params.get("seed")
-        ids: list[int] = []
-        step = 0
-        while True:
-            want = min(self.chunk_tokens, max_tokens - len(ids))
-            chunk_params = {**base, "max_tokens": want, "n": 1}
-            if seed is not None:
-                chunk_params["seed"] = int(seed) + 1_000_003 * index + step
-            res = await self._generate([list(prompt) + ids], chunk_params)
-            s = res["results"][0]["samples"][0]
-            new = [int(t) for t in s["token_ids"]]
-            ids += new
-            step += 1
-            text, hit = cut_at_stop(self.decode(ids), stops)
-            reason = s.get("finish_reason") or "length"
-            done = hit is not None or reason != "length" or len(ids) >= max_tokens or not new
-            ev = StreamEvent(new, s.get("logprobs"), text, time.time())
-            if done:
-                ev.finished = True
-                ev.finish_reason = "stop" if hit is not None or reason == "stop" else reason
-                ev.stop_reason = hit if hit is not None else s.get("stop_reason") or None
-            yield ev
-            if done:
-                return
-            await asyncio.sleep(0)
+        body = stream_body(prompt, params, index)
+        return stream_events(self.servicer.generate_stream(self._ctx(), body))
 
 
 class OnpremResolver:
     """Models = running jobs with a sampling sub-job, visible to the caller's token."""
 
-    def __init__(self, servicer: Any, *, chunk_tokens: int = 4) -> None:
+    def __init__(self, servicer: Any) -> None:
         self.servicer = servicer
-        self.chunk_tokens = chunk_tokens
 
     def _owner(self, token: str | None) -> str | None:
         return token if getattr(self.servicer, "auth", False) else None
@@ -237,10 +123,8 @@ class OnpremResolver:
                 code="model_not_found",
             )
         job, sub = match[0]
-        tok = await asyncio.to_thread(_load_tokenizer, Path(sub.model_dir))
-        return OnpremSampler(
-            self.servicer, job.job_id, sub, token, tok, chunk_tokens=self.chunk_tokens
-        )
+        tok = await asyncio.to_thread(load_tokenizer, Path(sub.model_dir))
+        return OnpremSampler(self.servicer, job.job_id, sub, token, tok)
 
 
 def install(app: Any, servicer: Any, tokens: Any = ()) -> None:

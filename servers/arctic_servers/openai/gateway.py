@@ -1,0 +1,196 @@
+"""The Cortex gateway's sampling sub-jobs behind the OpenAI-compatible routes.
+
+Mounted by the gateway (`gateway/server.py`) on its HTTP listener, beside the protocol's routes:
+`http://HOST:PORT/v1/models`, `/v1/chat/completions`, `/v1/completions` (and vLLM's `/tokenize`,
+`/detokenize`). Bearer auth is mandatory: the token must be one of the gateway's (kept as sha256
+digests); a gateway started without tokens answers 401 on these routes.
+
+Model ids: a running job with a sampling sub-job is served as the model `{job_id}`; its sub-job
+id and its `model_name` (the caller's newest running job of that name) resolve to it too. A job
+is visible only to the token that created it (another token's job answers 404
+`model_not_found`, as if it did not exist). Generation goes through the gateway servicer's own
+`generate` with a call context of that token: the same job visibility and running-state checks,
+the profile's semantic checks (`check_request`), the weight-sync gate and `weight_version`, and
+the same keyed call on the sampling sub-job's worker (fake or vLLM).
+
+Tokenizer: the model directory's (`transformers.AutoTokenizer`; the on-prem engines report it as
+`model_dir`), or for fake workers the fake engine's byte-level tokenizer with the tiny model's
+Qwen-style template (their samples' text is that tokenizer's decoding).
+
+Streaming: on a vLLM sampler, token by token through the servicer's `generate_stream` (the worker
+host's `stream` op: the new tokens of every engine step; a client that disconnects has its
+request aborted in the engine). Fake workers do not stream: there each step of a stream asks
+for up to `chunk_tokens` more tokens (`tokenized.continuation_stream`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from arctic_sdk._generated import methods as M
+
+from ..protocol.config import token_digest
+from ..protocol.context import CallContext
+from .sampler import ModelCard, OpenAIError, StreamEvent
+from .tokenized import (
+    FakeTokenizer,
+    TokenizedSampler,
+    continuation_stream,
+    load_tokenizer,
+    stream_body,
+    stream_events,
+)
+
+__all__ = ["GatewayResolver", "GatewaySampler", "install"]
+
+NO_TOKENS = (
+    "the OpenAI routes of the gateway need Bearer auth, and this gateway accepts no tokens "
+    "(start it with --tokens-file)"
+)
+
+
+class GatewaySampler(TokenizedSampler):
+    def __init__(
+        self,
+        servicer: Any,
+        job_id: str,
+        sub: Any,
+        token: str,
+        tokenizer: Any,
+        *,
+        max_model_len: int = 0,
+        chunk_tokens: int = 4,
+    ) -> None:
+        super().__init__(job_id, tokenizer, max_model_len)
+        self.servicer = servicer
+        self.job_id = job_id
+        self.sub = sub
+        self.token = token
+        self.chunk_tokens = chunk_tokens
+
+    def _ctx(self) -> CallContext:
+        return CallContext(
+            method=M.GENERATE, job_id=self.job_id, sub_job_id=self.sub.sub_job_id, token=self.token
+        )
+
+    async def _generate(
+        self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        ctx = self._ctx()
+        body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
+        self.servicer.check_request(ctx, body)
+        return dict(await self.servicer.generate(ctx, body))
+
+    @property
+    def token_streaming(self) -> bool:
+        """The vLLM sampler streams token by token; fake workers answer whole replies."""
+        return _info(self.sub).get("engine") == "vllm"
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        if not self.token_streaming:
+            return continuation_stream(self, prompt, params, index, chunk_tokens=self.chunk_tokens)
+        return self._token_stream(prompt, params, index)
+
+    async def _token_stream(
+        self, prompt: Sequence[int], params: Mapping[str, Any], index: int
+    ) -> AsyncIterator[StreamEvent]:
+        ctx, body = self._ctx(), stream_body(prompt, params, index)
+        self.servicer.check_request(ctx, body)
+        async for ev in stream_events(self.servicer.generate_stream(ctx, body)):
+            yield ev
+
+
+def _info(sub: Any) -> dict[str, Any]:
+    return dict((sub.worker or {}).get("info") or {})
+
+
+class GatewayResolver:
+    """Models = the caller's running jobs with a sampling sub-job whose worker is up."""
+
+    def __init__(self, servicer: Any, *, chunk_tokens: int = 4) -> None:
+        self.servicer = servicer
+        self.chunk_tokens = chunk_tokens
+
+    def _owner(self, token: str | None) -> str:
+        if not token:
+            raise OpenAIError(401, NO_TOKENS, type="authentication_error", code="invalid_api_key")
+        return token_digest(token) if self.servicer.auth else ""
+
+    def _jobs(self, token: str | None) -> list[tuple[Any, Any]]:
+        owner = self._owner(token)
+        out = []
+        for job in list(self.servicer.jobs.jobs.values()):
+            if job.state != "running" or job.owner != owner:
+                continue
+            sub = job.sub_job("sampling")
+            if sub is not None and _info(sub):
+                out.append((job, sub))
+        return out
+
+    @staticmethod
+    def _max_len(sub: Any) -> int:
+        return int(_info(sub).get("max_model_len") or sub.max_seq_len or 0)
+
+    async def models(self, token: str | None) -> list[ModelCard]:
+        return [
+            ModelCard(
+                job.job_id,
+                int(job.created_at),
+                root=sub.model_name or job.job_id,
+                max_model_len=self._max_len(sub),
+            )
+            for job, sub in self._jobs(token)
+        ]
+
+    async def sampler(self, model: str, token: str | None) -> GatewaySampler:
+        jobs = self._jobs(token)
+        match = [(j, s) for j, s in jobs if model in (j.job_id, s.sub_job_id)]
+        if not match:
+            named = [(j, s) for j, s in jobs if model and model == s.model_name]
+            match = sorted(named, key=lambda js: js[0].created_at)[-1:]
+        if not match:
+            raise OpenAIError(
+                404,
+                f"the model {model!r} does not exist: none of this token's running jobs with a "
+                f"sampling sub-job answers to it (available: {[j.job_id for j, _ in jobs]})",
+                param="model",
+                code="model_not_found",
+            )
+        job, sub = match[0]
+        info = _info(sub)
+        if info.get("model_dir"):
+            tok = await asyncio.to_thread(load_tokenizer, Path(str(info["model_dir"])))
+        elif info.get("engine") == "fake":
+            tok = FakeTokenizer()
+        else:
+            raise OpenAIError(
+                503,
+                f"the sampling sub-job {sub.sub_job_id} of job {job.job_id} reports no model "
+                f"directory (engine {info.get('engine')!r}), so its tokenizer is unknown",
+                type="server_error",
+                code="no_tokenizer",
+            )
+        return GatewaySampler(
+            self.servicer,
+            job.job_id,
+            sub,
+            str(token),
+            tok,
+            max_model_len=self._max_len(sub),
+            chunk_tokens=self.chunk_tokens,
+        )
+
+
+def install(app: Any, servicer: Any, token_sha256: frozenset[str]) -> None:
+    """Mount the OpenAI-compatible routes of the gateway's sampling sub-jobs on `app`."""
+    from .routes import add_openai_routes
+
+    add_openai_routes(app, GatewayResolver(servicer), token_sha256=token_sha256)

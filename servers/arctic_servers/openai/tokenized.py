@@ -1,0 +1,247 @@
+"""What the servers' samplers share: a tokenizer with a chat template, generation through the
+server's own `generate`, and streaming by continuation for workers that answer whole replies.
+
+`TokenizedSampler` is the text side (encode, decode, token text, chat template) over a
+Hugging Face-style tokenizer: the model directory's (`load_tokenizer`, once per directory in
+the server process) or `FakeTokenizer` (the fake engine's byte-level tokenizer and the tiny
+model's Qwen-style template). A subclass supplies `_generate` (the server's generate body ->
+result) and `stream`.
+
+`continuation_stream` streams a sample through a worker that answers one reply per command:
+each step asks for up to `chunk_tokens` more tokens of the same sample (prompt + tokens so far;
+the prefix cache makes the re-read cheap) and yields them at once. Stop strings are applied on
+the whole text; the EOS / stop tokens end the stream. Penalties and `min_tokens` depend on the
+whole completion, which a continuation would reset, so such requests are generated in one call
+and then streamed in one event (`NOT_INCREMENTAL`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .sampler import NoChatTemplateError, OpenAIError, Sample, StreamEvent, cut_at_stop
+
+__all__ = [
+    "NOT_INCREMENTAL",
+    "SEED_STRIDE",
+    "FakeTokenizer",
+    "TokenizedSampler",
+    "continuation_stream",
+    "load_tokenizer",
+    "samples_of",
+    "stream_body",
+    "stream_events",
+]
+
+SEED_STRIDE = 1_000_003  # the seed of a stream's index-th sample: seed + index * SEED_STRIDE
+NOT_INCREMENTAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+_TOKENIZERS: dict[Path, Any] = {}
+_TOKENIZERS_LOCK = threading.Lock()  # concurrent first requests: one import, one load
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The model directory's tokenizer (`transformers.AutoTokenizer`), loaded once (called in
+    worker threads: the lock keeps two first requests from importing transformers at once)."""
+    with _TOKENIZERS_LOCK:
+        tok = _TOKENIZERS.get(model_dir)
+        if tok is None:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(model_dir))
+            _TOKENIZERS[model_dir] = tok
+        return tok
+
+
+class FakeTokenizer:
+    """The fake engine's tokenizer (`conformance/fake/tokenizer.py`: byte value + 3) with the
+    tiny model's Qwen-style chat template, in the shape of a Hugging Face tokenizer."""
+
+    chat_template = "qwen-style (arctic_servers.openai.fake.render_qwen_chat)"
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        from conformance.fake import tokenizer
+
+        return tokenizer.encode(text)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        from conformance.fake import tokenizer
+
+        return tokenizer.decode(ids)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tokenize: bool = False,
+        add_generation_prompt: bool = True,
+        **_: Any,
+    ) -> str:
+        from .fake import render_qwen_chat
+
+        return render_qwen_chat(messages, add_generation_prompt=add_generation_prompt)
+
+
+def _text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+
+
+def samples_of(res: Mapping[str, Any]) -> list[list[Sample]]:
+    """The `Sample`s of a generate result (`results[i].samples[k]`)."""
+    return [
+        [
+            Sample(
+                [int(t) for t in s["token_ids"]],
+                s.get("text", ""),
+                s.get("finish_reason") or "length",
+                s.get("logprobs"),
+                s.get("stop_reason") or None,
+            )
+            for s in r["samples"]
+        ]
+        for r in res["results"]
+    ]
+
+
+class TokenizedSampler:
+    """The text side of a sampler over a Hugging Face-style tokenizer; generation is the
+    subclass's `_generate` (a generate body -> the server's generate result)."""
+
+    model_id: str
+    max_model_len: int
+
+    def __init__(self, model_id: str, tokenizer: Any, max_model_len: int = 0) -> None:
+        self.model_id = model_id
+        self.tok = tokenizer
+        self.max_model_len = max_model_len
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tok.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(list(ids), skip_special_tokens=True))
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.tok.decode([token_id], skip_special_tokens=False))
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        tools: Any = None,
+        **template_kwargs: Any,
+    ) -> str:
+        if not getattr(self.tok, "chat_template", None):
+            raise NoChatTemplateError(self.model_id)
+        msgs = [{**m, "content": _text(m.get("content"))} for m in messages]
+        kw: dict[str, Any] = dict(template_kwargs)
+        if tools:
+            kw["tools"] = tools
+        try:
+            return str(
+                self.tok.apply_chat_template(
+                    msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kw
+                )
+            )
+        except Exception as exc:
+            raise OpenAIError(
+                400,
+                f"the chat template failed on these messages: {exc}",
+                param="messages",
+                code="chat_template_error",
+            ) from None
+
+    async def _generate(
+        self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Mapping[str, Any],
+    ) -> tuple[list[list[Sample]], int]:
+        res = await self._generate(prompts, params)
+        return samples_of(res), int(res.get("weight_version") or 0)
+
+
+def stream_body(prompt: Sequence[int], params: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The generate body of a streamed sample (one sample; the `index`-th of a request gets its
+    own seed, so the n samples of a seeded request differ)."""
+    sp = {**params, "n": 1}
+    if index and params.get("seed") is not None:
+        sp["seed"] = int(params["seed"]) + SEED_STRIDE * index
+    return {"prompts": [[int(t) for t in prompt]], "sampling_params": sp}
+
+
+async def stream_events(items: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[StreamEvent]:
+    """A worker's stream messages (new `token_ids`, `logprobs`, `text` delta, `at`; the last
+    has `finished`) as `StreamEvent`s carrying the whole text so far."""
+    text = ""
+    async for item in items:
+        text += str(item.get("text") or "")
+        ev = StreamEvent(
+            [int(t) for t in item.get("token_ids") or []],
+            item.get("logprobs"),
+            text,
+            float(item.get("at") or 0.0),
+        )
+        if item.get("finished"):
+            ev.finished = True
+            ev.finish_reason = str(item.get("finish_reason") or "length")
+            ev.stop_reason = item.get("stop_reason")
+        yield ev
+
+
+async def continuation_stream(
+    sampler: TokenizedSampler,
+    prompt: Sequence[int],
+    params: Mapping[str, Any],
+    index: int = 0,
+    *,
+    chunk_tokens: int = 4,
+) -> AsyncIterator[StreamEvent]:
+    """One sample streamed `chunk_tokens` at a time through whole-reply generates."""
+    max_tokens = int(params.get("max_tokens") or 16)
+    chunk_tokens = max(1, chunk_tokens)
+    if any(params.get(k) for k in NOT_INCREMENTAL):
+        samples, _ = await sampler.generate([prompt], {**params, "n": 1})
+        s = samples[0][0]
+        yield StreamEvent(
+            s.token_ids, s.logprobs, s.text, time.time(), True, s.finish_reason, s.stop_reason
+        )
+        return
+    stops = list(params.get("stop") or [])
+    base = {k: v for k, v in params.items() if k not in ("stop", "n", "max_tokens")}
+    seed = params.get("seed")
+    ids: list[int] = []
+    step = 0
+    while True:
+        want = min(chunk_tokens, max_tokens - len(ids))
+        chunk_params = {**base, "max_tokens": want, "n": 1}
+        if seed is not None:
+            chunk_params["seed"] = int(seed) + SEED_STRIDE * index + step
+        res = await sampler._generate([list(prompt) + ids], chunk_params)
+        s = res["results"][0]["samples"][0]
+        new = [int(t) for t in s["token_ids"]]
+        ids += new
+        step += 1
+        text, hit = cut_at_stop(sampler.decode(ids), stops)
+        reason = s.get("finish_reason") or "length"
+        done = hit is not None or reason != "length" or len(ids) >= max_tokens or not new
+        ev = StreamEvent(new, s.get("logprobs"), text, time.time())
+        if done:
+            ev.finished = True
+            ev.finish_reason = "stop" if hit is not None or reason == "stop" else reason
+            ev.stop_reason = hit if hit is not None else s.get("stop_reason") or None
+        yield ev
+        if done:
+            return
+        await asyncio.sleep(0)

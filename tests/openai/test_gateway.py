@@ -1,0 +1,406 @@
+"""The OpenAI surface of the Cortex gateway (`arctic_servers.openai.gateway`), on the gateway's own
+HTTP port, with the real `openai` client and LiteLLM.
+
+Fake workers for the surface (their byte-level tokenizer and Qwen-style template give text and
+chat); one module-scoped gateway with the real vLLM sampler on the tiny model for the model
+directory's tokenizer and chat template (skipped only when vLLM is not installed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from arctic_sdk._generated import methods as M
+from arctic_sdk.rollouts import flatten_turns, turn_from_response
+from conformance.fake import tokenizer
+
+from ..gateway.harness import SAMPLE, Client, Gateway
+
+openai = pytest.importorskip("openai")
+
+TOKEN, OTHER = "pat-1", "pat-2"  # the harness's tokens: pat-1 in clear, pat-2 as its digest
+MESSAGES = [{"role": "user", "content": "Say something."}]
+GEN_LATENCY_S = 0.05  # each fake generate call takes this long: a stream's chunks spread out
+
+
+@pytest.fixture(scope="module")
+def fake_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    g = Gateway(
+        tmp_path_factory.mktemp("gw-openai"),
+        args=("--gpus", "4", "--fake-latency", f"generate={GEN_LATENCY_S}"),
+    )
+    g.start()
+    try:
+        c, c2 = Client(g.prefix_url, token=TOKEN), Client(g.prefix_url, token=OTHER)
+        job, other = c.create_job(SAMPLE), c2.create_job(SAMPLE)
+        c.wait_job(job)
+        c2.wait_job(other)
+        c.s.close()
+        c2.s.close()
+        yield {"v1": g.base_url + "/v1", "base": g.base_url, "job": job, "other": other}
+    finally:
+        g.cleanup()
+
+
+CLIENTS: list[Any] = []
+
+
+def _client(gw: dict[str, Any], key: str = TOKEN) -> Any:
+    client = openai.OpenAI(base_url=gw["v1"], api_key=key, max_retries=0)
+    CLIENTS.append(client)  # closed after each test (no sockets left to the garbage collector)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while CLIENTS:
+        CLIENTS.pop().close()
+
+
+def test_bearer_auth_is_mandatory(fake_gw: dict[str, Any]) -> None:
+    r = requests.get(fake_gw["v1"] + "/models", timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        _client(fake_gw, "sk-wrong").models.list()
+    with pytest.raises(openai.AuthenticationError):
+        _client(fake_gw, "sk-wrong").completions.create(
+            model=fake_gw["job"], prompt=[5, 6], max_tokens=2
+        )
+
+
+def test_models_are_the_tokens_jobs(fake_gw: dict[str, Any]) -> None:
+    assert [m.id for m in _client(fake_gw).models.list()] == [fake_gw["job"]]
+    assert [m.id for m in _client(fake_gw, OTHER).models.list()] == [fake_gw["other"]]
+    with pytest.raises(openai.NotFoundError) as err:  # another token's job does not exist
+        _client(fake_gw, OTHER).completions.create(
+            model=fake_gw["job"], prompt=[5, 6, 7], max_tokens=2
+        )
+    assert err.value.body["code"] == "model_not_found"
+    by_name = _client(fake_gw).completions.create(model="fake-model", prompt=[5], max_tokens=2)
+    assert by_name.model == "fake-model" and len(by_name.choices[0].model_extra["token_ids"]) == 2
+
+
+def test_completions_token_ids_strings_batched_n(fake_gw: dict[str, Any]) -> None:
+    client = _client(fake_gw)
+    out = client.completions.create(
+        model=fake_gw["job"],
+        prompt=[[5, 6, 7], [8, 9]],
+        max_tokens=5,
+        n=2,
+        seed=3,
+        logprobs=0,
+        extra_body={"return_token_ids": True, "some_unknown_field": {"x": 1}},
+    )
+    assert len(out.choices) == 4
+    assert [c.model_extra["prompt_token_ids"] for c in out.choices] == [[5, 6, 7]] * 2 + [
+        [8, 9]
+    ] * 2
+    for c in out.choices:
+        ids = c.model_extra["token_ids"]
+        assert len(ids) == 5 and c.finish_reason == "length"
+        assert c.text == tokenizer.decode(ids) and len(c.logprobs.token_logprobs) == 5
+    assert out.choices[0].model_extra["token_ids"] != out.choices[1].model_extra["token_ids"]
+    assert out.model_extra["weight_version"] == 0
+    # seeded: the same request answers the same tokens (the fake numerics are exact)
+    again = client.completions.create(
+        model=fake_gw["job"], prompt=[[5, 6, 7], [8, 9]], max_tokens=5, n=2, seed=3
+    )
+    assert [c.model_extra["token_ids"] for c in again.choices] == [
+        c.model_extra["token_ids"] for c in out.choices
+    ]
+    text = client.completions.create(
+        model=fake_gw["job"], prompt=["Hello", "Hi there"], max_tokens=4, seed=1
+    )
+    assert [c.model_extra["prompt_token_ids"] for c in text.choices] == [
+        tokenizer.encode("Hello"),
+        tokenizer.encode("Hi there"),
+    ]
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=fake_gw["job"], prompt="x", max_tokens=0)
+
+
+def test_chat_and_multi_turn(fake_gw: dict[str, Any]) -> None:
+    client = _client(fake_gw)
+    chat = client.chat.completions.create(
+        model=fake_gw["job"],
+        messages=MESSAGES,
+        max_completion_tokens=6,
+        seed=2,
+        n=2,
+        logprobs=True,
+        extra_body={"return_token_ids": True, "top_k": 20},
+    )
+    assert len(chat.choices) == 2
+    choice = chat.choices[0]
+    ids = choice.model_extra["token_ids"]
+    assert len(ids) == 6 and tokenizer.decode(ids) == choice.message.content
+    assert len(choice.logprobs.content) == 6
+    prompt = chat.model_extra["prompt_token_ids"]
+    assert tokenizer.decode(prompt).startswith("<|im_start|>user\nSay something.<|im_end|>")
+    turn = turn_from_response(chat)
+    msgs2 = [
+        *MESSAGES,
+        {"role": "assistant", "content": choice.message.content},
+        {"role": "user", "content": "more"},
+    ]
+    chat2 = client.chat.completions.create(model=fake_gw["job"], messages=msgs2, max_tokens=3)
+    flat = flatten_turns([turn, turn_from_response(chat2)], warn=False)
+    assert flat.num_turns == 2
+
+
+def test_stop_and_penalties(fake_gw: dict[str, Any]) -> None:
+    client = _client(fake_gw)
+    full = client.completions.create(model=fake_gw["job"], prompt=[5, 6], max_tokens=24, seed=9)
+    text = full.choices[0].text
+    stop = next((ch for ch in text[2:] if ch.strip()), None)
+    if stop is not None:
+        cut = client.completions.create(
+            model=fake_gw["job"], prompt=[5, 6], max_tokens=24, seed=9, stop=[stop]
+        )
+        assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
+    pen = client.completions.create(
+        model=fake_gw["job"],
+        prompt=[5, 6],
+        max_tokens=4,
+        presence_penalty=0.5,
+        frequency_penalty=0.1,
+        extra_body={"repetition_penalty": 1.1},
+    )
+    assert len(pen.choices[0].model_extra["token_ids"]) == 4
+
+
+def test_streaming_openai_client(fake_gw: dict[str, Any]) -> None:
+    n = 32
+    stream = _client(fake_gw).chat.completions.create(
+        model=fake_gw["job"],
+        messages=MESSAGES,
+        max_tokens=n,
+        seed=4,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"arctic_timing": True, "ignore_eos": True},
+    )
+    arrivals: dict[int, list[float]] = {0: [], 1: []}
+    ids: dict[int, list[int]] = {0: [], 1: []}
+    text = {0: "", 1: ""}
+    last_generated = 0.0
+    usage = None
+    for chunk in stream:
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        ch = chunk.choices[0]
+        text[ch.index] += ch.delta.content or ""
+        if ch.model_extra.get("token_ids"):
+            arrivals[ch.index].append(time.time())
+            ids[ch.index] += ch.model_extra["token_ids"]
+            last_generated = max(last_generated, chunk.model_extra["arctic_generated_at"])
+    assert usage is not None and usage.completion_tokens == 2 * n
+    for k in (0, 1):
+        assert len(ids[k]) == n and len(arrivals[k]) >= n / 4
+        assert text[k] == tokenizer.decode(ids[k])
+    assert min(arrivals[0][0], arrivals[1][0]) < last_generated  # before the last token existed
+
+
+def test_async_client_completions_stream(fake_gw: dict[str, Any]) -> None:
+    import asyncio
+
+    async def go() -> list[int]:
+        client = openai.AsyncOpenAI(base_url=fake_gw["v1"], api_key=TOKEN, max_retries=0)
+        out: list[int] = []
+        async for c in await client.completions.create(
+            model=fake_gw["job"], prompt="Hi", max_tokens=9, stream=True, seed=5
+        ):
+            if c.choices:
+                out += c.choices[0].model_extra.get("token_ids") or []
+        await client.close()
+        return out
+
+    streamed = asyncio.run(go())
+    assert len(streamed) == 9
+
+
+# LiteLLM's own imports warn (pydantic ReadOnly TypedDicts, deprecations): not ours to fix
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_litellm(fake_gw: dict[str, Any]) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    litellm = pytest.importorskip("litellm")
+    resp = litellm.completion(
+        model=f"hosted_vllm/{fake_gw['job']}",
+        api_base=fake_gw["v1"],
+        api_key=TOKEN,
+        messages=MESSAGES,
+        max_tokens=5,
+        logprobs=True,
+        seed=8,
+        extra_body={"return_token_ids": True},
+    )
+    choice = resp.choices[0]
+    assert choice.provider_specific_fields.get("token_ids")
+    assert getattr(resp, "prompt_token_ids", None)
+    pieces = [
+        c.choices[0].delta.content or ""
+        for c in litellm.completion(
+            model=f"hosted_vllm/{fake_gw['job']}",
+            api_base=fake_gw["v1"],
+            api_key=TOKEN,
+            messages=MESSAGES,
+            max_tokens=16,
+            seed=8,
+            stream=True,
+        )
+        if c.choices
+    ]
+    assert len([p for p in pieces if p]) >= 16 / 4
+    with pytest.raises(litellm.exceptions.AuthenticationError):
+        litellm.completion(
+            model=f"hosted_vllm/{fake_gw['job']}",
+            api_base=fake_gw["v1"],
+            api_key="sk-wrong",
+            messages=MESSAGES,
+            max_tokens=2,
+        )
+
+
+# ---------------------------------------------------------------------- real engines (vLLM)
+
+VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module")
+def real_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if not VLLM:
+        pytest.skip("vLLM is not installed (`import vllm` fails): no real sampler to start")
+    python = os.environ.get("ARCTIC_ENGINES_PYTHON") or sys.executable
+    g = Gateway(
+        Path(tmp_path_factory.mktemp("gw-openai-real")),
+        args=("--engine", "onprem", "--worker-python", python, "--worker-threads", "1"),
+    )
+    g.start(timeout=120)
+    try:
+        c = Client(g.prefix_url, token=TOKEN, timeout=300)
+        job = c.create_job({"job_type": "sampling", "model_name": "tiny"})
+        c.wait_job(job, timeout=600)
+        yield {"v1": g.base_url + "/v1", "job": job, "client": c}
+        c.call(M.CANCEL_JOB, job_id=job)
+        c.s.close()
+    finally:
+        g.cleanup()
+
+
+@pytest.mark.slow
+def test_real_sampler_text_chat_stream(real_gw: dict[str, Any]) -> None:
+    client = _client(real_gw)
+    assert [m.id for m in client.models.list()] == [real_gw["job"]]
+    chat = client.chat.completions.create(
+        model=real_gw["job"],
+        messages=[{"role": "user", "content": "Hello there"}],
+        max_tokens=6,
+        seed=1,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    ids = chat.choices[0].model_extra["token_ids"]
+    assert 0 < len(ids) <= 6 and len(chat.choices[0].logprobs.content) == len(ids)
+    assert "<|im_start|>" not in (chat.choices[0].message.content or "")
+    comp = client.completions.create(
+        model=real_gw["job"], prompt=["Once upon", "a time"], max_tokens=3, n=2, seed=2
+    )
+    assert len(comp.choices) == 4
+
+
+@pytest.mark.slow
+def test_real_sampler_streams_token_by_token(real_gw: dict[str, Any]) -> None:
+    n = 32
+    stream = _client(real_gw).completions.create(
+        model=real_gw["job"],
+        prompt="Count: one two",
+        max_tokens=n,
+        n=2,
+        seed=3,
+        stream=True,
+        extra_body={"ignore_eos": True, "arctic_timing": True, "min_tokens": 8,
+                    "presence_penalty": 0.3},
+    )  # fmt: skip
+    arrivals: dict[int, list[float]] = {0: [], 1: []}
+    ids: dict[int, list[int]] = {0: [], 1: []}
+    generated: list[float] = []
+    for c in stream:
+        for ch in c.choices:
+            if ch.model_extra.get("token_ids"):
+                arrivals[ch.index].append(time.time())
+                ids[ch.index] += ch.model_extra["token_ids"]
+                generated.append(c.model_extra["arctic_generated_at"])
+    for k in (0, 1):
+        assert len(ids[k]) == n and len(arrivals[k]) >= n / 2  # ~1 token a chunk
+    assert ids[0] != ids[1]
+    first = min(arrivals[0][0], arrivals[1][0])
+    assert first < max(generated)  # the first chunk arrived before the last token existed
+    print(
+        f"gateway stream: max_tokens {n} x 2, chunks {len(arrivals[0])} + {len(arrivals[1])}; "
+        f"first chunk received {max(generated) - first:.3f} s before the last token was generated"
+    )
+
+
+def _tail(real_gw: dict[str, Any]) -> list[str]:
+    c, lines = real_gw["client"], []
+    while True:
+        body = {
+            "operation_type": "tail-logs",
+            "sub_job_type": "sampling",
+            "payload": {"cursor": len(lines), "limit": 1000},
+        }
+        page = c.result(real_gw["job"], c.call(M.OPERATION, body, job_id=real_gw["job"]))
+        page = page.get("result", page)
+        lines += page["entries"]
+        if page["eof"] or not page["entries"]:
+            return lines
+
+
+@pytest.mark.slow
+def test_real_sampler_disconnect_aborts(real_gw: dict[str, Any]) -> None:
+    max_tokens = 1000
+    before = sum("aborted after" in ln for ln in _tail(real_gw))
+    body = {
+        "model": real_gw["job"],
+        "prompt": "Once",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with requests.post(
+        real_gw["v1"] + "/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        stream=True,
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200
+        got = 0
+        for line in r.iter_lines():
+            if line.startswith(b"data: {") and b'"token_ids": [' in line:
+                got += 1
+                if got >= 5:
+                    break
+    deadline = time.time() + 30
+    aborted: list[str] = []
+    while not aborted:
+        assert time.time() < deadline, "the worker did not abort the stream"
+        time.sleep(0.2)
+        aborted = [ln for ln in _tail(real_gw) if "aborted after" in ln][before:]
+    produced = int(aborted[0].split("aborted after ")[1].split(" of ")[0])
+    print(f"gateway: client left after {got} chunks; {aborted[0]}")
+    assert produced < max_tokens // 2 and "0 streams running" in aborted[0]
