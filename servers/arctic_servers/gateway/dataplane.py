@@ -19,12 +19,21 @@ from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
-from ..protocol.operation_types import OP_CANCEL, OP_RESET, OP_TAIL_LOGS, OP_WEIGHT_SYNC
+from ..protocol.operation_types import (
+    OP_CANCEL,
+    OP_RESET,
+    OP_TAIL_LOGS,
+    OP_WEIGHT_SYNC,
+    cancel_request,
+    forward_body,
+    operation_sub,
+    tail_args,
+)
+from ..protocol.sub_jobs import sync_sub_jobs
 from .base import GatewayBase
-from .model import Job, SubJob
+from .model import Job
 
 CPU_LIFECYCLE_REASON = "nothing is colocated on a GPU here, so there is nothing to offload"
-TAIL_MAX = 1000
 
 
 def learning_rate(body: Mapping[str, Any]) -> float | None:
@@ -104,19 +113,7 @@ class DataPlane(GatewayBase):
         return await self.sync(ctx, job, body)
 
     async def sync(self, ctx: CallContext, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
-        src_id = body.get("source_sub_job_id")
-        src = job.find_sub_job(str(src_id)) if src_id else job.sub_job("training")
-        if src is None:
-            raise ProtocolError(
-                "sub_job_not_found",
-                f"job {job.job_id} has no training sub-job",
-                job_id=job.job_id,
-                role="training",
-            )
-        ids = body.get("target_sub_job_ids") or [
-            s.sub_job_id for s in job.sub_jobs if s.role in ("sampling", "log_prob")
-        ]
-        targets = [t for t in (job.find_sub_job(str(i)) for i in ids) if t is not None]
+        src, targets = sync_sub_jobs(job, body)
         local = all((s.worker or {}).get("backend") == "local" for s in (src, *targets))
         shm = Path("/dev/shm")
         method = "shm" if local and shm.is_dir() else "safetensors"
@@ -193,22 +190,7 @@ class DataPlane(GatewayBase):
 
     # ------------------------------------------------------------------ /operation
 
-    def op_sub(self, job: Job, body: Mapping[str, Any], default_role: str) -> SubJob:
-        from conformance.fake.operations import target
-
-        t = target(job, body)  # type: ignore[arg-type]  # duck-typed: find_sub_job, job_id
-        sub = job.find_sub_job(t) or job.sub_job(t or default_role) or job.sub_job(default_role)
-        if sub is None:
-            raise ProtocolError(
-                "sub_job_not_found",
-                f"job {job.job_id} has no {t or default_role} sub-job",
-                job_id=job.job_id,
-            )
-        return sub
-
     async def operation(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        from conformance.fake.operations import _forward_body
-
         job = self.job(ctx)
         otype = str(body["operation_type"])
         payload: Mapping[str, Any] = body.get("payload") or {}
@@ -219,7 +201,7 @@ class DataPlane(GatewayBase):
             result = await self.sync(ctx, job, args)
         elif otype == OP_RESET:
             sid = body.get("sub_job_id")
-            subs = [self.op_sub(job, body, "sampling")] if sid else []
+            subs = [operation_sub(job, body, "sampling")] if sid else []
             if not subs:
                 role = body.get("sub_job_type")
                 subs = [
@@ -233,10 +215,10 @@ class DataPlane(GatewayBase):
         elif otype == OP_TAIL_LOGS:
             result = await self.tail_logs(job, body, payload)
         elif otype == OP_CANCEL:
-            result = await self._cancel(ctx, str(payload["request_id"]))
+            result = await cancel_request(self.core, ctx, str(payload["request_id"]))
         else:  # forward
-            sub = self.op_sub(job, body, "training")
-            fwd = _forward_body(payload)
+            sub = operation_sub(job, body, "training")
+            fwd = forward_body(payload)
             result = dict(await self.call(ctx, sub, M.FORWARD.python_name, body=fwd))
         return {"result": result}
 
@@ -245,9 +227,8 @@ class DataPlane(GatewayBase):
     ) -> dict[str, Any]:
         """Page through one sub-job's log (the target, default the training sub-job): entries,
         the cursor of the next page, and whether the page reached the end."""
-        cursor = int(payload.get("cursor") or 0)
-        limit = int(payload["limit"]) if payload.get("limit") is not None else 100
-        sub = self.op_sub(job, body, "training")
+        cursor, limit = tail_args(payload)  # checked before: check_operation
+        sub = operation_sub(job, body, "training")
         log = Path(str((sub.worker or {}).get("log") or ""))
         if log.is_file():
             lines = (await asyncio.to_thread(log.read_text, errors="replace")).splitlines()
@@ -263,17 +244,3 @@ class DataPlane(GatewayBase):
             "next_cursor": str(end),
             "eof": end >= total,
         }
-
-    async def _cancel(self, ctx: CallContext, request_id: str) -> dict[str, Any]:
-        from ..protocol.core import IncomingCall
-
-        if self.core is None:
-            raise ProtocolError("unimplemented", "cancel-request needs the protocol core attached")
-        call = IncomingCall(
-            method=M.CANCEL_REQUEST,
-            transport=ctx.transport,
-            headers=ctx.headers,
-            path_params={"job_id": ctx.job_id or "", "request_id": request_id},
-        )
-        outcome = await self.core.handle(call)
-        return dict(outcome.value)

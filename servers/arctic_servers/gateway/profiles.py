@@ -19,7 +19,7 @@ from typing import Any
 from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
 
-from ..protocol.errors import ProtocolError
+from ..protocol.checkpoint_files import run_export
 from .model import SubJob
 from .settings import GatewaySettings
 
@@ -150,34 +150,8 @@ class OnpremProfile:
     async def export(self, ckpt_dir: Path, meta: Mapping[str, Any], out: Path) -> None:
         from .supervisor import worker_env
 
-        tmp = out.with_name(".export-tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        proc = await asyncio.create_subprocess_exec(
-            self.settings.worker_python,
-            "-m",
-            "arctic_servers.onprem.export",
-            "--checkpoint",
-            str(ckpt_dir / "ds"),
-            "--type",
-            str(meta.get("checkpoint_type") or "resumable"),
-            "--model-dir",
-            str(meta.get("model_dir") or ""),
-            "--dtype",
-            str(meta.get("dtype") or "float32"),
-            "--out",
-            str(tmp),
-            env=worker_env(self.settings),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        output, _ = await proc.communicate()
-        if proc.returncode != 0:
-            tail = " | ".join(output.decode("utf-8", "replace").strip().splitlines()[-5:])
-            raise ProtocolError(
-                "internal", f"export of {ckpt_dir.name} failed (exit {proc.returncode}): {tail}"
-            )
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        env = worker_env(self.settings)
+        await run_export(self.settings.worker_python, env, ckpt_dir, meta, out)
 
 
 def engine_kind(role: str, config: Mapping[str, Any]) -> str:

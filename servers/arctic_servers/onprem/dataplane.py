@@ -16,6 +16,7 @@ from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
 from . import checks
 from .base import OnpremBase
 from .jobs import Job, SubJob
@@ -108,52 +109,10 @@ class DataPlane(OnpremBase):
             raise ProtocolError(
                 "unsupported_option", str(exc), options=[f"{path}method"], field=f"{path}method"
             ) from None
-        src = body.get("source_sub_job_id")
-        if src:
-            s = job.find_sub_job(str(src))
-            if s is None:
-                raise ProtocolError(
-                    "sub_job_not_found",
-                    f"no sub-job {src!r} in job {job.job_id}",
-                    sub_job_id=src,
-                    job_id=job.job_id,
-                )
-            if s.role != "training":
-                raise checks.bad(
-                    path + "source_sub_job_id",
-                    f"{src} is a {s.role} sub-job",
-                    expected="a training sub-job",
-                )
-        for i, tid in enumerate(body.get("target_sub_job_ids") or []):
-            t = job.find_sub_job(str(tid))
-            if t is None:
-                raise ProtocolError(
-                    "sub_job_not_found",
-                    f"no sub-job {tid!r} in job {job.job_id}",
-                    sub_job_id=tid,
-                    job_id=job.job_id,
-                )
-            if t.role == "training":
-                raise checks.bad(
-                    f"{path}target_sub_job_ids[{i}]",
-                    f"{tid} is a training sub-job",
-                    expected="sampling or log_prob sub-jobs",
-                )
+        check_sync_sub_jobs(job, body, path)
 
     async def _sync(self, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
-        src_id = body.get("source_sub_job_id")
-        src = job.find_sub_job(str(src_id)) if src_id else job.sub_job("training")
-        if src is None:
-            raise ProtocolError(
-                "sub_job_not_found",
-                f"job {job.job_id} has no training sub-job",
-                job_id=job.job_id,
-                role="training",
-            )
-        ids = body.get("target_sub_job_ids") or [
-            s.sub_job_id for s in job.sub_jobs if s.role in ("sampling", "log_prob")
-        ]
-        targets = [t for t in (job.find_sub_job(str(i)) for i in ids) if t is not None]
+        src, targets = sync_sub_jobs(job, body)
         shm_dir = Path("/dev/shm")
         method = pick_method(
             body.get("method"),

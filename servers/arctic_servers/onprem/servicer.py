@@ -18,7 +18,7 @@ from typing import Any
 from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
+from ..protocol.sub_jobs import check_training_sub_job
 from . import checks
 from .checkpoints import Checkpoints
 from .jobs import Job
@@ -52,20 +52,7 @@ class OnpremServicer(Operations, Checkpoints):
             checks.checkpoint_id(body["checkpoint_id"])
             tid = body.get("target_sub_job_id")
             if tid:
-                t = job.find_sub_job(str(tid))
-                if t is None:
-                    raise ProtocolError(
-                        "sub_job_not_found",
-                        f"no sub-job {tid!r} in job {job.job_id}",
-                        sub_job_id=tid,
-                        job_id=job.job_id,
-                    )
-                if t.role != "training":
-                    raise checks.bad(
-                        "target_sub_job_id",
-                        f"{tid} is a {t.role} sub-job",
-                        expected="a training sub-job",
-                    )
+                check_training_sub_job(job, tid, "target_sub_job_id")
         elif m is M.SYNC_WEIGHTS:
             self._check_sync(job, body, "")
         elif m is M.RESET_PREFIX_CACHE:

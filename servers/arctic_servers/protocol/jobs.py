@@ -230,20 +230,26 @@ def require_running(job: JobRecord[Any], method: MethodInfo) -> None:
         raise not_running_error(job)
 
 
+def sub_job_by_id(job: JobRecord[S], sub_job_id: Any) -> S:
+    """The sub-job `sub_job_id` names, or `sub_job_not_found`."""
+    sub = job.find_sub_job(str(sub_job_id))
+    if sub is None:
+        raise ProtocolError(
+            "sub_job_not_found",
+            f"no sub-job {sub_job_id!r} in job {job.job_id}",
+            sub_job_id=sub_job_id,
+            job_id=job.job_id,
+        )
+    return sub
+
+
 def target(job: JobRecord[S], method: MethodInfo, sub_job_id: str | None) -> S:
     """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""
     m = method
     role = "training" if m.role is Role.GATEWAY else m.role.value
     allowed = TARGETS.get(m, frozenset({role}))
     if sub_job_id:
-        sub = job.find_sub_job(sub_job_id)
-        if sub is None:
-            raise ProtocolError(
-                "sub_job_not_found",
-                f"no sub-job {sub_job_id!r} in job {job.job_id}",
-                sub_job_id=sub_job_id,
-                job_id=job.job_id,
-            )
+        sub = sub_job_by_id(job, sub_job_id)
         if sub.role not in allowed:
             raise ProtocolError(
                 "invalid_argument",

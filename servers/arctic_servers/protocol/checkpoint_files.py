@@ -1,0 +1,185 @@
+"""Checkpoints kept as directories, as the on-prem server and the Cortex gateway keep them: one
+directory a checkpoint under a job's checkpoint root, holding the trainer's DeepSpeed files
+(`ds/`), a `meta.json` and, once exported, an `export/` Hugging Face directory. They outlive the
+job's workers, so they can be listed, exported, downloaded and deleted after the job ends.
+
+Each server says where a job's root is and runs the engine commands; this module has the
+directory layout, the `Checkpoint` answers, the engine's save and load arguments, and the export
+subprocess (`arctic_servers.onprem.export`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ProtocolError
+from .jobs import JobRecord, rfc3339
+
+PUBLIC = ("checkpoint_id", "checkpoint_type", "global_steps", "avg_loss", "created_at")
+ENGINE_TAG = "ds"  # the DeepSpeed tag (subdirectory) the trainer saves under
+
+
+def public(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The `Checkpoint` answer (training.proto) of a checkpoint's `meta.json`."""
+    out = {k: meta[k] for k in PUBLIC if k in meta}
+    out["size_bytes"] = int(meta.get("size_bytes") or 0)
+    return out
+
+
+def save_args(directory: Path, job_id: str, ckpt: str, ctype: str, now: float) -> dict[str, Any]:
+    """The arguments of the trainer's `save` engine command."""
+    return {
+        "directory": str(directory),
+        "tag": ENGINE_TAG,
+        "checkpoint_type": ctype,
+        "client_state": {"job_id": job_id, "checkpoint_id": ckpt, "created_at": rfc3339(now)},
+    }
+
+
+def load_args(directory: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments of the trainer's `load` engine command."""
+    return {
+        "directory": str(directory),
+        "tag": ENGINE_TAG,
+        "checkpoint_type": str(meta.get("checkpoint_type") or "resumable"),
+    }
+
+
+def new_meta(
+    job: JobRecord[Any], ckpt: str, ctype: str, saved: Mapping[str, Any], now: float
+) -> dict[str, Any]:
+    """The `meta.json` of a checkpoint just saved (`saved`: the `save` command's answer); the
+    server adds what its export needs (`model_dir`, `dtype`)."""
+    return {
+        "checkpoint_id": ckpt,
+        "checkpoint_type": ctype,
+        "global_steps": int(saved.get("global_steps", job.global_step)),
+        "avg_loss": job.last_loss,
+        "created_at": rfc3339(now),
+        "size_bytes": int(saved.get("size_bytes", 0)),
+    }
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CheckpointDirs:
+    """A server's checkpoint directories: `root(job_id)` is a job's root; file URLs are
+    `{url_prefix}{job_id}/checkpoints/{checkpoint}/files/{name}`."""
+
+    root: Callable[[str], Path]
+    url_prefix: str = ""
+
+    def path(self, job_id: str, ckpt: str) -> Path:
+        return self.root(job_id) / ckpt
+
+    def meta(self, job_id: str, ckpt: str) -> dict[str, Any]:
+        """A checkpoint's `meta.json`, or `checkpoint_not_found`."""
+        f = self.path(job_id, ckpt) / "meta.json"
+        try:
+            return dict(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            raise ProtocolError(
+                "checkpoint_not_found",
+                f"no checkpoint {ckpt!r} in job {job_id}",
+                checkpoint_id=ckpt,
+                job_id=job_id,
+            ) from None
+
+    def write_meta(self, job_id: str, ckpt: str, meta: Mapping[str, Any]) -> None:
+        directory = self.path(job_id, ckpt)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "meta.json").write_text(json.dumps(meta))
+
+    def listing(self, job_id: str) -> list[dict[str, Any]]:
+        """The `ListCheckpoints` answer's checkpoints, oldest first."""
+        root = self.root(job_id)
+        out = []
+        if root.is_dir():
+            for d in sorted(root.iterdir()):
+                with contextlib.suppress(ProtocolError):
+                    out.append(public(self.meta(job_id, d.name)))
+        out.sort(key=lambda c: (c.get("created_at", ""), c.get("checkpoint_id", "")))
+        return out
+
+    async def exported(self, job_id: str, ckpt: str) -> list[dict[str, Any]]:
+        """The files of a checkpoint's export (`ExportCheckpoint`'s `files`)."""
+        files = []
+        for f in sorted((self.path(job_id, ckpt) / "export").iterdir()):
+            if f.is_file() and not f.name.startswith("."):
+                files.append(
+                    {
+                        "filename": f.name,
+                        "url": f"{self.url_prefix}{job_id}/checkpoints/{ckpt}/files/{f.name}",
+                        "size_bytes": f.stat().st_size,
+                        "sha256": await asyncio.to_thread(sha256, f),
+                    }
+                )
+        return files
+
+    async def read_exported(self, job_id: str, ckpt: str, name: str) -> bytes:
+        """One exported file (`name`: a plain file name, checked by the caller)."""
+        self.meta(job_id, ckpt)
+        f = self.path(job_id, ckpt) / "export" / name
+        if not f.is_file():
+            raise ProtocolError(
+                "not_found",
+                f"checkpoint {ckpt} has no exported file {name!r} (export it first)",
+                checkpoint_id=ckpt,
+                filename=name,
+            )
+        return await asyncio.to_thread(f.read_bytes)
+
+    async def delete(self, job_id: str, ckpt: str) -> None:
+        self.meta(job_id, ckpt)
+        await asyncio.to_thread(shutil.rmtree, self.path(job_id, ckpt), True)
+
+
+async def run_export(
+    python: str, env: Mapping[str, str], ckpt_dir: Path, meta: Mapping[str, Any], out: Path
+) -> None:
+    """Export a checkpoint as a Hugging Face directory `out`, in a subprocess of `python`
+    (`arctic_servers.onprem.export`), written beside it first and then moved into place."""
+    tmp = out.with_name(".export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        "-m",
+        "arctic_servers.onprem.export",
+        "--checkpoint",
+        str(ckpt_dir / ENGINE_TAG),
+        "--type",
+        str(meta.get("checkpoint_type") or "resumable"),
+        "--model-dir",
+        str(meta.get("model_dir") or ""),
+        "--dtype",
+        str(meta.get("dtype") or "float32"),
+        "--out",
+        str(tmp),
+        env=dict(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await proc.communicate()
+    if proc.returncode != 0:
+        tail = " | ".join(output.decode("utf-8", "replace").strip().splitlines()[-5:])
+        raise ProtocolError(
+            "internal", f"export of {ckpt_dir.name} failed (exit {proc.returncode}): {tail}"
+        )
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
