@@ -16,15 +16,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+# training.proto's LossConfig (names, defaults) as the on-prem trainer reads it; torch-free
+from arctic_servers.onprem.loss_config import (
+    ADVANTAGE_LOSSES,
+    AGG_MODES,
+    IGNORE_INDEX,
+    KL_TYPES,
+    LOSS_FNS,
+    LossSettings,
+)
+
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-
-LOSS_FNS = ("cross_entropy", "grpo", "ppo", "importance_sampling", "cispo", "weighted_logprob")
-ADVANTAGE_LOSSES = frozenset({"grpo", "ppo", "importance_sampling", "cispo"})
-CLIPPED_LOSSES = frozenset({"grpo", "ppo", "cispo"})
-AGG_MODES = ("token-mean", "seq-mean", "sum")
-KL_TYPES = ("low_var_kl", "kl", "mse")
-IGNORE_INDEX = -100
 
 
 # --------------------------------------------------------------------------- log-probs, entropy
@@ -104,19 +107,7 @@ def token_aligned(shifted: F64) -> F64:
 # --------------------------------------------------------------------------- losses
 
 
-@dataclass
-class LossSpec:
-    """`processing` of a call, with defaults applied (NUMERICS.md §3)."""
-
-    loss_fn: str = "cross_entropy"
-    agg: str = "token-mean"
-    global_num_tokens: int = 0
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.2
-    entropy_coeff: float = 0.0
-    kl_coeff: float = 0.0
-    kl_type: str = "low_var_kl"
-    temperature: float = 1.0
+LossSpec = LossSettings  # `processing` of a call, with defaults applied (NUMERICS.md §3)
 
 
 @dataclass
@@ -185,7 +176,7 @@ def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResu
         kl = kl_term(lp, token_aligned(x.ref_shifted), spec.kl_type)
         per = per + spec.kl_coeff * kl
         metrics["kl"] = _mean(kl, on)
-    if spec.entropy_coeff != 0:
+    if spec.needs_entropy:
         ent = token_aligned(shifted_entropy(b, step))
         per = per - spec.entropy_coeff * ent
     weight = agg_weights(m, spec)
@@ -214,9 +205,9 @@ def kl_term(lp: F64, ref: F64, kl_type: str) -> F64:
 
 def agg_weights(m: F64, spec: LossSpec) -> F64:
     """Per-token weight w so that loss = sum(w * per_token_loss) (NUMERICS.md §3.3)."""
-    if spec.agg == "sum":
+    if spec.loss_agg_mode == "sum":
         return m
-    if spec.agg == "seq-mean":
+    if spec.loss_agg_mode == "seq-mean":
         row = m.sum(axis=1, keepdims=True)
         rows = int((row[:, 0] > 0).sum())
         if rows == 0:
@@ -270,12 +261,15 @@ def token_stream(
 
 
 __all__ = [
+    "ADVANTAGE_LOSSES",
     "AGG_MODES",
+    "IGNORE_INDEX",
     "KL_TYPES",
     "LOSS_FNS",
     "Batch",
     "LossInputs",
     "LossResult",
+    "LossSettings",
     "LossSpec",
     "compute_loss",
     "default_positions",

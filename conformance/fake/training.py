@@ -121,7 +121,7 @@ def loss_spec(processing: Mapping[str, Any]) -> nx.LossSpec:
     eps = _number(cfg, "eps_clip", 0.2, lo=0.0)
     return nx.LossSpec(
         loss_fn=str(fn),
-        agg=str(agg),
+        loss_agg_mode=str(agg),
         global_num_tokens=gnt,
         eps_clip=eps,
         eps_clip_high=_number(cfg, "eps_clip_high", eps, lo=0.0),

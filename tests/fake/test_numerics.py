@@ -107,7 +107,7 @@ OLD = [[-1.0, -2.0, -0.5, -3.0, 0.0], [-0.25, -1.5, -2.5, -1.0, 0.0]]
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean", "sum"])
 def test_losses_match_the_formulas(fn: str, agg: str) -> None:
     b = nx.make_batch(IDS)
-    spec = nx.LossSpec(loss_fn=fn, agg=agg)
+    spec = nx.LossSpec(loss_fn=fn, loss_agg_mode=agg)
     x = nx.LossInputs(
         loss_mask=np.array(MASK, float), advantages=np.array(ADV), old_shifted=np.array(OLD)
     )
@@ -131,7 +131,7 @@ def test_kl_entropy_and_weighted_terms() -> None:
         ),
     ]
     for kl_type, k in kls:
-        spec = nx.LossSpec(agg="sum", kl_coeff=0.5, kl_type=kl_type, entropy_coeff=0.1)
+        spec = nx.LossSpec(loss_agg_mode="sum", kl_coeff=0.5, kl_type=kl_type, entropy_coeff=0.1)
         res = nx.compute_loss(b, 0, spec, nx.LossInputs(ref_shifted=ref))
         want = sum(
             -lp[i] + 0.5 * k(lp[i], ref[0, i]) - 0.1 * ent_ref([5, 6][i], i + 1, 0)
@@ -142,7 +142,7 @@ def test_kl_entropy_and_weighted_terms() -> None:
     res = nx.compute_loss(
         b,
         0,
-        nx.LossSpec(loss_fn="weighted_logprob", agg="sum"),
+        nx.LossSpec(loss_fn="weighted_logprob", loss_agg_mode="sum"),
         nx.LossInputs(loss_mask=np.ones((1, 3)), weights=w),
     )
     assert res.loss == pytest.approx(-2.0 * lp[0] + lp[1], rel=1e-12)
@@ -151,7 +151,7 @@ def test_kl_entropy_and_weighted_terms() -> None:
 def test_cross_entropy_labels_pick_the_target_and_mask() -> None:
     b = nx.make_batch([[5, 6, 7, 8]])
     labels = np.array([[-100, 9, -100, 8]])
-    res = nx.compute_loss(b, 0, nx.LossSpec(agg="sum"), nx.LossInputs(labels=labels))
+    res = nx.compute_loss(b, 0, nx.LossSpec(loss_agg_mode="sum"), nx.LossInputs(labels=labels))
     assert res.metrics["num_tokens"] == 2
     assert res.loss == pytest.approx(-lp_ref(9, 1, 5, 0) - lp_ref(8, 3, 7, 0), rel=1e-12)
     assert set(res.grad) == {8, 9}

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..onprem.ranks import describe_exit
 from ..protocol.errors import ProtocolError
 from .model import Job, SubJob
 from .settings import GatewaySettings
@@ -44,15 +45,6 @@ def worker_env(settings: GatewaySettings) -> dict[str, str]:
         n = str(settings.worker_threads)
         env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, ARCTIC_NUM_THREADS=n)
     return env
-
-
-def describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with code {rc}"
 
 
 def pid_alive(pid: int, marker: str) -> bool:

@@ -32,8 +32,10 @@ import numpy as np
 import torch
 
 from . import losses
+from .batch import Batch
+from .call_loss import _loss_processing, fb_targets, loss_and_gradients
 from .ranks import RankGroup, RankLost, world_size
-from .training import Batch, TrainingEngine, _loss_processing
+from .training import TrainingEngine
 from .worker import WorkerError
 
 ENGINE_START_TIMEOUT_S = 600.0
@@ -86,16 +88,6 @@ class RankTrainer(TrainingEngine):
         parts = torch.split(flat, [g.numel() for g in grads])
         return float(torch.stack([t.norm() for t in parts]).norm())
 
-    def _dummy_logits(self) -> torch.Tensor:
-        ids = torch.zeros((1, 1), dtype=torch.long, device=self.dev)
-        return self._logits(
-            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids}
-        )
-
-    def _zero_backward(self) -> None:
-        """A pass that adds nothing, for collectives that need every rank (ZeRO 2/3)."""
-        self.engine.backward(self._dummy_logits().float().sum() * 0.0, scale_wrt_gas=False)
-
     # -- forward-backward, rank side ---------------------------------------------------------
 
     def rank_fb_forward(
@@ -112,37 +104,14 @@ class RankTrainer(TrainingEngine):
         lp = ent = None
         if rows:
             b = Batch(body, self.dev)
-            targets = b.ids
-            if st.loss_fn == "cross_entropy":
-                targets = losses.cross_entropy_targets(b.ids, b.labels)
+            targets = fb_targets(b, st)
             mbs = self.micro_batch_size or rows
             state.update(b=b, targets=targets, mbs=mbs)
             if not two_phase and rows <= mbs:
-                lp, ent = losses.shifted_logprobs(
-                    self._logits(b.rows(slice(None))),
-                    targets,
-                    temperature=st.temperature,
-                    with_entropy=want_ent,
-                    entropy_grad=st.needs_entropy,
-                )
+                lp, ent = self._logprobs_graph(b, targets, st, want_ent)
                 state.update(mode="graph", lp=lp, ent=ent)
             else:
-                lps, ents = [], []
-                with torch.no_grad():
-                    for r in range(0, rows, mbs):
-                        sl = slice(r, r + mbs)
-                        lp_mb, ent_mb = losses.shifted_logprobs(
-                            self._logits(b.rows(sl)),
-                            targets[sl],
-                            temperature=st.temperature,
-                            with_entropy=want_ent,
-                            entropy_grad=False,
-                        )
-                        lps.append(lp_mb)
-                        if ent_mb is not None:
-                            ents.append(ent_mb)
-                lp = torch.cat(lps)
-                ent = torch.cat(ents) if ents else None
+                lp, ent = self._logprobs_no_grad(b, targets, st, mbs, want_ent)
                 state.update(mode="micro")
         with torch.no_grad():
             for _ in range(n_fwd - _passes(rows, state.get("mbs", 0)) if two_phase else 0):
@@ -161,27 +130,12 @@ class RankTrainer(TrainingEngine):
             gl = torch.as_tensor(g_lp, device=self.dev)
             ge = None if g_ent is None else torch.as_tensor(g_ent, device=self.dev)
             if state["mode"] == "graph":
-                surrogate = (state["lp"] * gl).sum()
-                if ge is not None and state["ent"] is not None and state["ent"].requires_grad:
-                    surrogate = surrogate + (state["ent"] * ge).sum()
-                self.engine.backward(surrogate * scale, scale_wrt_gas=False)
+                self._backward_surrogate(state["lp"], gl, state["ent"], ge, scale)
                 done = 1
             else:
-                b, st, mbs = state["b"], state["st"], state["mbs"]
-                for r in range(0, state["rows"], mbs):
-                    sl = slice(r, r + mbs)
-                    lp_mb, ent_mb = losses.shifted_logprobs(
-                        self._logits(b.rows(sl)),
-                        state["targets"][sl],
-                        temperature=st.temperature,
-                        with_entropy=ge is not None,
-                        entropy_grad=True,
-                    )
-                    surrogate = (lp_mb * gl[sl]).sum()
-                    if ge is not None and ent_mb is not None:
-                        surrogate = surrogate + (ent_mb * ge[sl]).sum()
-                    self.engine.backward(surrogate * scale, scale_wrt_gas=False)
-                    done += 1
+                done = self._backward_micro(
+                    state["b"], state["targets"], state["st"], state["mbs"], gl, ge, scale
+                )
         for _ in range(max(n_bwd, 1) - done):
             self._zero_backward()
         self.acc_calls += 1  # the same on every rank: `step` decides alike everywhere
@@ -297,11 +251,7 @@ class DataParallelTrainer:
 
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         eng = self.local
-        b = Batch(body, eng.dev)
-        eng._check_ids(b)
-        proc = _loss_processing(b.processing)
-        st = losses.parse_processing(proc)
-        losses.check_context(st, b.context)
+        b, proc, st = eng._fb_batch(body)
         n_rows, w = int(b.shape[0]), self.world
         bounds = [
             (int(s[0]), int(s[-1]) + 1) if len(s) else (0, 0)
@@ -325,33 +275,16 @@ class DataParallelTrainer:
         try:
             lp = torch.as_tensor(
                 np.concatenate([p["lp"] for p in parts if p["lp"] is not None]), device=eng.dev
-            ).requires_grad_(True)
+            )
             ents = [p["ent"] for p in parts if p["ent"] is not None]
             ent = torch.as_tensor(np.concatenate(ents), device=eng.dev) if ents else None
-            leaves = [lp]
-            if ent is not None and st.needs_entropy:
-                ent.requires_grad_(True)
-                leaves.append(ent)
-            res = losses.compute_loss(
-                lp,
-                input_ids=b.ids,
-                attention_mask=b.mask,
-                context=b.context,
-                processing=proc,
-                entropy_shifted=ent,
-                labels=b.labels,
-            )
-            grads: tuple[torch.Tensor | None, ...] = (None,) * len(leaves)
-            if res.loss.requires_grad:
-                grads = torch.autograd.grad(res.loss, leaves, allow_unused=True)
+            res, g_lp_t, g_ent_t = loss_and_gradients(b, proc, st, lp, ent)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._collective("fb_abort", eng.rank_fb_abort)
             raise
-        g_lp = (grads[0] if grads[0] is not None else torch.zeros_like(lp)).detach().cpu().numpy()
-        g_ent = None
-        if len(grads) > 1 and grads[1] is not None:
-            g_ent = grads[1].detach().cpu().numpy()
+        g_lp = g_lp_t.detach().cpu().numpy()
+        g_ent = None if g_ent_t is None else g_ent_t.detach().cpu().numpy()
 
         def share(r: int) -> dict[str, Any]:
             lo, hi = bounds[r]
@@ -367,16 +300,7 @@ class DataParallelTrainer:
             lambda: eng.rank_fb_backward(**share(0)),
             {r: share(r) for r in range(1, w)},
         )
-        metrics = dict(res.metrics)
-        eng.acc_loss += float(metrics["loss"])
-        eng.acc_tokens += int(metrics["num_tokens"])
-        metrics["global_step"] = int(eng.engine.global_steps)
-        outputs: dict[str, Any] = {}
-        if "compute_logprobs" in b.post:
-            outputs["logprobs_shifted"] = b.out(lp)
-        if "compute_entropy" in b.post and ent is not None:
-            outputs["entropy"] = b.out(ent)
-        return {"loss": float(metrics["loss"]), "metrics": metrics, "outputs": outputs}
+        return eng._fb_result(b, res, lp, ent)  # acc_calls: in rank_fb_backward, on every rank
 
     # -- ops on rank 0 (others join the ZeRO-3 gathers) ----------------------------------------
 
@@ -399,14 +323,20 @@ class DataParallelTrainer:
 
     # -- ops on every rank ---------------------------------------------------------------------
 
+    def _everywhere(
+        self, cmd: str, own: Any, args: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """`cmd` with the same `args` on every follower, `own()` here; rank 0's answer."""
+        per_rank = None if args is None else dict.fromkeys(range(1, self.world), args)
+        mine, _ = self._collective(cmd, own, per_rank)
+        return dict(mine)
+
     def op_step(self, learning_rate: float | None = None) -> dict[str, Any]:
-        args = {"learning_rate": learning_rate}
-        mine, _ = self._collective(
+        return self._everywhere(
             "optimizer_step",
             lambda: self.local.op_step(learning_rate),
-            dict.fromkeys(range(1, self.world), args),
+            {"learning_rate": learning_rate},
         )
-        return dict(mine)
 
     def op_save(
         self, directory: str, tag: str, checkpoint_type: str, client_state: dict[str, Any]
@@ -417,33 +347,17 @@ class DataParallelTrainer:
             "checkpoint_type": checkpoint_type,
             "client_state": client_state,
         }
-        mine, _ = self._collective(
-            "save_state",
-            lambda: self.local.op_save(**args),
-            dict.fromkeys(range(1, self.world), args),
-        )
+        mine = self._everywhere("save_state", lambda: self.local.op_save(**args), args)
         # every rank's optimizer partition is written now
         files = (Path(directory) / tag).rglob("*")
         return dict(mine, size_bytes=sum(f.stat().st_size for f in files if f.is_file()))
 
     def op_load(self, directory: str, tag: str, checkpoint_type: str) -> dict[str, Any]:
         args = {"directory": directory, "tag": tag, "checkpoint_type": checkpoint_type}
-        mine, _ = self._collective(
-            "load_state",
-            lambda: self.local.op_load(**args),
-            dict.fromkeys(range(1, self.world), args),
-        )
-        return dict(mine)
+        return self._everywhere("load_state", lambda: self.local.op_load(**args), args)
 
     def op_sleep(self, mode: str = "all") -> dict[str, Any]:
-        args = {"mode": mode}
-        mine, _ = self._collective(
-            "sleep_state",
-            lambda: self.local.op_sleep(mode),
-            dict.fromkeys(range(1, self.world), args),
-        )
-        return dict(mine)
+        return self._everywhere("sleep_state", lambda: self.local.op_sleep(mode), {"mode": mode})
 
     def op_wake(self) -> dict[str, Any]:
-        mine, _ = self._collective("wake_state", self.local.op_wake)
-        return dict(mine)
+        return self._everywhere("wake_state", self.local.op_wake)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .training import MODEL_FILES, set_ds_env, write_hf_dir
+from .ds_setup import set_ds_env
+from .hf_model import MODEL_FILES, write_hf_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -34,21 +34,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..protocol.errors import ProtocolError
+from .ranks import describe_exit
 from .settings import servers_dir, thread_env
 
 log = logging.getLogger("arctic_servers.onprem")
 LOG_LINES = 2000
-
-
-def _describe_exit(rc: int | None) -> str:
-    if rc is None:
-        return "closed its connection"
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with code {rc}"
 
 
 class WorkerHandle:
@@ -262,7 +252,7 @@ class WorkerHandle:
 
     def _process_exited(self) -> None:
         assert self.proc is not None
-        self._fail_all(_describe_exit(self.proc.returncode))
+        self._fail_all(describe_exit(self.proc.returncode))
 
     def tail(self, n: int = 4) -> str:
         lines = [ln for ln in list(self.logs)[-n:] if ln.strip()]
@@ -308,19 +298,19 @@ class WorkerHandle:
         with self._send_lock:
             self._conn.send(msg)
 
-    async def call(self, cmd: str, **args: Any) -> Any:
-        """Run `cmd` in the worker; its result, or its error as a ProtocolError."""
+    def _started_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop of a worker that can take a command (else the error to raise)."""
         if self.failure is not None:
             raise self.error()
         if self._conn is None or self._loop is None:
             raise ProtocolError("unavailable", f"sub-job {self.sub_job_id} is not started")
-        rid = next(self._ids)
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        self._pending[rid] = fut
+        return self._loop
+
+    async def _request(self, rid: int, cmd: str, args: Mapping[str, Any]) -> None:
+        """Send command `rid`; a failed send is the sub-job's failure (a ProtocolError)."""
         try:
             await asyncio.to_thread(self._send, {"id": rid, "cmd": cmd, "args": args})
         except (OSError, ValueError) as exc:
-            self._pending.pop(rid, None)
             if self.failure is not None:
                 raise self.error() from None
             raise ProtocolError(
@@ -328,34 +318,37 @@ class WorkerHandle:
                 f"sub-job {self.sub_job_id}: send failed: {exc}",
                 sub_job_id=self.sub_job_id,
             ) from None
+
+    async def call(self, cmd: str, **args: Any) -> Any:
+        """Run `cmd` in the worker; its result, or its error as a ProtocolError."""
+        loop = self._started_loop()
+        rid = next(self._ids)
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[rid] = fut
+        try:
+            await self._request(rid, cmd, args)
+        except ProtocolError:
+            self._pending.pop(rid, None)
+            raise
         return await fut
 
     async def stream(self, cmd: str, abort_cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
         """Run the streaming command `cmd`: each message the worker sends for it, the final
         result last. Leaving early sends `abort_cmd` (`{"stream": id}`) to the worker."""
-        if self.failure is not None:
-            raise self.error()
-        if self._conn is None or self._loop is None:
-            raise ProtocolError("unavailable", f"sub-job {self.sub_job_id} is not started")
+        loop = self._started_loop()
         rid = next(self._ids)
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        fut: asyncio.Future[Any] = self._loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
         fut.add_done_callback(lambda _: queue.put_nowait(None))
         self._pending[rid] = fut
         self._streams[rid] = queue
         ended = False
         try:
             try:
-                await asyncio.to_thread(self._send, {"id": rid, "cmd": cmd, "args": args})
-            except (OSError, ValueError) as exc:
+                await self._request(rid, cmd, args)
+            except ProtocolError:
                 ended = True
-                if self.failure is not None:
-                    raise self.error() from None
-                raise ProtocolError(
-                    "sub_job_failed",
-                    f"sub-job {self.sub_job_id}: send failed: {exc}",
-                    sub_job_id=self.sub_job_id,
-                ) from None
+                raise
             while True:
                 item = await queue.get()
                 if item is None:  # the final reply (or the worker's failure)

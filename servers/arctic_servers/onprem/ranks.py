@@ -42,6 +42,7 @@ from .worker import WorkerError, error_body
 
 SPEC_ENV = "ARCTIC_RANK_SPEC"
 CONNECT_TIMEOUT_S = 600.0  # followers wait this long for rank 0's control port
+FOLLOWER_LOST = "closed its connection to rank 0 (it died, or its host is unreachable)"
 
 
 def world_size(spec: Mapping[str, Any]) -> int:
@@ -58,9 +59,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def describe_exit(rc: int | None) -> str:
+def describe_exit(rc: int | None, closed: str = "closed its connection") -> str:
+    """How a process ended, from its exit status (None: it only closed its connection, which
+    `closed` says). Worker processes (on-prem and gateway) and followers are described alike."""
     if rc is None:
-        return "closed its connection to rank 0 (it died, or its host is unreachable)"
+        return closed
     if rc < 0:
         try:
             return f"was killed by {signal.Signals(-rc).name}"
@@ -249,7 +252,7 @@ class RankGroup:
         if f.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rc = f.proc.wait(timeout=2.0)
-        self._lose(f, describe_exit(rc))
+        self._lose(f, describe_exit(rc, FOLLOWER_LOST))
 
     def _lose(self, f: _Follower, what: str) -> None:
         with self._lock:

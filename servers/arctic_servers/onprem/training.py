@@ -1,4 +1,4 @@
-"""The training engine (DeepSpeed) and the Hugging Face scoring engine of a worker process.
+"""The training engine (DeepSpeed) of a worker process.
 
 `TrainingEngine` wraps one `deepspeed.initialize`d Hugging Face causal LM:
 
@@ -15,7 +15,8 @@
   single-pass one for every loss (token-mean, seq-mean, KL, entropy) while only one micro-batch's
   activations are alive at a time.
 
-`ScoringEngine` is the `log_prob` sub-job's default engine: the same forward without an optimizer.
+The forward passes it shares with the scorer are `scoring._Forward`; the loss of a call and its
+gradient, shared with the multi-rank trainer, are in `call_loss.py`.
 """
 
 from __future__ import annotations
@@ -23,370 +24,26 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import losses
+from .batch import Batch
+from .call_loss import _loss_processing, batch_loss, fb_targets, loss_and_gradients
+
+# ds_config, load_hf_model and set_ds_env are also imported from here by bench/server.py
+from .ds_setup import _unlink_allreduce_buffers, device, ds_config, set_ds_env
+from .hf_model import _read_vocab, load_hf_model, write_hf_dir
+from .scoring import _Forward
 from .worker import WorkerError
 
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 CPU_TRAINER_REASON = (
     "CPU trainer: nothing to offload (weights and optimizer already live in host memory)"
 )
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def set_ds_env() -> None:
-    """Single-process torch.distributed rendezvous for DeepSpeed (no launcher, no MPI)."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
-def _unlink_allreduce_buffers() -> None:
-    """Unlink DeepSpeed's CPU all-reduce buffers (`/dev/shm`, ~70 MB a rank) as soon as every
-    rank has mapped them: the mappings stay valid, and a worker killed with SIGKILL then leaves
-    nothing behind. The barrier proves every rank is past DeepSpeed's init (where each rank maps
-    all the others' buffers)."""
-    from .ranks import remove_shm_buffers
-
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        torch.distributed.barrier()
-    remove_shm_buffers(os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0))
-
-
-def device() -> torch.device:
-    """This rank's device: GPU `LOCAL_RANK` (0 for a single-rank sub-job), or the CPU."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK") or 0) % torch.cuda.device_count())
-
-
-def load_hf_model(model_dir: str, dtype: str, attn: str) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=_TORCH_DTYPES[dtype], attn_implementation=attn
-    )
-
-
-# ---------------------------------------------------------------------------- batches
-
-
-class Batch:
-    """A forward / forward-backward / log-probs body as tensors (training.proto alignment)."""
-
-    def __init__(self, body: Mapping[str, Any], dev: torch.device) -> None:
-        kw: Mapping[str, Any] = body.get("kwargs") or body  # LogProbsRequest is flat
-        ids = np.asarray(kw["input_ids"])
-        if ids.ndim != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
-            raise WorkerError(
-                "shape_mismatch",
-                f"field input_ids: shape {list(ids.shape)} is not [B >= 1, S >= 1]",
-                field="input_ids",
-            )
-        self.shape = ids.shape
-        self.ids = torch.as_tensor(ids.astype(np.int64), device=dev)
-        mask = kw.get("attention_mask")
-        self.mask_np = (
-            np.ones(ids.shape, np.int64)
-            if mask is None
-            else (np.asarray(mask) != 0).astype(np.int64)
-        )
-        self.mask = torch.as_tensor(self.mask_np, device=dev)
-        pos = kw.get("position_ids")
-        if pos is None:
-            pos_np = np.clip(np.cumsum(self.mask_np, axis=1) - 1, 0, None)
-        else:
-            pos_np = np.asarray(pos).astype(np.int64)
-        self.pos = torch.as_tensor(pos_np, device=dev)
-        labels = kw.get("labels")
-        self.labels = (
-            None
-            if labels is None
-            else torch.as_tensor(np.asarray(labels).astype(np.int64), device=dev)
-        )
-        self.context: dict[str, torch.Tensor | None] = {}
-        for k, v in (body.get("context") or {}).items():
-            if v is None:
-                continue
-            arr = np.asarray(v)
-            if arr.dtype.kind == "f":
-                arr = arr.astype(np.float64 if arr.dtype == np.float64 else np.float32)
-            elif arr.dtype.kind in "biu":
-                arr = arr.astype(np.int64 if k == "input_ids" else np.float32)
-            self.context[k] = torch.as_tensor(arr, device=dev)
-        self.processing: dict[str, Any] = dict(body.get("processing") or {})
-        self.post = frozenset(str(p) for p in self.processing.get("post") or [])
-        # prediction i is valid when columns i and i + 1 are real
-        pair = np.zeros(ids.shape, bool)
-        pair[:, :-1] = (self.mask_np[:, :-1] != 0) & (self.mask_np[:, 1:] != 0)
-        self.pair = pair
-
-    def rows(self, sl: slice) -> dict[str, torch.Tensor]:
-        return {
-            "input_ids": self.ids[sl],
-            "attention_mask": self.mask[sl],
-            "position_ids": self.pos[sl],
-        }
-
-    def out(self, t: torch.Tensor) -> np.ndarray:
-        """A shifted [B, S] result as F32, 0 outside real prediction positions."""
-        a = t.detach().float().cpu().numpy().astype(np.float32)
-        a[~self.pair] = 0.0
-        return a
-
-
-def _loss_processing(body_processing: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body_processing.items() if k != "post"}
-
-
-class _Forward:
-    """Forward passes shared by the trainer and the scorer."""
-
-    model: Any  # called with input_ids / attention_mask / position_ids
-    dev: torch.device
-    vocab_size: int
-
-    def _logits(self, rows: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**rows, use_cache=False).logits
-
-    def _check_ids(self, b: Batch) -> None:
-        real = b.ids[b.mask != 0]
-        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= self.vocab_size):
-            bad = int(real[(real < 0) | (real >= self.vocab_size)][0])
-            raise WorkerError(
-                "invalid_argument",
-                f"field input_ids: token id {bad} is outside [0, {self.vocab_size})",
-                field="input_ids",
-                expected=f"ids in [0, {self.vocab_size})",
-            )
-
-    def _scored(
-        self, b: Batch, *, temperature: float, targets: torch.Tensor, entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """No-grad shifted log-probs (and entropy) of the whole batch."""
-        with torch.no_grad():
-            logits = self._logits(b.rows(slice(None)))
-            return losses.shifted_logprobs(
-                logits, targets, temperature=temperature, with_entropy=entropy, entropy_grad=False
-            )
-
-    def forward_result(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """ForwardRequest -> ForwardBackwardResult (log-probs always; loss when asked)."""
-        b = Batch(body, self.dev)
-        self._check_ids(b)
-        proc = b.processing
-        with_loss = bool(proc.get("loss_fn"))
-        st = losses.parse_processing(_loss_processing(proc)) if with_loss else None
-        temp = (
-            st.temperature
-            if st is not None
-            else float((proc.get("config") or {}).get("temperature") or 1.0)
-        )
-        want_ent = "compute_entropy" in b.post or (st is not None and st.needs_entropy)
-        targets = b.ids
-        if st is not None and st.loss_fn == "cross_entropy":
-            targets = losses.cross_entropy_targets(b.ids, b.labels)
-        lp, ent = self._scored(b, temperature=temp, targets=targets, entropy=want_ent)
-        metrics: dict[str, Any]
-        if st is not None:
-            losses.check_context(st, b.context)
-            res = losses.compute_loss(
-                lp,
-                input_ids=b.ids,
-                attention_mask=b.mask,
-                context=b.context,
-                processing=_loss_processing(proc),
-                entropy_shifted=ent,
-                labels=b.labels,
-            )
-            metrics = dict(res.metrics)
-            loss = float(res.metrics["loss"])
-        else:
-            loss = 0.0
-            metrics = {
-                "loss": 0.0,
-                "num_tokens": int(b.pair.sum()),
-                "num_sequences": int(b.shape[0]),
-            }
-            if ent is not None:
-                metrics["entropy"] = (
-                    float(ent[torch.as_tensor(b.pair)].mean()) if b.pair.any() else 0.0
-                )
-        outputs: dict[str, Any] = {"logprobs_shifted": b.out(lp)}
-        if ent is not None and "compute_entropy" in b.post:
-            outputs["entropy"] = b.out(ent)
-        return {"loss": loss, "metrics": metrics, "outputs": outputs}
-
-    def log_probs_result(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """LogProbsRequest -> ForwardBackwardResult."""
-        b = Batch(body, self.dev)
-        self._check_ids(b)
-        want_ent = bool(body.get("entropy"))
-        lp, ent = self._scored(b, temperature=1.0, targets=b.ids, entropy=want_ent)
-        outputs: dict[str, Any] = {"logprobs_shifted": b.out(lp)}
-        if ent is not None:
-            outputs["entropy"] = b.out(ent)
-        metrics = {"loss": 0.0, "num_tokens": int(b.pair.sum()), "num_sequences": int(b.shape[0])}
-        return {"loss": 0.0, "metrics": metrics, "outputs": outputs}
-
-
-def _read_vocab(model_dir: str) -> int:
-    with open(Path(model_dir) / "config.json") as f:
-        return int(json.load(f)["vocab_size"])
-
-
-def load_state_file(model: Any, *, path: str | None = None, blob: bytes | None = None) -> int:
-    """Copy safetensors weights (HF names) into a plain module's parameters."""
-    from safetensors.torch import load, load_file
-
-    sd = load_file(path) if path else load(blob or b"")
-    params = dict(model.named_parameters())
-    missing = [n for n in params if n not in sd]
-    if missing:
-        raise WorkerError(
-            "invalid_argument", f"weights lack {len(missing)} tensors, e.g. {missing[:3]}"
-        )
-    with torch.no_grad():
-        for n, p in params.items():
-            p.copy_(sd[n].to(p.dtype))
-    return len(sd)
-
-
-# ---------------------------------------------------------------------------- scorer
-
-
-class ScoringEngine(_Forward):
-    """`log_prob` sub-job: a Hugging Face forward in eval mode (the reference model)."""
-
-    def __init__(self, spec: Mapping[str, Any]) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        torch.manual_seed(int(spec.get("seed") or 0))
-        self.spec = dict(spec)
-        self.dev = device()
-        cfg = spec.get("config") or {}
-        self.model = load_hf_model(
-            spec["model_dir"],
-            spec.get("dtype") or "float32",
-            cfg.get("attn_implementation", "eager"),
-        )
-        self.model.to(self.dev).eval()
-        self.vocab_size = _read_vocab(spec["model_dir"])
-
-    def info(self) -> dict[str, Any]:
-        return {"engine": "hf", "vocab_size": self.vocab_size, "device": str(self.dev)}
-
-    def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self.forward_result(body)
-
-    def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self.log_probs_result(body)
-
-    def op_load_weights(
-        self, path: str | None = None, blob: bytes | None = None, method: str = "shm", **_: Any
-    ) -> dict[str, Any]:
-        if method in ("cuda_ipc", "nccl"):
-            raise WorkerError(
-                "unsupported_option",
-                f"the HF log-prob engine takes weights by shm or safetensors, not {method}",
-                options=["method"],
-            )
-        t = time.perf_counter()
-        n = load_state_file(self.model, path=path, blob=blob)
-        return {"num_tensors": n, "seconds": time.perf_counter() - t}
-
-    def op_reset_prefix_cache(self) -> dict[str, Any]:
-        return {"reset": True}
-
-    def op_sleep(self, **_: Any) -> dict[str, Any]:
-        return {"applied": False, "reason": "the HF log-prob engine has nothing to offload"}
-
-    def op_wake(self, **_: Any) -> dict[str, Any]:
-        return {"applied": False, "reason": "the HF log-prob engine has nothing to offload"}
-
-    def close(self) -> None:
-        pass
-
-
-# ---------------------------------------------------------------------------- trainer
-
-
-def ds_config(conf: Mapping[str, Any], dtype: str, *, cuda: bool) -> dict[str, Any]:
-    """The DeepSpeed config of a training sub-job (training_config keys, then `deepspeed`)."""
-    opt = dict(conf.get("optimizer") or {})
-    name = str(opt.pop("name", None) or opt.pop("type", None) or "adamw").lower()
-    opt.pop("type", None)
-    params: dict[str, Any] = {"lr": float(opt.get("lr", 1e-5))}
-    if name in ("adamw", "adam"):
-        params["betas"] = list(opt.get("betas", (0.9, 0.999)))
-        params["eps"] = float(opt.get("eps", 1e-8))
-        params["weight_decay"] = float(opt.get("weight_decay", 0.0 if name == "adam" else 0.01))
-        if not cuda:
-            params["torch_adam"] = True  # DeepSpeed's fused CPU Adam is a 40 s JIT build
-    else:
-        params["momentum"] = float(opt.get("momentum", 0.0))
-        params["weight_decay"] = float(opt.get("weight_decay", 0.0))
-    micro = int(conf.get("micro_batch_size") or 1)
-    train_batch = conf.get("train_batch_size")
-    gas = max(1, int(train_batch) // micro) if train_batch else 1
-    cfg: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "gradient_clipping": float(conf.get("gradient_clipping", 1.0)),
-        "steps_per_print": 10**12,
-        "wall_clock_breakdown": False,
-        "bf16": {"enabled": dtype == "bfloat16"},
-        "fp16": {"enabled": dtype == "float16"},
-        "optimizer": {
-            "type": {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[name],
-            "params": params,
-        },
-        "zero_optimization": {"stage": int(conf.get("zero_stage", 1))},
-    }
-    if cfg["zero_optimization"]["stage"] == 3:
-        cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    _merge(cfg, dict(conf.get("deepspeed") or {}))
-    # The protocol's accumulation contract (module docstring); not overridable.
-    cfg["managed_gradient_accumulation"] = False
-    return cfg
-
-
-def _merge(dst: dict[str, Any], src: Mapping[str, Any]) -> None:
-    for k, v in src.items():
-        if isinstance(v, Mapping) and isinstance(dst.get(k), dict):
-            _merge(dst[k], v)
-        else:
-            dst[k] = v
 
 
 class TrainingEngine(_Forward):
@@ -443,6 +100,17 @@ class TrainingEngine(_Forward):
             **self.timings,
         }
 
+    def _dummy_logits(self) -> torch.Tensor:
+        """The logits of a one-token row: a pass that touches every parameter."""
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.dev)
+        return self._logits(
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids}
+        )
+
+    def _zero_backward(self) -> None:
+        """A backward that adds nothing, for reductions / collectives that need one."""
+        self.engine.backward(self._dummy_logits().float().sum() * 0.0, scale_wrt_gas=False)
+
     def _reset_accum(self) -> None:
         self.acc_loss, self.acc_tokens, self.acc_calls = 0.0, 0, 0
 
@@ -469,87 +137,103 @@ class TrainingEngine(_Forward):
         finally:
             self.engine.train()
 
-    def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _fb_batch(
+        self, body: Mapping[str, Any]
+    ) -> tuple[Batch, dict[str, Any], losses.LossSettings]:
+        """A ForwardBackwardRequest checked: its batch, its loss's processing and settings."""
         b = Batch(body, self.dev)
         self._check_ids(b)
         proc = _loss_processing(b.processing)
         st = losses.parse_processing(proc)
         losses.check_context(st, b.context)
-        want_ent = st.needs_entropy or "compute_entropy" in b.post
-        targets = b.ids
-        if st.loss_fn == "cross_entropy":
-            targets = losses.cross_entropy_targets(b.ids, b.labels)
-        n_rows = int(b.shape[0])
-        mbs = self.micro_batch_size or n_rows
-        self.engine.train()
+        return b, proc, st
 
-        def loss_of(lp: torch.Tensor, ent: torch.Tensor | None) -> losses.LossResult:
-            return losses.compute_loss(
-                lp,
-                input_ids=b.ids,
-                attention_mask=b.mask,
-                context=b.context,
-                processing=proc,
-                entropy_shifted=ent,
-                labels=b.labels,
-            )
+    def _logprobs_graph(
+        self, b: Batch, targets: torch.Tensor, st: losses.LossSettings, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of every row of `b` in one pass, keeping the graph (the
+        entropy's only when the loss uses it)."""
+        return self._logprobs(
+            b,
+            slice(None),
+            targets,
+            temperature=st.temperature,
+            entropy=entropy,
+            entropy_grad=st.needs_entropy,
+        )
 
-        if n_rows <= mbs:
-            logits = self._logits(b.rows(slice(None)))
-            lp, ent = losses.shifted_logprobs(
-                logits,
+    def _logprobs_no_grad(
+        self, b: Batch, targets: torch.Tensor, st: losses.LossSettings, mbs: int, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """No-grad log-probs (and entropy) of every row of `b`, `mbs` rows a pass."""
+        lps, ents = [], []
+        with torch.no_grad():
+            for r in range(0, int(b.shape[0]), mbs):
+                lp_mb, ent_mb = self._logprobs(
+                    b,
+                    slice(r, r + mbs),
+                    targets,
+                    temperature=st.temperature,
+                    entropy=entropy,
+                    entropy_grad=False,
+                )
+                lps.append(lp_mb)
+                if ent_mb is not None:
+                    ents.append(ent_mb)
+        return torch.cat(lps), torch.cat(ents) if ents else None
+
+    def _backward_surrogate(
+        self,
+        lp: torch.Tensor,
+        g_lp: torch.Tensor,
+        ent: torch.Tensor | None,
+        g_ent: torch.Tensor | None,
+        scale: float = 1.0,
+    ) -> None:
+        """Backpropagate `scale * (<lp, g_lp> + <ent, g_ent>)`: with the loss's gradient with
+        respect to the log-probs, the chain rule's inner half (`loss_and_gradients`)."""
+        surrogate = (lp * g_lp).sum()
+        if g_ent is not None and ent is not None and ent.requires_grad:
+            surrogate = surrogate + (ent * g_ent).sum()
+        if scale != 1.0:
+            surrogate = surrogate * scale
+        self.engine.backward(surrogate, scale_wrt_gas=False)
+
+    def _backward_micro(
+        self,
+        b: Batch,
+        targets: torch.Tensor,
+        st: losses.LossSettings,
+        mbs: int,
+        g_lp: torch.Tensor,
+        g_ent: torch.Tensor | None,
+        scale: float = 1.0,
+    ) -> int:
+        """`_backward_surrogate` a micro-batch of `mbs` rows at a time; the number of passes."""
+        passes = 0
+        for r in range(0, int(b.shape[0]), mbs):
+            sl = slice(r, r + mbs)
+            lp_mb, ent_mb = self._logprobs(
+                b,
+                sl,
                 targets,
                 temperature=st.temperature,
-                with_entropy=want_ent,
-                entropy_grad=st.needs_entropy,
+                entropy=g_ent is not None,
+                entropy_grad=True,
             )
-            res = loss_of(lp, ent)
-            self.engine.backward(res.loss, scale_wrt_gas=False)
-            del logits
-        else:
-            # 1) no-grad log-probs of the whole call; 2) d loss / d log-probs; 3) per micro-batch
-            # backward of <log-probs, that gradient> (exact chain rule, one micro-batch alive).
-            lps, ents = [], []
-            with torch.no_grad():
-                for r in range(0, n_rows, mbs):
-                    sl = slice(r, r + mbs)
-                    lp_mb, ent_mb = losses.shifted_logprobs(
-                        self._logits(b.rows(sl)),
-                        targets[sl],
-                        temperature=st.temperature,
-                        with_entropy=want_ent,
-                        entropy_grad=False,
-                    )
-                    lps.append(lp_mb)
-                    if ent_mb is not None:
-                        ents.append(ent_mb)
-            lp = torch.cat(lps).requires_grad_(True)
-            ent = torch.cat(ents) if ents else None
-            leaves = [lp]
-            if ent is not None and st.needs_entropy:
-                ent.requires_grad_(True)
-                leaves.append(ent)
-            res = loss_of(lp, ent)
-            grads = torch.autograd.grad(res.loss, leaves, allow_unused=True)
-            g_lp = grads[0] if grads[0] is not None else torch.zeros_like(lp)
-            g_ent = grads[1] if len(grads) > 1 and grads[1] is not None else None
-            for r in range(0, n_rows, mbs):
-                sl = slice(r, r + mbs)
-                lp_mb, ent_mb = losses.shifted_logprobs(
-                    self._logits(b.rows(sl)),
-                    targets[sl],
-                    temperature=st.temperature,
-                    with_entropy=g_ent is not None,
-                    entropy_grad=True,
-                )
-                surrogate = (lp_mb * g_lp[sl]).sum()
-                if g_ent is not None and ent_mb is not None:
-                    surrogate = surrogate + (ent_mb * g_ent[sl]).sum()
-                self.engine.backward(surrogate, scale_wrt_gas=False)
+            self._backward_surrogate(
+                lp_mb, g_lp[sl], ent_mb, None if g_ent is None else g_ent[sl], scale
+            )
+            passes += 1
+        return passes
+
+    def _fb_result(
+        self, b: Batch, res: losses.LossResult, lp: torch.Tensor, ent: torch.Tensor | None
+    ) -> dict[str, Any]:
+        """Account a forward-backward call's loss and tokens until `step`; its result."""
         metrics = dict(res.metrics)
         self.acc_loss += float(metrics["loss"])
         self.acc_tokens += int(metrics["num_tokens"])
-        self.acc_calls += 1
         metrics["global_step"] = int(self.engine.global_steps)
         outputs: dict[str, Any] = {}
         if "compute_logprobs" in b.post:
@@ -557,6 +241,26 @@ class TrainingEngine(_Forward):
         if "compute_entropy" in b.post and ent is not None:
             outputs["entropy"] = b.out(ent)
         return {"loss": float(metrics["loss"]), "metrics": metrics, "outputs": outputs}
+
+    def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        b, proc, st = self._fb_batch(body)
+        want_ent = st.needs_entropy or "compute_entropy" in b.post
+        targets = fb_targets(b, st)
+        n_rows = int(b.shape[0])
+        mbs = self.micro_batch_size or n_rows
+        self.engine.train()
+        if n_rows <= mbs:
+            lp, ent = self._logprobs_graph(b, targets, st, want_ent)
+            res = batch_loss(b, proc, lp, ent)
+            self.engine.backward(res.loss, scale_wrt_gas=False)
+        else:
+            # 1) no-grad log-probs of the whole call; 2) d loss / d log-probs; 3) per micro-batch
+            # backward of <log-probs, that gradient> (exact chain rule, one micro-batch alive).
+            lp, ent = self._logprobs_no_grad(b, targets, st, mbs, want_ent)
+            res, g_lp, g_ent = loss_and_gradients(b, proc, st, lp, ent)
+            self._backward_micro(b, targets, st, mbs, g_lp, g_ent)
+        self.acc_calls += 1
+        return self._fb_result(b, res, lp, ent)
 
     # -- step ------------------------------------------------------------------------------
 
@@ -585,15 +289,7 @@ class TrainingEngine(_Forward):
             # nothing accumulated: back-propagate a zero loss, so that every ZeRO stage's
             # reduction sees (zero) gradients; the optimizer still steps (momentum, lr schedule)
             self.engine.train()
-            ids = torch.zeros((1, 1), dtype=torch.long, device=self.dev)
-            logits = self._logits(
-                {
-                    "input_ids": ids,
-                    "attention_mask": torch.ones_like(ids),
-                    "position_ids": torch.zeros_like(ids),
-                }
-            )
-            self.engine.backward(logits.float().sum() * 0.0, scale_wrt_gas=False)
+            self._zero_backward()
         self.engine.step()
         gn = local_norm
         if gn is None:
@@ -733,22 +429,3 @@ class _Null:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def write_hf_dir(sd: Mapping[str, torch.Tensor], model_dir: str, out: Path) -> list[Path]:
-    """A Hugging Face directory: model.safetensors + the source model's config and tokenizer."""
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in sd.items()},
-        str(out / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    files = [out / "model.safetensors"]
-    for name in MODEL_FILES:
-        src = Path(model_dir) / name
-        if src.is_file():
-            shutil.copyfile(src, out / name)
-            files.append(out / name)
-    return files

@@ -103,7 +103,7 @@ def build_engine(role: str, spec: dict[str, Any]) -> Any:
 
         return SamplingEngine(spec)
     if engine == "hf":
-        from .training import ScoringEngine
+        from .scoring import ScoringEngine
 
         return ScoringEngine(spec)
     raise WorkerError("invalid_argument", f"unknown engine {engine!r}")

@@ -18,7 +18,8 @@ from conformance.fake import sampling as fake_sampling
 from conformance.fake import tokenizer
 from conformance.fake.numerics import token_logprob, token_stream
 
-from .sampler import ModelCard, NoChatTemplateError, OpenAIError, Sample, StreamEvent
+from .sampler import ModelCard, OpenAIError, Sample, StreamEvent, cut_at_stop
+from .tokenized import FakeTokenizer, TokenizedSampler, content_text
 
 __all__ = ["FakeResolver", "FakeSampler", "render_qwen_chat"]
 
@@ -31,22 +32,15 @@ def render_qwen_chat(
     """`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (the tiny model's template)."""
     out = []
     for m in messages:
-        out.append(f"<|im_start|>{m['role']}\n{message_text(m)}<|im_end|>\n")
+        out.append(f"<|im_start|>{m['role']}\n{content_text(m.get('content'))}<|im_end|>\n")
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)
 
 
-def message_text(m: Mapping[str, Any]) -> str:
-    content = m.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+class FakeSampler(TokenizedSampler):
+    """The text side is `TokenizedSampler`'s over `FakeTokenizer`; generation is the fake's."""
 
-
-class FakeSampler:
     def __init__(
         self,
         model_id: str = "fake-tiny",
@@ -57,34 +51,11 @@ class FakeSampler:
         weight_version: int = 0,
         model_step: int = 0,
     ) -> None:
-        self.model_id = model_id
-        self.chat_template = chat_template
+        super().__init__(model_id, FakeTokenizer(chat_template), max_model_len)
         self.token_delay_s = token_delay_s
-        self.max_model_len = max_model_len
         self.weight_version = weight_version
         self.model_step = model_step
         self.requests: list[dict[str, Any]] = []  # every (prompts, params) received, for tests
-
-    def encode(self, text: str) -> list[int]:
-        return tokenizer.encode(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return tokenizer.decode(ids)
-
-    def token_text(self, token_id: int) -> str:
-        return tokenizer.decode([token_id])
-
-    def render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool,
-        tools: Any = None,
-        **template_kwargs: Any,
-    ) -> str:
-        if not self.chat_template:
-            raise NoChatTemplateError(self.model_id)
-        return render_qwen_chat(messages, add_generation_prompt=add_generation_prompt)
 
     def _params(self, params: Mapping[str, Any]) -> fake_sampling.Params:
         try:
@@ -159,10 +130,9 @@ class FakeSampler:
                     ev.text = tokenizer.decode(tokens[:-1])
                     ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", t
                 else:
-                    hits = [(text.find(s), s) for s in p.stop if s in text]
-                    if hits:
-                        at, stop = min(hits)
-                        ev.text = text[:at]
+                    cut, stop = cut_at_stop(text, p.stop)
+                    if stop is not None:
+                        ev.text = cut
                         ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", stop
             if not ev.finished and j == len(stream) - 1:
                 ev.finished, ev.finish_reason = True, "length"

@@ -26,7 +26,6 @@ for up to `chunk_tokens` more tokens (`tokenized.continuation_stream`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +33,8 @@ from arctic_sdk._generated import methods as M
 
 from ..protocol.config import token_digest
 from ..protocol.context import CallContext
-from .sampler import ModelCard, OpenAIError, StreamEvent
-from .tokenized import (
-    FakeTokenizer,
-    TokenizedSampler,
-    continuation_stream,
-    load_tokenizer,
-    stream_body,
-    stream_events,
-)
+from .sampler import ModelCard, OpenAIError
+from .tokenized import FakeTokenizer, ServicerSampler, load_tokenizer
 
 __all__ = ["GatewayResolver", "GatewaySampler", "install"]
 
@@ -52,7 +44,7 @@ NO_TOKENS = (
 )
 
 
-class GatewaySampler(TokenizedSampler):
+class GatewaySampler(ServicerSampler):
     def __init__(
         self,
         servicer: Any,
@@ -64,11 +56,7 @@ class GatewaySampler(TokenizedSampler):
         max_model_len: int = 0,
         chunk_tokens: int = 4,
     ) -> None:
-        super().__init__(job_id, tokenizer, max_model_len)
-        self.servicer = servicer
-        self.job_id = job_id
-        self.sub = sub
-        self.token = token
+        super().__init__(servicer, job_id, sub, token, tokenizer, max_model_len)
         self.chunk_tokens = chunk_tokens
 
     def _ctx(self) -> CallContext:
@@ -76,36 +64,10 @@ class GatewaySampler(TokenizedSampler):
             method=M.GENERATE, job_id=self.job_id, sub_job_id=self.sub.sub_job_id, token=self.token
         )
 
-    async def _generate(
-        self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        ctx = self._ctx()
-        body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
-        self.servicer.check_request(ctx, body)
-        return dict(await self.servicer.generate(ctx, body))
-
     @property
     def token_streaming(self) -> bool:
         """The vLLM sampler streams token by token; fake workers answer whole replies."""
         return _info(self.sub).get("engine") == "vllm"
-
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: Mapping[str, Any],
-        index: int = 0,
-    ) -> AsyncIterator[StreamEvent]:
-        if not self.token_streaming:
-            return continuation_stream(self, prompt, params, index, chunk_tokens=self.chunk_tokens)
-        return self._token_stream(prompt, params, index)
-
-    async def _token_stream(
-        self, prompt: Sequence[int], params: Mapping[str, Any], index: int
-    ) -> AsyncIterator[StreamEvent]:
-        ctx, body = self._ctx(), stream_body(prompt, params, index)
-        self.servicer.check_request(ctx, body)
-        async for ev in stream_events(self.servicer.generate_stream(ctx, body)):
-            yield ev
 
 
 def _info(sub: Any) -> dict[str, Any]:

@@ -19,56 +19,26 @@ and the route cancelled the stream), the worker aborts the request in the engine
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
-from .sampler import ModelCard, OpenAIError, StreamEvent
-from .tokenized import TokenizedSampler, load_tokenizer, stream_body, stream_events
+from .sampler import ModelCard, OpenAIError
+from .tokenized import ServicerSampler, load_tokenizer
 
 __all__ = ["OnpremResolver", "OnpremSampler"]
 
 
-class OnpremSampler(TokenizedSampler):
-    def __init__(
-        self,
-        servicer: Any,
-        job_id: str,
-        sub: Any,
-        token: str | None,
-        tokenizer: Any,
-    ) -> None:
-        info = sub.worker.info if sub.worker is not None else {}
-        super().__init__(job_id, tokenizer, int(info.get("max_model_len") or 0))
-        self.servicer = servicer
-        self.job_id = job_id
-        self.sub = sub
-        self.token = token
-
+class OnpremSampler(ServicerSampler):
     def _ctx(self) -> CallContext:
         return CallContext(method=M.GENERATE, job_id=self.job_id, token=self.token)
 
-    async def _generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        ctx = self._ctx()
-        body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
-        self.servicer.check_request(ctx, body)
-        return dict(await self.servicer.generate(ctx, body))
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: Mapping[str, Any],
-        index: int = 0,
-    ) -> AsyncIterator[StreamEvent]:
-        body = stream_body(prompt, params, index)
-        return stream_events(self.servicer.generate_stream(self._ctx(), body))
+def _max_len(sub: Any) -> int:
+    info = sub.worker.info if sub.worker is not None else {}
+    return int(info.get("max_model_len") or 0)
 
 
 class OnpremResolver:
@@ -94,13 +64,12 @@ class OnpremResolver:
     async def models(self, token: str | None) -> list[ModelCard]:
         cards = []
         for job, sub in self._jobs(token):
-            info = sub.worker.info if sub.worker is not None else {}
             cards.append(
                 ModelCard(
                     job.job_id,
                     int(job.created_at),
                     root=sub.spec.model_name or str(sub.model_dir),
-                    max_model_len=int(info.get("max_model_len") or 0),
+                    max_model_len=_max_len(sub),
                 )
             )
         return cards
@@ -124,7 +93,7 @@ class OnpremResolver:
             )
         job, sub = match[0]
         tok = await asyncio.to_thread(load_tokenizer, Path(sub.model_dir))
-        return OnpremSampler(self.servicer, job.job_id, sub, token, tok)
+        return OnpremSampler(self.servicer, job.job_id, sub, token, tok, _max_len(sub))
 
 
 def install(app: Any, servicer: Any, tokens: Any = ()) -> None:

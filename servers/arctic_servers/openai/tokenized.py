@@ -5,7 +5,8 @@ server's own `generate`, and streaming by continuation for workers that answer w
 Hugging Face-style tokenizer: the model directory's (`load_tokenizer`, once per directory in
 the server process) or `FakeTokenizer` (the fake engine's byte-level tokenizer and the tiny
 model's Qwen-style template). A subclass supplies `_generate` (the server's generate body ->
-result) and `stream`.
+result) and `stream`; `ServicerSampler` supplies both through a server's own servicer (its
+`check_request`, `generate` and `generate_stream`, called with the caller's token).
 
 `continuation_stream` streams a sample through a worker that answers one reply per command:
 each step asks for up to `chunk_tokens` more tokens of the same sample (prompt + tokens so far;
@@ -30,7 +31,9 @@ __all__ = [
     "NOT_INCREMENTAL",
     "SEED_STRIDE",
     "FakeTokenizer",
+    "ServicerSampler",
     "TokenizedSampler",
+    "content_text",
     "continuation_stream",
     "load_tokenizer",
     "samples_of",
@@ -59,9 +62,13 @@ def load_tokenizer(model_dir: Path) -> Any:
 
 class FakeTokenizer:
     """The fake engine's tokenizer (`conformance/fake/tokenizer.py`: byte value + 3) with the
-    tiny model's Qwen-style chat template, in the shape of a Hugging Face tokenizer."""
+    tiny model's Qwen-style chat template (none: a base model's), in the shape of a Hugging Face
+    tokenizer."""
 
-    chat_template = "qwen-style (arctic_servers.openai.fake.render_qwen_chat)"
+    def __init__(self, chat_template: bool = True) -> None:
+        self.chat_template = (
+            "qwen-style (arctic_servers.openai.fake.render_qwen_chat)" if chat_template else None
+        )
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         from conformance.fake import tokenizer
@@ -86,7 +93,8 @@ class FakeTokenizer:
         return render_qwen_chat(messages, add_generation_prompt=add_generation_prompt)
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's `content` as text: a string, or the text of its parts."""
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
@@ -140,7 +148,7 @@ class TokenizedSampler:
     ) -> str:
         if not getattr(self.tok, "chat_template", None):
             raise NoChatTemplateError(self.model_id)
-        msgs = [{**m, "content": _text(m.get("content"))} for m in messages]
+        msgs = [{**m, "content": content_text(m.get("content"))} for m in messages]
         kw: dict[str, Any] = dict(template_kwargs)
         if tools:
             kw["tools"] = tools
@@ -170,6 +178,64 @@ class TokenizedSampler:
     ) -> tuple[list[list[Sample]], int]:
         res = await self._generate(prompts, params)
         return samples_of(res), int(res.get("weight_version") or 0)
+
+
+class ServicerSampler(TokenizedSampler):
+    """A sampler over a server's own servicer, as the caller's token (`_ctx`): every generate
+    passes the servicer's `check_request` first. `stream` is token by token (`generate_stream`)
+    where the worker streams (`token_streaming`), else `continuation_stream`."""
+
+    chunk_tokens = 4  # tokens a step of a continuation stream
+
+    def __init__(
+        self,
+        servicer: Any,
+        job_id: str,
+        sub: Any,
+        token: str | None,
+        tokenizer: Any,
+        max_model_len: int = 0,
+    ) -> None:
+        super().__init__(job_id, tokenizer, max_model_len)
+        self.servicer = servicer
+        self.job_id = job_id
+        self.sub = sub
+        self.token = token
+
+    def _ctx(self) -> Any:
+        """The `CallContext` of a generate call on the sampling sub-job."""
+        raise NotImplementedError
+
+    async def _generate(
+        self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        ctx = self._ctx()
+        body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
+        self.servicer.check_request(ctx, body)
+        return dict(await self.servicer.generate(ctx, body))
+
+    @property
+    def token_streaming(self) -> bool:
+        """The sampling worker streams token by token (`generate_stream`)."""
+        return True
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        if not self.token_streaming:
+            return continuation_stream(self, prompt, params, index, chunk_tokens=self.chunk_tokens)
+        return self._token_stream(prompt, params, index)
+
+    async def _token_stream(
+        self, prompt: Sequence[int], params: Mapping[str, Any], index: int
+    ) -> AsyncIterator[StreamEvent]:
+        ctx, body = self._ctx(), stream_body(prompt, params, index)
+        self.servicer.check_request(ctx, body)
+        async for ev in stream_events(self.servicer.generate_stream(ctx, body)):
+            yield ev
 
 
 def stream_body(prompt: Sequence[int], params: Mapping[str, Any], index: int) -> dict[str, Any]:
