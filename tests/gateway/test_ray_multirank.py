@@ -119,6 +119,8 @@ def test_local_kill9_of_rank1_fails_the_sub_job(local_gw: Gateway) -> None:
     print(f"\ngateway, kill -9 of rank 1: call failed after {t_call:.2f} s ({err['code']}), "
           f"job failed after {t_job:.2f} s: {j['reason'][:160]}")  # fmt: skip
     assert "rank 1 of 2" in j["reason"] and t_call < 15
+    # the job's reason is the lost rank, not the worker's bare exit status and log tail
+    assert "lost rank 1 of 2" in j["reason"] and "exited with code" not in j["reason"], j
     pids_gone_wait([int(p) for p in info["rank_pids"]], timeout=60)
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..onprem.ranks import describe_exit
+from ..onprem.ranks import describe_exit, lost_rank_reason
 from ..protocol.errors import ProtocolError
 from .model import Job, SubJob
 from .settings import GatewaySettings
@@ -174,7 +174,12 @@ class Supervisor:
         suffix = f"; last output: {tail}" if tail else ""
         if proc is not None:
             rc = proc.poll()
-            return None if rc is None else f"worker (pid {proc.pid}) {describe_exit(rc)}{suffix}"
+            if rc is None:
+                return None
+            lost = lost_rank_reason(tail)  # a multi-rank trainer says which rank it lost
+            if lost:
+                return f"worker (pid {proc.pid}) {lost}"
+            return f"worker (pid {proc.pid}) {describe_exit(rc)}{suffix}"
         if w.get("backend") == "ray":
             assert self.ray is not None
             why = self.ray.gone(sub)

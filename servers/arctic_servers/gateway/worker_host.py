@@ -408,8 +408,10 @@ def remove_shm_buffers() -> None:
 def rank_lost(host: WorkerHost, reason: str) -> None:
     """A rank of this multi-rank trainer died (`onprem/ranks.py`): answer the call in flight
     with `sub_job_failed`, then end (the gateway sees the exit, the reason is in the log)."""
+    from ..onprem.ranks import RANK_GROUP_FAILED
+
     sid = str(host.spec.get("sub_job_id") or "")
-    print(f"worker {sid}: rank group failed: {reason}", flush=True)
+    print(f"worker {sid}: {RANK_GROUP_FAILED}{reason}", flush=True)
     err = {
         "code": "sub_job_failed",
         "message": f"sub-job {sid} failed: lost {reason}",

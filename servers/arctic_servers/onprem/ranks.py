@@ -113,8 +113,20 @@ def remove_shm_buffers(addr: str, port: int) -> None:
 # ---------------------------------------------------------------------------- failure handler
 
 
+RANK_GROUP_FAILED = "rank group failed: "  # the log line a failed rank group's worker ends with
+
+
+def lost_rank_reason(log_tail: str) -> str | None:
+    """The reason a worker's log gives for losing its rank group (its last such line), or None:
+    a supervisor that only sees the exit (code 70) reports this instead of the bare exit."""
+    found = log_tail.rfind(RANK_GROUP_FAILED)
+    if found < 0:
+        return None
+    return "lost " + log_tail[found + len(RANK_GROUP_FAILED) :].split(" | ")[0].strip()
+
+
 def _default_failure(reason: str) -> None:
-    print(f"rank group failed: {reason}", flush=True)
+    print(f"{RANK_GROUP_FAILED}{reason}", flush=True)
     os._exit(70)
 
 

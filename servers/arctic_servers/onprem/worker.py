@@ -204,7 +204,9 @@ def preload(engine: str) -> None:
 
 def report_failure(conn: Connection, reason: str) -> None:
     """A rank of this multi-rank sub-job was lost (ranks.py): tell the server, then end."""
-    print(f"rank group failed: {reason}", flush=True)
+    from .ranks import RANK_GROUP_FAILED
+
+    print(f"{RANK_GROUP_FAILED}{reason}", flush=True)
     with contextlib.suppress(Exception):
         conn.send({"kind": "failed", "reason": f"lost {reason}"})
     os._exit(70)
