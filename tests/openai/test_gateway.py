@@ -24,6 +24,7 @@ from arctic_sdk.rollouts import flatten_turns, turn_from_response
 from conformance.fake import tokenizer
 
 from ..gateway.harness import SAMPLE, Client, Gateway
+from .disconnect import leave_stream_and_wait_abort
 
 openai = pytest.importorskip("openai")
 
@@ -372,35 +373,7 @@ def _tail(real_gw: dict[str, Any]) -> list[str]:
 
 @pytest.mark.slow
 def test_real_sampler_disconnect_aborts(real_gw: dict[str, Any]) -> None:
-    max_tokens = 1000
-    before = sum("aborted after" in ln for ln in _tail(real_gw))
-    body = {
-        "model": real_gw["job"],
-        "prompt": "Once",
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with requests.post(
-        real_gw["v1"] + "/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        stream=True,
-        timeout=60,
-    ) as r:
-        assert r.status_code == 200
-        got = 0
-        for line in r.iter_lines():
-            if line.startswith(b"data: {") and b'"token_ids": [' in line:
-                got += 1
-                if got >= 5:
-                    break
-    deadline = time.time() + 30
-    aborted: list[str] = []
-    while not aborted:
-        assert time.time() < deadline, "the worker did not abort the stream"
-        time.sleep(0.2)
-        aborted = [ln for ln in _tail(real_gw) if "aborted after" in ln][before:]
-    produced = int(aborted[0].split("aborted after ")[1].split(" of ")[0])
-    print(f"gateway: client left after {got} chunks; {aborted[0]}")
-    assert produced < max_tokens // 2 and "0 streams running" in aborted[0]
+    got, line = leave_stream_and_wait_abort(
+        real_gw["v1"], real_gw["job"], TOKEN, lambda: _tail(real_gw)
+    )
+    print(f"gateway: client left after {got} chunks; {line}")
