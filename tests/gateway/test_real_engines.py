@@ -2,10 +2,10 @@
 
 - The conformance suite's required cases over HTTP and over gRPC, against one gateway and one
   real-engine job shared by this module (`--job-id`). The cases that create jobs of their own
-  (`sequencing/*`, the job state machine, ...: `OWN_JOB_CASES`, about 15) are left out here:
-  each would start two more engines (~30 s on 2 cores; the whole suite took 4 min 40 s over
-  HTTP alone). They exercise job placement and the protocol core, not the engines, and run
-  against the same gateway with fake workers in test_conformance.py.
+  (`sequencing/*`, the job state machine, ...: `OWN_JOB_CASES`, about 15) run over HTTP in a
+  test of their own, against a second gateway with room for their jobs (each starts a DeepSpeed
+  trainer and a vLLM sampler: ~30 s on 2 cores); over gRPC they run with fake workers
+  (test_conformance.py: job placement and the protocol core, which gRPC shares with HTTP).
 - A kill -9 of that gateway while a real generate runs: the restarted gateway collects it from
   the vLLM worker (never runs it again), and the job goes on.
 - A real-engine job placed through Ray (a local 2-CPU instance on loopback, `rayhead.py`).
@@ -137,6 +137,42 @@ def test_conformance_required_cases_with_real_engines(
         "deepspeed",
         "vllm",
     }
+
+
+def test_own_job_cases_with_real_engines(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """The cases that create jobs, each job a real DeepSpeed trainer and vLLM sampler."""
+    g = Gateway(
+        tmp_path_factory.mktemp("gw-real-jobs"),
+        args=(*_engine_args(), "--gpus", "8", "--sequence-gap-timeout", "4"),
+    )
+    g.start(timeout=120)
+    try:
+        config = tmp_path / "job.yaml"
+        config.write_text(json.dumps({"experiment_name": "conformance-real",
+                                      "sub_job_configs": TINY}))  # fmt: skip
+        report = tmp_path / "report.json"
+        argv = [
+            "--target", g.prefix_url, "--token", "pat-1", "--alt-token", "pat-2",
+            "--job-config", str(config), "--json", str(report), "--max-wait", "5",
+            "--timeout", "120", "--job-timeout", "300",
+        ]  # fmt: skip
+        argv += [a for case in OWN_JOB_CASES for a in ("--only", case)]
+        out = io.StringIO()
+        code = conformance_cli.main(argv, out=out)
+        data = json.loads(report.read_text())
+    finally:
+        g.cleanup()
+    failed = [
+        (c["id"], c["difference"])
+        for c in data["cases"]
+        if c["tier"] == "required" and c["outcome"] in ("fail", "error")
+    ]
+    print(f"\nconformance, cases with their own jobs, real engines: {data['counts']}")
+    assert not failed, out.getvalue()[-6000:]
+    assert code == 0, out.getvalue()[-6000:]
+    assert data["counts"].get("pass", 0) >= len(OWN_JOB_CASES) - 3, data["counts"]
 
 
 def _train_and_sync(c: Client, job: str) -> tuple[int, Any]:
