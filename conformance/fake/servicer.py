@@ -9,13 +9,13 @@ business logic. Every executed data-plane call is appended to its job's executio
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._generated import methods as M
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.fields import learning_rate
 from arctic_servers.protocol.job_control import JobControl
 from arctic_servers.protocol.operation_types import OPERATION_TYPES
 
@@ -77,7 +77,7 @@ class FakeServicer(JobControl[Job]):
         elif m is M.GENERATE:
             sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
         elif m is M.STEP:
-            _lr(body)
+            learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
             ck.check_save(body)
         else:
@@ -142,7 +142,7 @@ class FakeServicer(JobControl[Job]):
 
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub, entry = await self._begin(ctx)
-        lr = _lr(body)
+        lr = learning_rate(body)
         if lr is not None:
             job.lr = lr
         norm = nx.grad_norm(job.grad)
@@ -278,18 +278,3 @@ def forward_result(
     result, _ = training.run(call, sub.model_step, forward=True)
     result["metrics"]["global_step"] = job.global_step
     return result
-
-
-def _lr(body: dict[str, Any]) -> float | None:
-    v = body.get("learning_rate")
-    if v is None:
-        return None
-    x = float(v)
-    if not math.isfinite(x) or x <= 0:
-        raise ProtocolError(
-            "invalid_argument",
-            f"field learning_rate: {v!r} is not a finite number > 0",
-            field="learning_rate",
-            expected="a finite number > 0",
-        )
-    return x

@@ -136,7 +136,7 @@ async def test_grpc_errors_and_replay(rpc: Grpc, http: Http) -> None:
         ),
         (M.GENERATE, {"prompts": []}, "invalid_argument"),
         (M.OPERATION, {"operation_type": "explode"}, "unknown_operation_type"),
-        (M.STEP, {"learning_rate": 0}, "invalid_argument"),
+        (M.STEP, {"learning_rate": -1}, "invalid_argument"),  # 0 is valid: an lr = 0 control
         (M.SYNC_WEIGHTS, {"method": "x"}, "invalid_argument"),
     ]
     for method, body, code in cases:

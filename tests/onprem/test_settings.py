@@ -17,6 +17,7 @@ from arctic_servers.onprem.settings import (
 )
 from arctic_servers.onprem.weight_sync import pick_method
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.fields import learning_rate
 
 
 def test_thread_plan() -> None:
@@ -164,9 +165,9 @@ def test_request_checks() -> None:
     ):
         with pytest.raises(ProtocolError):
             checks.sampling_params({"sampling_params": sp})
-    assert checks.learning_rate({"learning_rate": 0.0}) == 0.0
+    assert learning_rate({"learning_rate": 0.0}) == 0.0
     with pytest.raises(ProtocolError):
-        checks.learning_rate({"learning_rate": float("nan")})
+        learning_rate({"learning_rate": float("nan")})
     for bad in ("", "../x", ".hidden", "a/b", "x" * 200):
         with pytest.raises(ProtocolError):
             checks.checkpoint_id(bad)

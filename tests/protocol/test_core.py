@@ -383,3 +383,23 @@ async def test_refused_sequenced_call_does_not_stall_the_next() -> None:
         assert status == 200 and body["status"] == "completed"
         assert loop.time() - t0 < 4  # did not wait out the gap timeout
     await srv.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [(None, True), (0.0, True), (0, True), (3e-4, True), (-1e-9, False), (float("nan"), False),
+     (float("inf"), False), ("fast", False), (True, False)],
+)  # fmt: skip
+def test_learning_rate_is_a_finite_number_at_least_zero(value: Any, ok: bool) -> None:
+    """One rule for every server (training.proto StepRequest.learning_rate)."""
+    from arctic_servers.protocol.errors import ProtocolError
+    from arctic_servers.protocol.fields import learning_rate
+
+    body = {} if value is None else {"learning_rate": value}
+    if ok:
+        assert learning_rate(body) == (None if value is None else float(value))
+    else:
+        with pytest.raises(ProtocolError) as exc:
+            learning_rate(body)
+        assert exc.value.code == "invalid_argument"
+        assert exc.value.details["field"] == "learning_rate"

@@ -722,7 +722,9 @@ class StepRequest(TypedDict, total=False):
     """JSON body of step."""
 
     learning_rate: float
-    """Learning-rate override for this and later steps; absent = the schedule's."""
+    """Learning-rate override for this and later steps; absent = the schedule's. A finite number
+    >= 0 (0 steps without changing the weights: an lr = 0 control); otherwise invalid_argument.
+    """
 
 
 class StepResult(TypedDict, total=False):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
+from ..protocol.fields import learning_rate
 from ..protocol.operation_types import (
     OP_CANCEL,
     OP_RESET,
@@ -34,21 +33,6 @@ from .base import GatewayBase
 from .model import Job
 
 CPU_LIFECYCLE_REASON = "nothing is colocated on a GPU here, so there is nothing to offload"
-
-
-def learning_rate(body: Mapping[str, Any]) -> float | None:
-    v = body.get("learning_rate")
-    if v is None:
-        return None
-    x = float(v)
-    if not math.isfinite(x) or x <= 0:
-        raise ProtocolError(
-            "invalid_argument",
-            f"field learning_rate: {v!r} is not a finite number > 0",
-            field="learning_rate",
-            expected="a finite number > 0",
-        )
-    return x
 
 
 class DataPlane(GatewayBase):

@@ -15,10 +15,11 @@ from arctic_sdk._spec import GrpcShape
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.fields import learning_rate
 from ..protocol.operation_types import OP_TAIL_LOGS, OPERATION_TYPES
 from .base import GatewayBase
 from .checkpoints import Checkpoints, _filename
-from .dataplane import DataPlane, learning_rate
+from .dataplane import DataPlane
 from .model import Job
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from arctic_sdk._generated import methods as M
 
 from ..protocol.errors import ProtocolError
+from ..protocol.sub_jobs import field_error
 from . import loss_config
 
 POST = ("compute_logprobs", "compute_entropy")
@@ -28,8 +29,7 @@ SLEEP_MODES = ("all", "optimizer", "weights")
 MAX_LOGPROBS = 20
 
 
-def bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
-    return ProtocolError(code, f"field {path}: {message}", field=path, **details)
+bad = field_error
 
 
 def _ints(
@@ -232,18 +232,6 @@ def sampling_params(body: Mapping[str, Any]) -> None:
             raise bad(
                 f"sampling_params.stop[{i}]", "an empty stop string", expected="non-empty strings"
             )
-
-
-def learning_rate(body: Mapping[str, Any]) -> float | None:
-    v = body.get("learning_rate")
-    if v is None:
-        return None
-    x = float(v)
-    if not math.isfinite(x) or x < 0:
-        raise bad(
-            "learning_rate", f"{v!r} is not a finite number >= 0", expected="a finite number >= 0"
-        )
-    return x
 
 
 def checkpoint_id(value: Any, path: str = "checkpoint_id") -> str:

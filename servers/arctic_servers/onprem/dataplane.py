@@ -16,6 +16,7 @@ from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.fields import learning_rate
 from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
 from . import checks
 from .base import OnpremBase
@@ -47,7 +48,7 @@ class DataPlane(OnpremBase):
 
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = await self._begin(ctx)
-        lr = checks.learning_rate(body)
+        lr = learning_rate(body)
         res = dict(await self._call(sub, M.STEP.python_name, learning_rate=lr))
         metrics = res.get("metrics") or {}
         job.global_step = int(metrics.get("global_step", job.global_step))

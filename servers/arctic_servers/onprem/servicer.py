@@ -18,6 +18,7 @@ from typing import Any
 from arctic_sdk._generated import methods as M
 
 from ..protocol.context import CallContext
+from ..protocol.fields import learning_rate
 from ..protocol.sub_jobs import check_training_sub_job
 from . import checks
 from .checkpoints import Checkpoints
@@ -43,7 +44,7 @@ class OnpremServicer(Operations, Checkpoints):
             checks.sampling_params(body)
             checks.prompts(body, self._vocab_of(sub))
         elif m is M.STEP:
-            checks.learning_rate(body)
+            learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
             checks.save_body(body)
         elif m is M.LOAD_CHECKPOINT:

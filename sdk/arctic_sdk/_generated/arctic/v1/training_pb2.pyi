@@ -504,7 +504,9 @@ class StepRequest(_message.Message):
 
     LEARNING_RATE_FIELD_NUMBER: _builtins.int
     learning_rate: _builtins.float
-    """Learning-rate override for this and later steps; absent = the schedule's."""
+    """Learning-rate override for this and later steps; absent = the schedule's. A finite number
+    >= 0 (0 steps without changing the weights: an lr = 0 control); otherwise invalid_argument.
+    """
     def __init__(
         self,
         *,
