@@ -263,6 +263,8 @@ class FieldOptions(_message.Message):
     DTYPES_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
     TENSOR_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    MAX_LENGTH_FIELD_NUMBER: _builtins.int
     required: _builtins.bool
     """The field must be present."""
     shape: _builtins.str
@@ -271,6 +273,13 @@ class FieldOptions(_message.Message):
     """
     tensor: _builtins.bool
     """The field is a tensor (or a JSON number/array coerced to one)."""
+    pattern: _builtins.str
+    """A string field: a regular expression the whole value must match (the common subset of RE2
+    and Python `re`: classes, `{m,n}`, anchors). Ids that name files on a server carry one
+    (`PROTOCOL.md` §13), so no id is ever a path.
+    """
+    max_length: _builtins.int
+    """A string field: at most this many characters (0 = no limit beyond the body's)."""
     @_builtins.property
     def dtypes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Allowed DSSST1 dtype names (`proto/DSSST1.md` §4); empty = any."""
@@ -282,10 +291,12 @@ class FieldOptions(_message.Message):
         dtypes: _abc.Iterable[_builtins.str] | None = ...,
         shape: _builtins.str = ...,
         tensor: _builtins.bool = ...,
+        pattern: _builtins.str = ...,
+        max_length: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtypes", b"dtypes", "required", b"required", "shape", b"shape", "tensor", b"tensor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtypes", b"dtypes", "max_length", b"max_length", "pattern", b"pattern", "required", b"required", "shape", b"shape", "tensor", b"tensor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
