@@ -3,13 +3,17 @@
 It walks a body — a JSON object or a decoded DSSST1 value — against the op's `request_type`
 message and its `(arctic.v1.field)` options (PROTOCOL.md §2): value types, enum names, required
 fields, tensor dtypes and symbolic shapes; `google.protobuf.Struct` and `Value` fields pass
-through. The first hard problem raises `BodyError` (code, field, message, details); unknown
-fields are collected over the whole body and returned, so each side reports all of them in one
-error of its own type.
+through. Strings obey their field's `pattern` and `max_length`; numbers fit their field's type
+(integers in its range, doubles finite: no NaN, no infinity). The first hard problem raises
+`BodyError` (code, field, message, details); unknown fields are collected over the whole body
+and returned, so each side reports all of them in one error of its own type.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +115,54 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+_INT_RANGES = {
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1, "an int64"),
+    FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1, "an int64"),
+    FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1, "an int64"),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1, "a uint64"),
+    FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1, "a uint64"),
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1, "an int32"),
+    FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1, "an int32"),
+    FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1, "an int32"),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1, "a uint32"),
+    FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1, "a uint32"),
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def string_rule_error(opts: options_pb2.FieldOptions, value: str) -> str | None:
+    """What is wrong with `value` under a string field's `pattern` / `max_length`, or None."""
+    if opts.max_length and len(value) > opts.max_length:
+        return f"is {len(value)} characters long, longer than {opts.max_length}"
+    if opts.pattern and _regex(opts.pattern).fullmatch(value) is None:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        return f"{shown!r} does not match {opts.pattern}"
+    return None
+
+
+def _range_error(fd: FieldDescriptor, value: Any) -> tuple[str, str] | None:
+    """(what is wrong, expected) when a number does not fit its field's type, else None."""
+    t = fd.type
+    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        try:
+            x = float(value)
+        except OverflowError:
+            return "is too large for a double", "a finite number"
+        if not math.isfinite(x):
+            return f"{value!r} is not a finite number", "a finite number (no NaN or infinity)"
+        return None
+    lo, hi, name = _INT_RANGES.get(t, (None, None, ""))
+    if lo is not None and hi is not None and not lo <= int(value) <= hi:
+        n = int(value)
+        shown = str(n) if abs(n) < 10**30 else f"a {len(str(abs(n)))}-digit integer"
+        return f"{shown} is outside {name}", f"{name}: {lo} <= n <= {hi}"
+    return None
+
+
 def _scalar_ok(fd: FieldDescriptor, value: Any) -> tuple[bool, str]:
     """Whether `value` fits the non-message, non-enum field `fd`, and what was wanted."""
     t = fd.type
@@ -140,13 +192,16 @@ class _Walker:
         fields = desc.fields_by_name
         apart = self.options_apart and desc.full_name in OPTION_MESSAGES
         unknown = self.found.unsupported if apart else self.found.unknown
+        before = len(unknown)
         for key in value:
             if not isinstance(key, str) or key not in fields:
                 unknown.append(_join(path, str(key)))
         for fd in desc.fields:
             fpath = _join(path, fd.name)
             if fd.name not in value or value[fd.name] is None:
-                if _field_opts(fd).required:
+                # a missing required field next to unknown ones is most likely misspelt: the
+                # unknown fields are the error to report
+                if _field_opts(fd).required and len(unknown) == before:
                     raise BodyError("missing_field", fpath, "is required")
                 continue
             self.field(fd, value[fd.name], fpath)
@@ -190,6 +245,17 @@ class _Walker:
         ok, want = _scalar_ok(fd, value)
         if not ok:
             raise BodyError("invalid_argument", path, f"expected {want}, got {_kind(value)}")
+        if isinstance(value, str):
+            opts = _field_opts(fd)
+            if opts.pattern or opts.max_length:
+                bad = string_rule_error(opts, value)
+                if bad is not None:
+                    expected = opts.pattern or f"at most {opts.max_length} characters"
+                    raise BodyError("invalid_argument", path, bad, expected=expected)
+        elif not isinstance(value, bool | np.bool_ | bytes | bytearray | memoryview):
+            wrong = _range_error(fd, value)
+            if wrong is not None:
+                raise BodyError("invalid_argument", path, wrong[0], expected=wrong[1])
 
     def enum(self, fd: FieldDescriptor, value: Any, path: str) -> None:
         et = fd.enum_type

@@ -41,7 +41,7 @@ from .replies import ChunkCached, Exchange, Raw, Reply, Value, Wire
 from .requests import is_data_plane
 from .retry import Deadline, RetryPolicy, exchange
 from .sequence import SeqAllocator, SeqSlot
-from .validate import validate_body
+from .validate import request_fields, validate_body
 
 log = logging.getLogger("arctic_sdk")
 
@@ -159,7 +159,8 @@ def prepare(
         params[name] = str(value)
     if not method.job_scoped and "job_id" in rest and method is not M.CREATE_JOB:
         rest.pop("job_id")
-    validate_body(method, rest)
+    fields = request_fields(method)  # path parameters bound to a field are checked as one
+    validate_body(method, {**rest, **{k: v for k, v in params.items() if k in fields}})
     cfg = state.config
     prep = PreparedCall(
         method=method,

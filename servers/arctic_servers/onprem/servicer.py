@@ -17,6 +17,7 @@ from typing import Any
 
 from arctic_sdk._generated import methods as M
 
+from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
 from ..protocol.sub_jobs import check_training_sub_job
@@ -51,6 +52,9 @@ class OnpremServicer(Operations, Checkpoints):
             if not body.get("checkpoint_id"):
                 raise checks.bad("checkpoint_id", "is required", "missing_field")
             checks.checkpoint_id(body["checkpoint_id"])
+            checkpoint_ids.check_source_job(
+                body, job.job_id, lambda s: self.jobs.visible(s, self._owner(ctx))
+            )
             tid = body.get("target_sub_job_id")
             if tid:
                 check_training_sub_job(job, tid, "target_sub_job_id")
