@@ -23,6 +23,7 @@ from arctic_sdk._generated import methods as M
 from arctic_sdk._generated.error_codes import ERRORS
 from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency
 
+from . import limits as input_limits
 from .calls import IncomingCall, Outcome
 from .context import CallContext
 from .durable import Durable
@@ -45,11 +46,13 @@ class ProtocolCore(Durable, Polls):
 
     async def handle(self, call: IncomingCall) -> Outcome:
         method = call.method
+        token = self._authenticate(call)
+        input_limits.check_headers(call.headers)
         ctx = CallContext(
             method=method,
             job_id=call.path_params.get("job_id") or call.headers.get("x-arctic-job-id"),
             sub_job_id=call.headers.get("x-arctic-sub-job"),
-            token=self._authenticate(call),
+            token=token,
             idempotency_key=call.headers.get("idempotency-key"),
             seq=self._parse_seq(call.headers.get("x-arctic-seq")),
             transport=call.transport,
@@ -106,6 +109,8 @@ class ProtocolCore(Durable, Polls):
         method = call.method
         body = self._params_body(call, dict(self._json_body(call)))
         self._validate(method, body)
+        if method is M.CREATE_JOB:
+            input_limits.check_sub_jobs(body, self.config.limits.max_sub_jobs)
         scope = "token:" + hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16]
         key = ctx.idempotency_key if method.idempotency is Idempotency.KEYED else None
         body_hash = _hash_json(method.name, body)
