@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.limit_args import add_limit_arguments, limits_from_args
+
 MiB = 1024 * 1024
 
 
@@ -66,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--fake-latency", default="", help='fake workers: "step=0.5,generate=1"')
     ap.add_argument("--admin", action="store_true", help="serve /_admin/jobs/{job}[/stats]")
     ap.add_argument("--ready-file", type=Path, default=None, help="write the URLs as JSON here")
+    add_limit_arguments(ap)
     ap.add_argument("command", nargs="*", help="hash-token TOKEN")
     return ap
 
@@ -99,6 +102,7 @@ async def _serve(args: argparse.Namespace) -> int:
         retention_seconds=args.retention_seconds,
         sequence_gap_timeout_seconds=args.sequence_gap_timeout,
     )
+    limits = limits_from_args(args, limits)
     tokens = load_tokens(args.tokens_file)
     gw = await start_gateway(
         settings,

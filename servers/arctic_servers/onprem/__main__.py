@@ -23,6 +23,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.limit_args import add_limit_arguments, limits_from_args
+
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -73,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ready-file", type=Path, default=None, help="write the URLs as JSON here once serving"
     )
+    add_limit_arguments(p)
     return ap
 
 
@@ -101,6 +104,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tokens=args.token,
         admin=args.admin,
         create_jobs=create,
+        limits=limits_from_args(args),
     )
     info = {
         "base_url": srv.base_url,

@@ -60,6 +60,15 @@ async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Every failure becomes `{"error": {...}}` with the table's status; never a bare 500."""
+    resp = await _answer_errors(request, handler)
+    if request.can_read_body and not request.content.is_eof():
+        resp.force_close()  # the body was not read to its end: say so (Connection: close)
+    return resp
+
+
+async def _answer_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     try:
         return await handler(request)
     except ProtocolError as exc:

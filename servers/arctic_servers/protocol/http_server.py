@@ -36,7 +36,9 @@ def parser_error(status: int, exc: BaseException | None, message: str | None) ->
     """The spec's error for a request aiohttp refused (status 400) or failed on (500)."""
     if status >= 500:
         return ProtocolError("internal", f"{type(exc).__name__ if exc else 'error'}: {message}")
-    text = (getattr(exc, "message", None) or message or "malformed request").strip()
+    text = str(getattr(exc, "message", None) or message or "malformed request").strip()
+    text = " ".join(text.split())  # aiohttp's messages span lines
+    text = text if len(text) <= 200 else text[:197] + "..."
     return ProtocolError(
         "invalid_argument",
         f"the HTTP request is malformed: {text}",
@@ -89,6 +91,9 @@ def make_runner(
         app,
         access_log=None,
         keepalive_timeout=limits.header_read_timeout_seconds,
+        # after an early answer (408, 413, 503) the rest of a body is read and dropped for at
+        # most this long before the connection closes (aiohttp's default: 10 s)
+        lingering_time=min(2.0, limits.header_read_timeout_seconds),
         shutdown_timeout=shutdown_timeout,
         **kw,
     )
