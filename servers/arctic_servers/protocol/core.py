@@ -28,6 +28,7 @@ from .calls import IncomingCall, Outcome
 from .context import CallContext
 from .durable import Durable
 from .errors import ProtocolError
+from .execution import resubmittable
 from .polls import Polls
 from .stores import RequestRecord
 
@@ -148,6 +149,11 @@ class ProtocolCore(Durable, Polls):
             if call.body is None:
                 raise ProtocolError("missing_field", "the DSSST1 body is empty", field="body")
             step = self.groups.accept(ctx.job_id, method, call.body)
+            if step.replay_group:
+                rec = self._group_request(ctx.job_id, step.replay_group)
+                if rec is not None and resubmittable(rec):  # it never ran: take the group anew
+                    self.groups.reset(ctx.job_id, step.replay_group)
+                    step = self.groups.accept(ctx.job_id, method, call.body)
             if step.cached is not None:
                 return Outcome(200, method, value=step.cached)
             if step.replay_group:
