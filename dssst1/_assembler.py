@@ -71,7 +71,7 @@ class ChunkAssembler:
         self._buf = bytearray()  # the frame so far: chunks 0 .. self._next - 1, in order
         self._next = 0  # the first index not in `_buf`
         self._ahead: dict[int, bytes] = {}  # chunks received past a missing one
-        self._have = bytearray()  # 1 per received index
+        self._have: set[int] = set()  # the received indices (never sized by the descriptor)
         self._received = 0
         self._last_len: int | None = None  # length of the last chunk, once received
         self._frame: memoryview | None = None
@@ -99,7 +99,17 @@ class ChunkAssembler:
 
     def missing(self) -> list[int]:
         """The indices not received yet (empty before the first chunk: the count is unknown)."""
-        return [index for index, have in enumerate(self._have) if not have]
+        return self._missing()
+
+    def _missing(self, limit: int | None = None) -> list[int]:
+        total = self._first.total_chunks if self._first is not None else 0
+        out: list[int] = []
+        for index in range(total):
+            if index not in self._have:
+                out.append(index)
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
 
     def finish(self) -> memoryview:
         """The reassembled frame, or ``chunk_missing`` listing the indices still missing."""
@@ -107,7 +117,7 @@ class ChunkAssembler:
             raise self._failure
         if self._frame is not None:
             return self._frame
-        missing = self.missing()
+        missing = self._missing(33)
         total = self._first.total_chunks if self._first is not None else "all"
         shown = ", ".join(map(str, missing[:32])) + (", ..." if len(missing) > 32 else "")
         raise DSSError(
@@ -152,7 +162,7 @@ class ChunkAssembler:
                     f"payload_crc32 {desc.payload_crc32}",
                     crc,
                 )
-        if self._have and self._have[desc.chunk_idx]:
+        if desc.chunk_idx in self._have:
             self._check_duplicate(desc, payload)
             return None
         return self._store(desc, payload)
@@ -229,7 +239,6 @@ class ChunkAssembler:
         if self._first is None:
             self._first = desc
             self._kind = desc.kind
-            self._have = bytearray(desc.total_chunks)
         total, index, length = desc.total_chunks, desc.chunk_idx, payload.nbytes
         if index == total - 1:
             self._last_len = length
@@ -247,7 +256,7 @@ class ChunkAssembler:
                 self._next += 1
         else:
             self._ahead[index] = bytes(payload)
-        self._have[index] = 1
+        self._have.add(index)
         self._received += 1
         if self._received < total:
             return None

@@ -17,7 +17,12 @@ import pytest
 
 import dssst1
 from arctic_sdk._generated import methods as M
-from arctic_servers.protocol.chunk_groups import GROUP_OVERHEAD, ChunkBudget, ChunkGroups
+from arctic_servers.protocol.chunk_groups import (
+    CHUNK_OVERHEAD,
+    GROUP_OVERHEAD,
+    ChunkBudget,
+    ChunkGroups,
+)
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.stores import MemoryChunkStore
 
@@ -77,7 +82,7 @@ def test_a_burst_stays_within_the_bound() -> None:
     g = groups(per_job_bytes=1 << 40, server_bytes=1 << 40)
     for _ in range(100):
         g.accept("job", M.FORWARD_BACKWARD, chunk0(64 * KiB, 256 * MiB, 4096))
-    assert g.held_bytes() <= 100 * (64 * KiB + 4096 + GROUP_OVERHEAD)
+    assert g.held_bytes() <= 100 * (64 * KiB + CHUNK_OVERHEAD + GROUP_OVERHEAD)
     assert g.held_bytes("job") == g.held_bytes()
 
 

@@ -30,6 +30,7 @@ from .stores import ChunkStore, GroupRecord
 
 # Bytes an open group costs beyond its chunks (assembler, records), for the budget.
 GROUP_OVERHEAD = 1024
+CHUNK_OVERHEAD = 64
 # Codec failures that mean "same group id, different content" to a server.
 _CONFLICT_CODES = frozenset({"chunk_duplicate_conflict", "chunk_inconsistent"})
 
@@ -94,14 +95,13 @@ class ChunkGroups:
 
     def held_bytes(self, job_id: str | None = None) -> int:
         """Bytes incomplete groups hold now (of one job, or of the whole server): their chunks'
-        payloads, plus their bookkeeping (`GROUP_OVERHEAD` and one byte a declared chunk)."""
+        payloads, plus their bookkeeping (`GROUP_OVERHEAD`, `CHUNK_OVERHEAD` a received chunk)."""
         return self._total if job_id is None else self._job_bytes.get(job_id, 0)
 
     def _set_cost(self, key: tuple[str, str], asm: dssst1.ChunkAssembler | None) -> None:
         new = 0
         if asm is not None:
-            desc = asm.descriptor
-            new = asm.buffered_bytes + GROUP_OVERHEAD + (desc.total_chunks if desc else 0)
+            new = asm.buffered_bytes + GROUP_OVERHEAD + CHUNK_OVERHEAD * asm.received
         old = self._cost.pop(key, 0)
         if asm is not None:
             self._cost[key] = new
