@@ -27,6 +27,12 @@ def add_limit_arguments(ap: argparse.ArgumentParser) -> None:
                    help="MiB incomplete chunk groups of the whole server may hold")  # fmt: skip
     g.add_argument("--chunk-group-ttl", type=int, default=_D.chunk_group_ttl_seconds,
                    help="seconds an incomplete chunk group may go without a chunk")  # fmt: skip
+    g.add_argument(
+        "--max-inline-result-kib",
+        type=int,
+        default=_D.max_inline_result_bytes // 1024,
+        help="KiB of a result answered inline; larger ones page as result_chunk events",
+    )
     g.add_argument("--max-sub-jobs", type=int, default=_D.max_sub_jobs,
                    help="sub-jobs one CreateJob may configure")  # fmt: skip
 
@@ -43,4 +49,7 @@ def limits_from_args(
         max_open_chunk_bytes=args.chunk_budget_mib * MiB,
         chunk_group_ttl_seconds=args.chunk_group_ttl,
         max_sub_jobs=args.max_sub_jobs,
+        max_inline_result_bytes=args.max_inline_result_kib * 1024,
+        # result_chunk events smaller than the inline limit: a paged result has several
+        result_chunk_bytes=min(_D.result_chunk_bytes, max(1024, args.max_inline_result_kib * 512)),
     )
