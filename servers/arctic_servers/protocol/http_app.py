@@ -29,6 +29,7 @@ log = logging.getLogger("arctic_servers.http")
 
 DEFAULT_PREFIX = "/api/v2/databases/{db}/schemas/{schema}/{endpoint}"
 CORE_KEY = web.AppKey("arctic_core", ProtocolCore)
+_BROKEN = web.RequestKey("arctic_body_broken", bool)  # its body could not be read
 OCTET = "application/octet-stream"
 
 
@@ -61,7 +62,12 @@ async def error_middleware(
 ) -> web.StreamResponse:
     """Every failure becomes `{"error": {...}}` with the table's status; never a bare 500."""
     resp = await _answer_errors(request, handler)
-    if request.can_read_body and not request.content.is_eof():
+    if request.get(_BROKEN):  # answer, then close at once (no lingering read of the body)
+        resp.force_close()
+        await resp.prepare(request)
+        await resp.write_eof()
+        request.protocol.force_close()
+    elif request.can_read_body and not request.content.is_eof():
         resp.force_close()  # the body was not read to its end: say so (Connection: close)
     return resp
 
@@ -187,6 +193,8 @@ class HttpBinding:
             try:
                 return read.result()
             except RequestPayloadError as exc:
+                request[_BROKEN] = True  # the connection closes after this answer
+                request.content.feed_eof()  # nothing left to read (aiohttp would log the error)
                 raise ProtocolError(
                     "invalid_argument",
                     f"the request body could not be read: {exc}".replace("\n", " "),
@@ -195,6 +203,7 @@ class HttpBinding:
                     expected="a body in its declared Content-Length / Content-Encoding",
                 ) from None
         read.cancel()
+        request[_BROKEN] = True  # a slow or cut-off body: answer and close the connection
         if self.core.draining:
             raise ProtocolError(
                 "unavailable",
