@@ -42,6 +42,7 @@ TRAIN = {
     "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0},
 }
 REL = 1e-5
+UNEVEN = (ROWS[2], ROWS[0], ROWS[1], ROWS[3])
 
 
 def trainer_job(n_gpus: int, **extra: Any) -> dict[str, Any]:
@@ -104,7 +105,11 @@ async def test_two_ranks_equal_one_rank(mr_http: Http, jobs: dict[int, str]) -> 
         "B=3 left-padded, sum": sft_body(
             ROWS[1:], left=True, post=["compute_logprobs"], config={"loss_agg_mode": "sum"}
         ),
+        # 14, 12, 8, 6 real tokens: contiguous slices carry 26 | 14, token-balanced 20 | 20
+        "B=4 contiguous": sft_body(UNEVEN, post=["compute_logprobs"]),
+        "B=4 balanced (ZoRRO)": sft_body(UNEVEN, post=["compute_logprobs"], balance_rows=True),
     }
+    ranks = {"B=4 contiguous": (26, 14), "B=4 balanced (ZoRRO)": (20, 20)}
     report = []
     for name, body in batches.items():
         fb = {w: await mr_http.run(M.FORWARD_BACKWARD, jobs[w], body) for w in (1, 2)}
@@ -130,6 +135,12 @@ async def test_two_ranks_equal_one_rank(mr_http: Http, jobs: dict[int, str]) -> 
         assert st[1]["metrics"]["grad_norm"] > 0
         assert st[1]["metrics"]["global_step"] == st[2]["metrics"]["global_step"]
         assert d_lp_in <= 1e-5 and d_lp <= 1e-5, name
+        total = int(np.asarray(body["kwargs"]["attention_mask"]).sum())
+        m1, m2 = fb[1]["metrics"], fb[2]["metrics"]
+        assert m1["rank_tokens_max"] == m1["rank_tokens_min"] == total, name  # W = 1: no-op
+        assert m2["rank_tokens_max"] + m2["rank_tokens_min"] == total, name
+        if name in ranks:
+            assert (m2["rank_tokens_max"], m2["rank_tokens_min"]) == ranks[name], name
     print("\nW=2 vs W=1: " + "; ".join(report))
 
 

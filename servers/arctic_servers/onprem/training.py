@@ -228,10 +228,18 @@ class TrainingEngine(_Forward):
         return passes
 
     def _fb_result(
-        self, b: Batch, res: losses.LossResult, lp: torch.Tensor, ent: torch.Tensor | None
+        self,
+        b: Batch,
+        res: losses.LossResult,
+        lp: torch.Tensor,
+        ent: torch.Tensor | None,
+        rank_tokens: list[int] | None = None,
     ) -> dict[str, Any]:
-        """Account a forward-backward call's loss and tokens until `step`; its result."""
+        """Account a forward-backward call's loss and tokens until `step`; its result (with the
+        real tokens each data-parallel rank ran: the whole call's on one rank)."""
         metrics = dict(res.metrics)
+        per_rank = rank_tokens or [int(b.mask_np.sum())]
+        metrics["rank_tokens_max"], metrics["rank_tokens_min"] = max(per_rank), min(per_rank)
         self.acc_loss += float(metrics["loss"])
         self.acc_tokens += int(metrics["num_tokens"])
         metrics["global_step"] = int(self.engine.global_steps)
