@@ -19,8 +19,9 @@ one rank on the same batch for every loss:
    fewer (or no) rows add zero-loss passes where ZeRO 2/3 need every rank in every collective.
 
 Loss, metrics, log-probs (caller's rows and columns): rank 0's, the same whichever assignment
-(`rank_tokens_max` / `rank_tokens_min` say how balanced it was). step/save/load/sleep/wake: every rank.
-forward, log-probs, weight export: rank 0 (with ZeRO-3 the others join its parameter gathers)."""
+(`rank_tokens_max` / `rank_tokens_min` say how balanced it was). step/save/load/sleep/wake:
+every rank. forward, log-probs, weight export: rank 0 (with ZeRO-3 the others join its
+parameter gathers)."""
 
 from __future__ import annotations
 

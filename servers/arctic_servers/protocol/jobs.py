@@ -45,6 +45,15 @@ TRAINING_KEYS = frozenset(
     }
 )
 INFERENCE_KEYS = frozenset({"max_seq_len", "n_gpus", "vllm_config"})
+
+
+def config_keys_json(keys: Mapping[str, frozenset[str]] | None = None) -> dict[str, list[str]]:
+    """The capabilities' `config_keys` (jobs.proto `SubJobConfigKeys`): per role, the keys a
+    server accepts (default: the standard ones)."""
+    std = {"training": TRAINING_KEYS, "sampling": INFERENCE_KEYS, "log_prob": INFERENCE_KEYS}
+    return {role: sorted((keys or std)[role]) for role in std}
+
+
 CANCEL_REASON = "cancelled by CancelJob"
 LEASE_EXPIRED = "lease expired"
 # Data-plane ops a job that is not running may still serve (checkpoint files outlive compute).
