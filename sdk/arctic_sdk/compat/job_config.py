@@ -274,8 +274,10 @@ class _Planner:
         else:
             warmup = round(float(sched.get("warmup_ratio") or 0.0) * horizon)
         low = float(sched.get("min_lr_ratio") or 0.0)
-        if kind == "constant" and warmup == 0:
-            return  # a constant rate: the optimizer's lr, nothing to schedule
+        if kind == "constant" and warmup == 0:  # the optimizer's lr, nothing to schedule
+            if horizon:
+                self.no_effect.append("training_config.training_horizon (a constant rate)")
+            return
         if kind != "constant" and horizon <= 0:
             self.refuse(f"training_config.training_horizon (a {kind} decay needs it > 0)")
             return
