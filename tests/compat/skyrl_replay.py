@@ -168,7 +168,6 @@ def build_rl_config(
         "seed": a["determinism_seed"],
         "startup_timeout": 300.0,
         "server_logs": False,
-        "launch_local_server": False,
         "job_ready_timeout": 600.0,
     }
 

@@ -43,14 +43,21 @@ def _client(server: Server, **over: Any) -> Any:
     return client
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["zorro-on", "zorro-off"])
-def skyrl(request: pytest.FixtureRequest, server: Server) -> Any:
-    client = _client(server, use_zorro=request.param)
-    client.use_zorro = request.param
+@pytest.fixture(scope="module")
+def skyrl_job(server: Server) -> Any:
+    """One job from SkyRL's stock config (ZoRRO on) per server: ZoRRO is per call (meta), so the
+    ZoRRO-off runs share it."""
+    client = _client(server, use_zorro=True)
     try:
         yield client
     finally:
         S.run(client.shutdown())
+
+
+@pytest.fixture(params=[True, False], ids=["zorro-on", "zorro-off"])
+def skyrl(request: pytest.FixtureRequest, skyrl_job: Any) -> Any:
+    skyrl_job.use_zorro = request.param
+    return skyrl_job
 
 
 def test_first_step_is_on_policy(skyrl: Any, server: Server) -> None:

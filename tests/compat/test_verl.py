@@ -49,23 +49,37 @@ def _make(server: Server, flavour: str, yaml: dict[str, Any]) -> Any:
     return client
 
 
-@pytest.fixture(
-    scope="module",
-    params=[("pr", False), ("pr", True), ("plugin", False)],
-    ids=["pr6422", "pr6422-zorro", "plugin"],
-)
-def verl(request: pytest.FixtureRequest, server: Server, alias: None) -> Any:
-    flavour, zorro = request.param
-    yaml = _yaml(zorro)
+@pytest.fixture(scope="module")
+def verl_jobs(server: Server, alias: None) -> Any:
+    """PR #6422's job (stock arctic.yaml) and the plugin's: on the fake its own job, built from
+    the plugin's config; on-prem (engine start-ups cost minutes) the plugin's reconnect path
+    (`from_config(handle=...)`) onto the PR's job."""
+    from arctic_platform.client import create_arctic_rl_client as plugin_create
+
     with pytest.MonkeyPatch.context() as mp:
         # the plugin's OnPremConfig has no token field: a deployment puts it in the environment
         mp.setenv("ARCTIC_CORTEX_PAT", TOKEN)
-        client = _make(server, flavour, yaml)
-        client.yaml, client.flavour = yaml, flavour
+        pr = _make(server, "pr", _yaml(False))
+        if server.kind == "fake":
+            plugin = _make(server, "plugin", _yaml(False))
+        else:
+            plugin = plugin_create(pr.reconnect_config())
         try:
-            yield client
+            yield {"pr": pr, "plugin": plugin}
         finally:
-            asyncio.run(client.shutdown())
+            asyncio.run(plugin.shutdown())
+            asyncio.run(pr.shutdown())
+
+
+@pytest.fixture(
+    params=[("pr", False), ("pr", True), ("plugin", False)],
+    ids=["pr6422", "pr6422-zorro", "plugin"],
+)
+def verl(request: pytest.FixtureRequest, verl_jobs: dict[str, Any]) -> Any:
+    flavour, zorro = request.param
+    client = verl_jobs[flavour]
+    client.yaml, client.flavour = _yaml(zorro), flavour
+    return client
 
 
 async def _rollouts(client: Any) -> V.VerlData:

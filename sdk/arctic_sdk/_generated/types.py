@@ -181,11 +181,14 @@ class SubJobConfig(TypedDict, total=False):
     training_config: dict[str, Any]
     """Training sub-jobs: `max_seq_len`, `n_gpus`, `train_batch_size`, `gradient_clipping`,
     `optimizer` ({"name", lr, betas, ...}), `zero_stage`, `micro_batch_size`, and any DeepSpeed
-    config keys under `deepspeed` (passed through).
+    config keys under `deepspeed` (passed through). A server may accept more keys (it lists
+    them in the capabilities' `config_keys`) and refuses the rest with `unsupported_option`.
     """
 
     inference_config: dict[str, Any]
-    """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments)."""
+    """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments);
+    extensions as for `training_config`.
+    """
 
 
 class CreateJobRequest(TypedDict, total=False):
