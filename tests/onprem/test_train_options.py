@@ -119,3 +119,29 @@ def test_advertised_keys_are_the_accepted_ones() -> None:
     keys = config_keys()
     assert {"lr_scheduler", "activation_checkpointing", "checkpoint_path"} <= keys["training"]
     assert {"engine", "deepspeed"} <= keys["log_prob"] and "engine" not in keys["sampling"]
+
+
+def test_capabilities_advertise_the_config_keys(tmp_path: Any) -> None:
+    """Each server lists the sub-job config keys it accepts: the fake the standard ones, the
+    on-prem server its extensions too, the gateway's on-prem engines all but checkpoint_path
+    (which its checkpoint store replaces, refused by name)."""
+    from arctic_servers.gateway.profiles import OnpremProfile
+    from arctic_servers.gateway.settings import GatewaySettings
+    from arctic_servers.onprem.servicer import OnpremServicer
+    from arctic_servers.protocol.jobs import config_keys_json
+    from conformance.fake.servicer import FakeServicer
+
+    std = config_keys_json()
+    assert getattr(FakeServicer, "config_keys", None) is None  # the core answers the standard
+    assert "lr_scheduler" not in std["training"]
+    onprem = OnpremServicer.config_keys
+    assert set(std["training"]) < set(onprem["training"])
+    assert "checkpoint_path" in onprem["training"]
+    assert "deepspeed" in onprem["log_prob"]
+    gateway = OnpremProfile(GatewaySettings(db=tmp_path / "g.db", engine="onprem"))
+    keys = gateway.config_keys
+    assert "lr_scheduler" in keys["training"] and "checkpoint_path" not in keys["training"]
+    with pytest.raises(ProtocolError) as err:
+        gateway.sub_jobs(_train(checkpoint_path="/tmp/x"))
+    assert err.value.code == "unsupported_option"
+    assert err.value.details["field"] == "sub_job_configs[0].training_config.checkpoint_path"
