@@ -18,7 +18,7 @@ import requests
 from arctic_sdk.compat import LegacyConfigWarning, create_arctic_rl_client
 
 from . import legacy_bodies as L
-from .conftest import Server
+from .conftest import TOKEN, Server
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,10 @@ def _config(server: Server, ckpt: str, *, checkpointing: bool, log_prob: bool) -
 
 def _info(server: Server, job: str, role: str) -> dict[str, Any]:
     admin = server.base_url + "/_admin/jobs/" + job
-    workers = requests.get(admin, timeout=30).json()["workers"]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    resp = requests.get(admin, headers=auth, timeout=30)
+    assert resp.status_code == 200, resp.text
+    workers = resp.json()["workers"]
     return next(w["info"] for w in workers if w["role"] == role)
 
 
@@ -82,8 +85,10 @@ def test_schedule_checkpointing_attention_determinism_resume(
     onprem_server: Server, tmp_path: Path
 ) -> None:
     ckpt = str(tmp_path / "ckpts")
-    with pytest.warns(LegacyConfigWarning, match="flash_attention_2"):
+    with pytest.warns(LegacyConfigWarning) as rec:
         a = create_arctic_rl_client(_config(onprem_server, ckpt, checkpointing=True, log_prob=True))
+    text = " | ".join(str(w.message) for w in rec)
+    assert "flash_attention_2" in text and "log_prob_ds_config.train_batch_size" in text
     try:
         info = _info(onprem_server, a.job_id, "training")
         assert (

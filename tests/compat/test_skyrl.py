@@ -119,10 +119,9 @@ def test_colocated_branch_and_inference_stub(skyrl: Any) -> None:
 
 
 def test_entrypoint_creates_then_reattaches(server: Server) -> None:
-    over: dict[str, Any] = {}
+    cfg = S.build_rl_config(server, bf16=False)
     if server.kind == "onprem":  # nothing answers here: "ray" launches the server, as deployed
-        over["port"] = free_port()
-    cfg = S.build_rl_config(server, bf16=False, **over)
+        cfg["port"] = free_port()
     cfg["sampling_gpus"] = 0
     with pytest.warns(LegacyConfigWarning):
         pre_client = create_arctic_rl_client(cfg)
