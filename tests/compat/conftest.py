@@ -15,6 +15,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,12 +141,20 @@ def server(request: pytest.FixtureRequest) -> Server:
 
 
 @pytest.fixture(scope="session")
-def client(server: Server) -> Iterator[Any]:
-    """One legacy client (one job: training, sampling, log-prob) per server, shared."""
+def onprem_stock_job(onprem_server: Server, alias: None) -> Iterator[Any]:
+    """On-prem engine start-ups cost minutes: one W = 1 job from verl PR #6422's stock
+    arctic.yaml (training, sampling, a DeepSpeed log-prob sub-job) serves the on-prem replays of
+    both frameworks; SkyRL re-attaches to it the way its entrypoint does (`ArcticRLExp`), the
+    plugin the way verl's forwarder does. Each framework's config creating its own job is
+    replayed against the fake, and SkyRL's stock config creates the W = 2 job."""
     from arctic_sdk.compat import create_arctic_rl_client
 
-    c = create_arctic_rl_client(server.config(log_prob_gpus=1))
+    from . import verl_replay as V
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=DeprecationWarning)  # named in test_verl
+        client = create_arctic_rl_client(V.pr_client_config(onprem_server, V.arctic_yaml()))
     try:
-        yield c
+        yield client
     finally:
-        asyncio.run(c.shutdown())
+        asyncio.run(client.shutdown())

@@ -150,13 +150,15 @@ async def test_refused_knobs_send_nothing(fake_server: Server) -> None:
         await client.shutdown()
 
 
-async def test_reference_model_runs_on_the_log_prob_sub_job(client: Any, server: Server) -> None:
-    if server.kind != "fake":
-        pytest.skip("reads the fake's execution log")
-    await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload(), reference_model=True)
-    await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload())
-    log = [e for e in server.execution_log(client.job_id) if e["op"] == "forward"]
-    assert [e["target"] for e in log[-2:]] == [client.log_prob_job_id, client.training_job_id]
+async def test_reference_model_runs_on_the_log_prob_sub_job(fake_server: Server) -> None:
+    client = create_arctic_rl_client(fake_server.config(log_prob_gpus=1))  # the execution log
+    try:
+        await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload(), reference_model=True)
+        await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload())
+        log = [e for e in fake_server.execution_log(client.job_id) if e["op"] == "forward"]
+        assert [e["target"] for e in log[-2:]] == [client.log_prob_job_id, client.training_job_id]
+    finally:
+        await client.shutdown()
 
 
 def _child_step(blob: bytes) -> dict[str, Any]:

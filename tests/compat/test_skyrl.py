@@ -44,10 +44,16 @@ def _client(server: Server, **over: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def skyrl_job(server: Server) -> Any:
-    """One job from SkyRL's stock config (ZoRRO on) per server: ZoRRO is per call (meta), so the
-    ZoRRO-off runs share it."""
-    client = _client(server, use_zorro=True)
+def skyrl_job(server: Server, request: pytest.FixtureRequest) -> Any:
+    """The fake: a job from SkyRL's stock config (ZoRRO on; ZoRRO is per call, so the ZoRRO-off
+    runs share it). On-prem, where engine start-ups cost minutes: SkyRL's entrypoint re-attach
+    (`ArcticRLExp`: `create_arctic_rl_client(reconnect_config, server_state)`) onto the
+    session's stock job (SkyRL's own config creates the W = 2 job of test_onprem_w2.py)."""
+    if server.kind == "fake":
+        client = _client(server, use_zorro=True)
+    else:
+        shared = request.getfixturevalue("onprem_stock_job")
+        client = create_arctic_rl_client(shared.reconnect_config(), shared.get_server_state())
     try:
         yield client
     finally:

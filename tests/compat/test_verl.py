@@ -50,25 +50,28 @@ def _make(server: Server, flavour: str, yaml: dict[str, Any]) -> Any:
 
 
 @pytest.fixture(scope="module")
-def verl_jobs(server: Server, alias: None) -> Any:
-    """PR #6422's job (stock arctic.yaml) and the plugin's: on the fake its own job, built from
-    the plugin's config; on-prem (engine start-ups cost minutes) the plugin's reconnect path
-    (`from_config(handle=...)`) onto the PR's job."""
+def verl_jobs(server: Server, alias: None, request: pytest.FixtureRequest) -> Any:
+    """PR #6422's job (stock arctic.yaml) and the plugin's: on the fake each built from its own
+    config; on-prem (engine start-ups cost minutes) the session's stock job
+    (`onprem_stock_job`), the plugin attached through its reconnect path
+    (`from_config(handle=...)`)."""
     from arctic_platform.client import create_arctic_rl_client as plugin_create
 
     with pytest.MonkeyPatch.context() as mp:
         # the plugin's OnPremConfig has no token field: a deployment puts it in the environment
         mp.setenv("ARCTIC_CORTEX_PAT", TOKEN)
-        pr = _make(server, "pr", _yaml(False))
         if server.kind == "fake":
+            pr = _make(server, "pr", _yaml(False))
             plugin = _make(server, "plugin", _yaml(False))
         else:
+            pr = request.getfixturevalue("onprem_stock_job")
             plugin = plugin_create(pr.reconnect_config())
         try:
             yield {"pr": pr, "plugin": plugin}
         finally:
             asyncio.run(plugin.shutdown())
-            asyncio.run(pr.shutdown())
+            if server.kind == "fake":
+                asyncio.run(pr.shutdown())
 
 
 @pytest.fixture(
