@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,8 +29,8 @@ from .._core.capabilities import config_keys_of
 from .._generated.client import AsyncClient, Client
 from ..errors import ArcticError, InvalidArgumentError
 from .config import ArcticRLClientConfig, LegacyConfigWarning
-from .handles import Issued, Transport
 from .job_config import UnsupportedConfigError, plan_job
+from .knobs import LOGPROB_KEYS
 from .launch import LaunchedServer, launch_onprem, reachable
 from .lifecycle import LegacyLifecycle
 from .lowering import Lowered, is_canonical, lower, to_numpy
@@ -356,6 +358,38 @@ class ArcticRLClient(LegacyLifecycle):
         self._control.close()
         if self._launched is not None:
             self._launched.stop()
+
+
+class Issued:
+    """Log-prob arrays this client returned (weakly, by identity) with their alignment."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self._refs: deque[tuple[weakref.ref[Any], str]] = deque(maxlen=keep)
+
+    def add(self, obj: Any, align: str) -> None:
+        with contextlib.suppress(TypeError):  # not weak-referenceable: nothing to remember
+            self._refs.append((weakref.ref(obj), align))
+
+    def aligned(self, batch: Mapping[str, Any]) -> dict[str, str]:
+        """The known alignment of each log-prob input that is one of those arrays."""
+        out: dict[str, str] = {}
+        for name in LOGPROB_KEYS:
+            value = batch.get(name)
+            for ref, align in self._refs:
+                if value is not None and ref() is value:
+                    out[name] = align
+        return out
+
+
+class Transport:
+    """`client.transport`, as the Arctic-Platform verl plugin reads it (`get_server_state`)."""
+
+    def __init__(self, server_state: Callable[[], Any]) -> None:
+        self._server_state = server_state
+
+    def get_server_state(self) -> Any:
+        """The client's `get_server_state()`: what re-attaches another process to the job."""
+        return self._server_state()
 
 
 def _server_env(cfg: ArcticRLClientConfig) -> dict[str, str] | None:
