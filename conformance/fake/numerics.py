@@ -248,16 +248,35 @@ def generation_seed(seed: int, sample_idx: int, weight_version: int, prompt: Seq
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-def token_stream(
+#: The ids generation draws from: printable ASCII bytes 32..126 as tokenizer ids (byte + 3).
+PRINTABLE_IDS = tuple(range(35, 130))
+
+
+def draws(
     seed: int, sample_idx: int, weight_version: int, prompt: Sequence[int], count: int
 ) -> list[int]:
-    """`count` sampled token ids: printable ASCII bytes 32..126, as tokenizer ids (byte + 3)."""
+    """The SplitMix64 outputs `z_1 .. z_count` of one sample (NUMERICS.md §5)."""
     state = generation_seed(seed, sample_idx, weight_version, prompt)
     out = []
     for _ in range(count):
         state, z = splitmix64(state)
-        out.append(32 + z % 95 + 3)
+        out.append(z)
     return out
+
+
+def token_stream(
+    seed: int, sample_idx: int, weight_version: int, prompt: Sequence[int], count: int
+) -> list[int]:
+    """`count` sampled token ids: printable ASCII bytes 32..126, as tokenizer ids (byte + 3)."""
+    return [PRINTABLE_IDS[z % 95] for z in draws(seed, sample_idx, weight_version, prompt, count)]
+
+
+def min_p_candidates(prev: int, position: int, step: int, min_p: float) -> tuple[int, ...]:
+    """NUMERICS.md §5: the printable ids whose log-prob is at least the best one's plus
+    `ln(min_p)` (probability >= min_p x the most likely one's), ascending."""
+    lps = token_logprob(np.asarray(PRINTABLE_IDS), position, prev, step)
+    keep = lps >= float(lps.max()) + math.log(min_p)
+    return tuple(t for t, k in zip(PRINTABLE_IDS, keep.tolist(), strict=True) if k)
 
 
 __all__ = [
@@ -266,6 +285,7 @@ __all__ = [
     "IGNORE_INDEX",
     "KL_TYPES",
     "LOSS_FNS",
+    "PRINTABLE_IDS",
     "Batch",
     "LossInputs",
     "LossResult",
@@ -273,9 +293,11 @@ __all__ = [
     "LossSpec",
     "compute_loss",
     "default_positions",
+    "draws",
     "generation_seed",
     "grad_norm",
     "make_batch",
+    "min_p_candidates",
     "shifted_entropy",
     "shifted_logprobs",
     "splitmix64",

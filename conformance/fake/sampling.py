@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from arctic_servers.protocol import fields
 from arctic_servers.protocol.errors import ProtocolError
 
 from . import tokenizer
-from .numerics import token_logprob, token_stream
+from .numerics import PRINTABLE_IDS, draws, min_p_candidates, token_logprob
 
 DEFAULT_MAX_TOKENS = 16
 MAX_LOGPROBS = 20
@@ -42,6 +43,8 @@ class Params:
     seed: int | None = None
     logprobs: int | None = None
     greedy: bool = False
+    min_p: float = 0.0
+    include_stop_str: bool = False
 
 
 def _bad(path: str, message: str, **details: Any) -> ProtocolError:
@@ -94,6 +97,8 @@ def parse_params(body: Mapping[str, Any]) -> Params:
         if float(temp) < 0:
             raise _bad("sampling_params.temperature", f"{temp} is negative", expected=">= 0")
         p.greedy = float(temp) == 0.0
+    p.min_p = fields.min_p(sp) or 0.0
+    p.include_stop_str = bool(sp.get("include_stop_str_in_output"))
     if body.get("strict"):
         bad = [
             f"sampling_params.{k}={sp.get(k)!r}"
@@ -163,6 +168,18 @@ def draw_seed() -> int:
     return secrets.randbits(63)
 
 
+def next_token(
+    z: int, prompt: Sequence[int], tokens: Sequence[int], p: Params, model_step: int
+) -> int:
+    """NUMERICS.md §5: the token draw `z` picks after `prompt + tokens`: a printable id, among
+    those at least `min_p` times as likely as the best one when `min_p` is set."""
+    cands = PRINTABLE_IDS
+    if p.min_p > 0:
+        prev = tokens[-1] if tokens else prompt[-1]
+        cands = min_p_candidates(prev, len(prompt) + len(tokens), model_step, p.min_p)
+    return cands[z % len(cands)]
+
+
 def sample(
     prompt: Sequence[int],
     idx: int,
@@ -177,23 +194,25 @@ def sample(
     if max_seq_len:
         budget = min(budget, max_seq_len - len(prompt))
     s_seed, s_idx = (0, 0) if p.greedy else (seed, idx)
-    stream = token_stream(s_seed, s_idx, weight_version, prompt, budget)
     tokens: list[int] = []
     text_end: int | None = None
     finish, stop_reason = "length", ""
-    for t in stream:
+    for z in draws(s_seed, s_idx, weight_version, prompt, budget):
+        t = next_token(z, prompt, tokens, p, model_step)
         tokens.append(t)
         if len(tokens) < p.min_tokens:
             continue
         if t in p.stop_token_ids:
             finish = "stop"
-            text_end = len(tokenizer.decode(tokens[:-1]))
+            if not p.include_stop_str:
+                text_end = len(tokenizer.decode(tokens[:-1]))
             break
         text = tokenizer.decode(tokens)
         hits = [(text.find(s), s) for s in p.stop if s in text]
         if hits:
             at, stop_reason = min(hits)
-            finish, text_end = "stop", at
+            finish = "stop"
+            text_end = at + len(stop_reason) if p.include_stop_str else at
             break
     text = tokenizer.decode(tokens)
     out: dict[str, Any] = {

@@ -234,6 +234,9 @@ def run(
             "num_tokens": int(call.batch.pair.sum()),
             "num_sequences": int(call.batch.ids.shape[0]),
         }
+    if not forward:  # one rank: it ran every real token of the call (NUMERICS.md §3)
+        real = int((np.asarray(call.batch.mask) != 0).sum())
+        metrics["rank_tokens_max"] = metrics["rank_tokens_min"] = real
     want_ent = "compute_entropy" in call.post
     if want_ent:
         ent = nx.shifted_entropy(call.batch, step)[:, :-1][call.batch.pair != 0]

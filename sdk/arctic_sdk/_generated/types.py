@@ -181,11 +181,14 @@ class SubJobConfig(TypedDict, total=False):
     training_config: dict[str, Any]
     """Training sub-jobs: `max_seq_len`, `n_gpus`, `train_batch_size`, `gradient_clipping`,
     `optimizer` ({"name", lr, betas, ...}), `zero_stage`, `micro_batch_size`, and any DeepSpeed
-    config keys under `deepspeed` (passed through).
+    config keys under `deepspeed` (passed through). A server may accept more keys (it lists
+    them in the capabilities' `config_keys`) and refuses the rest with `unsupported_option`.
     """
 
     inference_config: dict[str, Any]
-    """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments)."""
+    """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments);
+    extensions as for `training_config`.
+    """
 
 
 class CreateJobRequest(TypedDict, total=False):
@@ -429,6 +432,19 @@ class GetCapabilitiesResponse(TypedDict, total=False):
 
     server_version: str
 
+    config_keys: SubJobConfigKeys
+    """The sub-job config keys this server accepts: the standard ones (`SubJobConfig`) and its own
+    extensions. Absent = the standard keys only.
+    """
+
+
+class SubJobConfigKeys(TypedDict, total=False):
+    """Keys of `SubJobConfig.training_config` / `inference_config` a server accepts, per role."""
+
+    training: list[str]
+    sampling: list[str]
+    log_prob: list[str]
+
 
 class Features(TypedDict, total=False):
     """The `arctic.v1.Features` message."""
@@ -611,6 +627,13 @@ class Processing(TypedDict, total=False):
 
     config: LossConfig
 
+    balance_rows: bool
+    """forward-backward on a multi-rank (data-parallel) trainer: assign the call's rows to ranks so
+    that their real-token counts balance (ZoRRO's load balancer) instead of in contiguous
+    slices. Results come back in the caller's row order and equal the unbalanced ones (the
+    assignment changes cost, not the maths); a single-rank trainer has nothing to balance.
+    """
+
 
 class ForwardBackwardRequest(TypedDict, total=False):
     """DSSST1 body of forward-backward (the canonical Cortex frame). Gradients add up across calls
@@ -665,6 +688,13 @@ class Metrics(TypedDict, total=False):
     """Rows in the call."""
 
     global_step: int
+
+    rank_tokens_max: int
+    """forward-backward: real (attention_mask) tokens of the busiest and of the least busy
+    data-parallel rank in this call; both equal the call's real tokens on a single-rank trainer.
+    """
+
+    rank_tokens_min: int
 
 
 class Outputs(TypedDict, total=False):
@@ -756,6 +786,16 @@ class SamplingParams(TypedDict, total=False):
     min_tokens: int
     ignore_eos: bool
 
+    min_p: float
+    """Min-p sampling: only tokens whose probability is at least `min_p` times the most likely
+    token's are sampled. In [0, 1]; absent or 0 = off; 1 keeps only the most likely token(s).
+    """
+
+    include_stop_str_in_output: bool
+    """Keep the stop string (or the stop token's text) that ended a sample at the end of its `text`
+    (default false: `text` ends before it). `token_ids` are the same either way.
+    """
+
 
 class TokenIds(TypedDict, total=False):
     """The `arctic.v1.TokenIds` message."""
@@ -821,7 +861,9 @@ class SyncWeightsRequest(TypedDict, total=False):
     """Default: the job's training sub-job."""
 
     target_sub_job_ids: list[str]
-    """Default: every sampling and log-prob sub-job of the job."""
+    """Default: every sampling sub-job of the job. A log-prob sub-job (the reference model) is
+    updated only when named here: it stays frozen otherwise.
+    """
 
     method: str
     """\"auto" (default), "nccl", "cuda_ipc", "shm", "safetensors"."""

@@ -20,12 +20,16 @@ from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
 
 from ..protocol.checkpoint_files import run_export
+from ..protocol.errors import ProtocolError
 from .model import SubJob
 from .settings import GatewaySettings
 
 
 def _has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+GATEWAY_REFUSED = "checkpoint_path"
 
 
 class FakeProfile:
@@ -98,9 +102,29 @@ class OnpremProfile:
         self.settings = settings
         self.cuda = _has_cuda() or bool(settings.ray_address)
 
+    @property
+    def config_keys(self) -> dict[str, list[str]]:
+        """The on-prem engines' keys, but `checkpoint_path`: checkpoints live in the gateway's
+        store, not at a path of some host."""
+        from ..onprem.settings import config_keys
+        from ..protocol.jobs import config_keys_json
+
+        keys = {role: frozenset(ks - {GATEWAY_REFUSED}) for role, ks in config_keys().items()}
+        return config_keys_json(keys)
+
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
         from ..onprem.settings import sub_job_specs
 
+        for i, cfg in enumerate(body.get("sub_job_configs") or []):
+            if GATEWAY_REFUSED in (cfg.get("training_config") or {}):
+                path = f"sub_job_configs[{i}].training_config.{GATEWAY_REFUSED}"
+                raise ProtocolError(
+                    "unsupported_option",
+                    f"{path}: the gateway keeps checkpoints in its store (save / load / list), "
+                    "not at a path of some host",
+                    options=[path],
+                    field=path,
+                )
         return [
             SubJob(
                 sub_job_id="",

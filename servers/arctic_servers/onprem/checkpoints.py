@@ -18,6 +18,7 @@ from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
 from . import checks
 from .base import OnpremBase
+from .jobs import SubJob
 from .settings import servers_dir, thread_env
 
 
@@ -49,6 +50,10 @@ class Checkpoints(OnpremBase):
             "zero_stage": (sub.worker.info if sub.worker else {}).get("zero_stage"),
         }
         self._ckpts.write_meta(job.job_id, ckpt, meta)
+        keep = sub.spec.config.get("checkpoint_path")
+        if keep:  # train_options.py: also kept where a later sub-job resumes from
+            dest = Path(str(keep)) / ckpt
+            await asyncio.to_thread(_copy_tree, root, dest)
         return {"checkpoint": cf.public(meta)}
 
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
@@ -103,3 +108,25 @@ class Checkpoints(OnpremBase):
         job = self._job(ctx)
         await self._ckpts.delete(job.job_id, str(body["checkpoint_id"]))
         return {"deleted": True}
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dest)
+
+
+async def resume(sub: SubJob, root: Path) -> dict[str, Any] | None:
+    """A training sub-job's `checkpoint_path` at start: load the newest resumable checkpoint
+    saved there (most global steps, then the latest); None when it holds none."""
+    dirs = cf.CheckpointDirs(lambda _job: root)
+    found = [c for c in dirs.listing("") if c.get("checkpoint_type") == "resumable"]
+    if not found:
+        return None
+    newest = max(found, key=lambda c: (int(c.get("global_steps") or 0), c.get("created_at", "")))
+    ckpt = str(newest["checkpoint_id"])
+    meta = dirs.meta("", ckpt)
+    assert sub.worker is not None
+    res = await sub.worker.call("load", **cf.load_args(root / ckpt, meta))  # not-an-op
+    return {"checkpoint_id": ckpt, "path": str(root / ckpt), **dict(res)}

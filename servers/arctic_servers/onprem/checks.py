@@ -17,6 +17,7 @@ import numpy as np
 
 from arctic_sdk._generated import methods as M
 
+from ..protocol import fields
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
 from . import loss_config
@@ -227,6 +228,7 @@ def sampling_params(body: Mapping[str, Any]) -> None:
         v = num(name)
         if v is not None and not -2 <= v <= 2:
             raise bad(f"sampling_params.{name}", f"{v} is not in [-2, 2]", expected="[-2, 2]")
+    fields.min_p(sp)
     for i, s in enumerate(sp.get("stop") or []):
         if not isinstance(s, str) or s == "":
             raise bad(

@@ -157,6 +157,10 @@ class SamplingEngine:
             kw["min_tokens"] = int(sp["min_tokens"])
         if sp.get("ignore_eos"):
             kw["ignore_eos"] = True
+        if sp.get("min_p"):
+            kw["min_p"] = float(sp["min_p"])
+        if sp.get("include_stop_str_in_output"):
+            kw["include_stop_str_in_output"] = True
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as exc:

@@ -17,7 +17,7 @@ from . import losses
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets
 from .ds_setup import device
-from .hf_model import _read_vocab, load_hf_model, load_state_file
+from .hf_model import _read_vocab, enable_determinism, load_hf_model, load_state_file
 from .worker import WorkerError
 
 
@@ -129,20 +129,29 @@ class ScoringEngine(_Forward):
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        torch.manual_seed(int(spec.get("seed") or 0))
+        seed = int(spec.get("seed") or 0)
         self.spec = dict(spec)
-        self.dev = device()
         cfg = spec.get("config") or {}
+        self.deterministic = enable_determinism(cfg, seed)
+        torch.manual_seed(seed)
+        self.dev = device()
+        self.attn_requested = str(cfg.get("attn_implementation") or "eager")
         self.model = load_hf_model(
-            spec["model_dir"],
-            spec.get("dtype") or "float32",
-            cfg.get("attn_implementation", "eager"),
+            spec["model_dir"], spec.get("dtype") or "float32", self.attn_requested
         )
         self.model.to(self.dev).eval()
         self.vocab_size = _read_vocab(spec["model_dir"])
 
     def info(self) -> dict[str, Any]:
-        return {"engine": "hf", "vocab_size": self.vocab_size, "device": str(self.dev)}
+        module = getattr(self.model, "module", self.model)
+        return {
+            "engine": "hf",
+            "vocab_size": self.vocab_size,
+            "device": str(self.dev),
+            "attn_implementation": str(module.config._attn_implementation),
+            "attn_requested": self.attn_requested,
+            "full_determinism": self.deterministic,
+        }
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.forward_result(body)

@@ -17,6 +17,7 @@ from typing import Any
 
 from arctic_sdk._generated import methods as M
 
+from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
 from ..protocol.sub_jobs import check_training_sub_job
@@ -24,10 +25,13 @@ from . import checks
 from .checkpoints import Checkpoints
 from .jobs import Job
 from .operations import Operations
-from .settings import DEFAULT_MODEL_NAMES, sub_job_specs
+from .settings import DEFAULT_MODEL_NAMES, config_keys, sub_job_specs
 
 
 class OnpremServicer(Operations, Checkpoints):
+    #: the capabilities' `config_keys`: the standard keys and the on-prem extensions
+    config_keys = pj.config_keys_json(config_keys())
+
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure)."""
         job = self._job(ctx)
@@ -113,6 +117,7 @@ class OnpremServicer(Operations, Checkpoints):
                 "threads": s.worker.threads if s.worker else None,
                 "info": dict(s.worker.info) if s.worker else {},
                 "weight_version": s.weight_version,
+                "resumed": s.resumed,
                 "log_tail": list(s.worker.logs)[-20:] if s.worker else [],
             }
             for s in job.sub_jobs

@@ -18,15 +18,26 @@ from typing import Any
 from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
 from ..protocol.jobs import role_of
+from . import train_options as opts
 
 ROLES = ("training", "sampling", "log_prob")
 DTYPES = ("float32", "bfloat16", "float16")
 # Names that mean "the embedded default model" (an empty model_name means it too).
 DEFAULT_MODEL_NAMES = frozenset({"", "tiny", "arctic-tiny", "tiny-qwen2", "default"})
-# the standard config keys, with the on-prem extensions
-TRAINING_KEYS = pj.TRAINING_KEYS | {"attn_implementation", "num_threads"}
-# the log-prob engine ("hf" = a torch forward, "vllm"), threads
-INFERENCE_KEYS = pj.INFERENCE_KEYS | {"engine", "num_threads"}
+# the standard config keys, with the on-prem extensions (train_options.py)
+TRAINING_KEYS = pj.TRAINING_KEYS | {
+    "attn_implementation",
+    "num_threads",
+    "lr_scheduler",
+    "activation_checkpointing",
+    "full_determinism",
+    "checkpoint_path",
+}
+# threads; a log-prob sub-job also: its engine ("hf" = a torch forward, "deepspeed" = a
+# forward-only DeepSpeed engine configured by `deepspeed`, "vllm"), attention, determinism
+INFERENCE_KEYS = pj.INFERENCE_KEYS | {"num_threads"}
+LOG_PROB_KEYS = INFERENCE_KEYS | {"engine", "deepspeed", "attn_implementation", "full_determinism"}
+LOG_PROB_ENGINES = ("hf", "deepspeed", "vllm")
 OPTIMIZER_KEYS = frozenset({"name", "type", "lr", "betas", "eps", "weight_decay", "momentum"})
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
@@ -209,7 +220,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         if cfg.get(other):
             raise _bad(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
         conf: dict[str, Any] = dict(cfg.get(own) or {})
-        known = TRAINING_KEYS if role == "training" else INFERENCE_KEYS
+        known = config_keys()[role]
         unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
         cpath = f"{path}.{own}"
         # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
@@ -230,19 +241,44 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
             ds = conf.get("deepspeed")
             if ds is not None and not isinstance(ds, Mapping):
                 raise _bad(f"{cpath}.deepspeed", "must be an object (DeepSpeed config keys)")
-            attn = conf.get("attn_implementation")
-            if attn is not None and attn not in ("eager", "sdpa"):
-                raise _bad(f"{cpath}.attn_implementation", f"{attn!r}", expected=["eager", "sdpa"])
+            if conf.get("lr_scheduler") is not None:
+                if isinstance(ds, Mapping) and ds.get("scheduler") is not None:
+                    raise _bad(
+                        f"{cpath}.lr_scheduler",
+                        "and deepspeed.scheduler both set a learning-rate schedule",
+                        expected="one of them",
+                    )
+                conf["lr_scheduler"] = opts.check_scheduler(
+                    conf["lr_scheduler"], f"{cpath}.lr_scheduler"
+                )
+            opts.check_bool(conf, "activation_checkpointing", cpath)
+            if conf.get("checkpoint_path") is not None:
+                cp = opts.check_checkpoint_path(conf["checkpoint_path"], f"{cpath}.checkpoint_path")
+                if Path(cp).exists() and not Path(cp).is_dir():
+                    raise _bad(f"{cpath}.checkpoint_path", f"{cp!r} is not a directory")
         else:
             vc = conf.get("vllm_config")
             if vc is not None and not isinstance(vc, Mapping):
                 raise _bad(f"{cpath}.vllm_config", "must be an object (vLLM engine arguments)")
             engine = conf.get("engine")
-            allowed = ("vllm", "hf") if role == "log_prob" else ("vllm",)
+            allowed = LOG_PROB_ENGINES if role == "log_prob" else ("vllm",)
             if engine is not None and engine not in allowed:
                 raise _bad(
                     f"{cpath}.engine", f"{engine!r} is not one of {list(allowed)}", expected=allowed
                 )
+            ds = conf.get("deepspeed")
+            if ds is not None and (engine != "deepspeed" or not isinstance(ds, Mapping)):
+                raise _bad(
+                    f"{cpath}.deepspeed",
+                    "configures the forward-only DeepSpeed log-prob engine: an object, with "
+                    'engine "deepspeed"',
+                    expected='{"zero_optimization": {...}} with engine "deepspeed"',
+                )
+            if ds is not None:
+                opts.check_forward_only_deepspeed(ds, f"{cpath}.deepspeed")
+        if conf.get("attn_implementation") is not None:
+            opts.check_attn(conf["attn_implementation"], f"{cpath}.attn_implementation")
+        opts.check_bool(conf, "full_determinism", cpath)
         seed = cfg.get("seed") or 0
         out.append(
             SubJobSpec(role, str(cfg.get("model_name") or ""), dtype, int(seed), conf, n_gpus)
@@ -255,6 +291,11 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
             field=unsupported[0].split("=")[0].split(" ")[0],
         )
     return out
+
+
+def config_keys() -> dict[str, frozenset[str]]:
+    """The sub-job config keys this server accepts, per role (advertised in the capabilities)."""
+    return {"training": TRAINING_KEYS, "sampling": INFERENCE_KEYS, "log_prob": LOG_PROB_KEYS}
 
 
 def resolve_model(name: str, settings: ServerSettings) -> Path:

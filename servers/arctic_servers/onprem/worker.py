@@ -88,6 +88,10 @@ def set_threads(n: int) -> None:
 
 def build_engine(role: str, spec: dict[str, Any]) -> Any:
     engine = spec.get("engine") or {"training": "deepspeed", "sampling": "vllm"}.get(role, "hf")
+    if engine == "deepspeed" and role == "log_prob":  # a forward-only reference model
+        from .ds_scoring import DeepSpeedScoringEngine
+
+        return DeepSpeedScoringEngine(spec)
     if engine == "deepspeed":
         from .ranks import world_size
 

@@ -240,9 +240,16 @@ class Processing(_message.Message):
     POST_FIELD_NUMBER: _builtins.int
     LOSS_FN_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    BALANCE_ROWS_FIELD_NUMBER: _builtins.int
     loss_fn: _builtins.str
     """"cross_entropy" (SFT, default), "grpo", "ppo", "importance_sampling", "cispo",
     "weighted_logprob".
+    """
+    balance_rows: _builtins.bool
+    """forward-backward on a multi-rank (data-parallel) trainer: assign the call's rows to ranks so
+    that their real-token counts balance (ZoRRO's load balancer) instead of in contiguous
+    slices. Results come back in the caller's row order and equal the unbalanced ones (the
+    assignment changes cost, not the maths); a single-rank trainer has nothing to balance.
     """
     @_builtins.property
     def post(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -258,10 +265,11 @@ class Processing(_message.Message):
         post: _abc.Iterable[_builtins.str] | None = ...,
         loss_fn: _builtins.str = ...,
         config: Global___LossConfig | None = ...,
+        balance_rows: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "loss_fn", b"loss_fn", "post", b"post"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["balance_rows", b"balance_rows", "config", b"config", "loss_fn", b"loss_fn", "post", b"post"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -324,6 +332,8 @@ class Metrics(_message.Message):
     KL_FIELD_NUMBER: _builtins.int
     NUM_SEQUENCES_FIELD_NUMBER: _builtins.int
     GLOBAL_STEP_FIELD_NUMBER: _builtins.int
+    RANK_TOKENS_MAX_FIELD_NUMBER: _builtins.int
+    RANK_TOKENS_MIN_FIELD_NUMBER: _builtins.int
     loss: _builtins.float
     num_tokens: _builtins.int
     """Trained tokens in this call (non-zero mask entries)."""
@@ -347,6 +357,11 @@ class Metrics(_message.Message):
     num_sequences: _builtins.int
     """Rows in the call."""
     global_step: _builtins.int
+    rank_tokens_max: _builtins.int
+    """forward-backward: real (attention_mask) tokens of the busiest and of the least busy
+    data-parallel rank in this call; both equal the call's real tokens on a single-rank trainer.
+    """
+    rank_tokens_min: _builtins.int
     def __init__(
         self,
         *,
@@ -360,10 +375,12 @@ class Metrics(_message.Message):
         kl: _builtins.float = ...,
         num_sequences: _builtins.int = ...,
         global_step: _builtins.int = ...,
+        rank_tokens_max: _builtins.int = ...,
+        rank_tokens_min: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "global_step", b"global_step", "grad_norm", b"grad_norm", "kl", b"kl", "loss", b"loss", "lr", b"lr", "num_sequences", b"num_sequences", "num_tokens", b"num_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "global_step", b"global_step", "grad_norm", b"grad_norm", "kl", b"kl", "loss", b"loss", "lr", b"lr", "num_sequences", b"num_sequences", "num_tokens", b"num_tokens", "rank_tokens_max", b"rank_tokens_max", "rank_tokens_min", b"rank_tokens_min"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -562,6 +579,8 @@ class SamplingParams(_message.Message):
     REPETITION_PENALTY_FIELD_NUMBER: _builtins.int
     MIN_TOKENS_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
+    MIN_P_FIELD_NUMBER: _builtins.int
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _builtins.int
     n: _builtins.int
     temperature: _builtins.float
     top_p: _builtins.float
@@ -577,6 +596,14 @@ class SamplingParams(_message.Message):
     repetition_penalty: _builtins.float
     min_tokens: _builtins.int
     ignore_eos: _builtins.bool
+    min_p: _builtins.float
+    """Min-p sampling: only tokens whose probability is at least `min_p` times the most likely
+    token's are sampled. In [0, 1]; absent or 0 = off; 1 keeps only the most likely token(s).
+    """
+    include_stop_str_in_output: _builtins.bool
+    """Keep the stop string (or the stop token's text) that ended a sample at the end of its `text`
+    (default false: `text` ends before it). `token_ids` are the same either way.
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -598,13 +625,17 @@ class SamplingParams(_message.Message):
         repetition_penalty: _builtins.float = ...,
         min_tokens: _builtins.int = ...,
         ignore_eos: _builtins.bool = ...,
+        min_p: _builtins.float | None = ...,
+        include_stop_str_in_output: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "logprobs", b"logprobs", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_min_p", b"_min_p", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "logprobs", b"logprobs", "min_p", b"min_p", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_tokens", b"min_tokens", "n", b"n", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_min_p", b"_min_p", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "n", b"n", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__logprobs: _TypeAlias = _typing.Literal["logprobs"]  # noqa: Y015
     _WhichOneofArgType__logprobs: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs"]  # noqa: Y015
+    _WhichOneofReturnType__min_p: _TypeAlias = _typing.Literal["min_p"]  # noqa: Y015
+    _WhichOneofArgType__min_p: _TypeAlias = _typing.Literal["_min_p", b"_min_p"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
@@ -615,6 +646,8 @@ class SamplingParams(_message.Message):
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__logprobs) -> _WhichOneofReturnType__logprobs | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_p) -> _WhichOneofReturnType__min_p | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
     @_typing.overload
@@ -822,7 +855,9 @@ class SyncWeightsRequest(_message.Message):
     low_memory: _builtins.bool
     @_builtins.property
     def target_sub_job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Default: every sampling and log-prob sub-job of the job."""
+        """Default: every sampling sub-job of the job. A log-prob sub-job (the reference model) is
+        updated only when named here: it stays frozen otherwise.
+        """
 
     def __init__(
         self,
