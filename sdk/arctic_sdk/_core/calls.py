@@ -28,10 +28,10 @@ from ..config import ArcticConfig
 from ..errors import (
     ArcticError,
     ChunkGroupRestartRequiredError,
-    InvalidArgumentError,
     NotFoundError,
     ServerError,
     UnimplementedError,
+    refused_locally,
 )
 from . import chunks, fallback
 from .capabilities import Capabilities
@@ -150,9 +150,9 @@ def prepare(
                 if name == "job_id"
                 else ""
             )
-            raise InvalidArgumentError(
+            raise refused_locally(
+                "missing_field",
                 f"{method.name}: no {name}{hint}",
-                code="missing_field",
                 op=method.name,
                 details={"field": name},
             )

@@ -287,7 +287,9 @@ class ArcticRLClient:
             **result,
         }
         if export_hf:
-            exported = await self._sdk.export_checkpoint(checkpoint_id=ck.get("checkpoint_id"))
+            exported = await self._sdk.export_checkpoint(
+                checkpoint_id=str(ck.get("checkpoint_id") or "")
+            )
             out["hf_path"] = exported.get("checkpoint_id")
             out["export"] = exported
         return out

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, UnsupportedOptionError, refused_locally
 from .aliases import LOG_PROBS_KEY, LOGPROBS_KEY
 
 __all__ = ["Lowered", "UnsupportedKnobsError", "is_canonical", "lower", "to_numpy"]
@@ -129,7 +129,7 @@ KL_TYPES = {
 UNSET_ONLY = {"loss_scale_factor": (None,), "tis_imp_ratio_cap": (None, 0, -1, 0.0, -1.0)}
 
 
-class UnsupportedKnobsError(InvalidArgumentError):
+class UnsupportedKnobsError(UnsupportedOptionError):
     """Knobs of a legacy body the canonical frame cannot honour; `options` lists every one."""
 
     def __init__(self, problems: list[str]) -> None:
@@ -242,10 +242,10 @@ def _full_width(arr: np.ndarray, name: str, shape: tuple[int, int], resp_width: 
     if arr.ndim == 2 and arr.shape[0] == shape[0] and arr.shape[1] == resp_width:
         pad = np.zeros((shape[0], shape[1] - arr.shape[1]), arr.dtype)
         return np.concatenate([pad, arr], axis=1)  # response-only: zero-left-padded to P+R
-    raise InvalidArgumentError(
+    raise refused_locally(
+        "shape_mismatch",
         f"field batch.{name}: shape {list(arr.shape)}, expected {list(shape)}"
         + (f" or [{shape[0]}, {resp_width}]" if resp_width else ""),
-        code="shape_mismatch",
         details={"field": f"batch.{name}", "expected": list(shape)},
     )
 
@@ -338,9 +338,9 @@ def lower(payload: Mapping[str, Any], *, train: bool) -> Lowered:
     ]
     problems += [f"batch.{k} (unknown key)" for k in sorted(set(batch) - BATCH_KEYS)]
     if "input_ids" not in batch:
-        raise InvalidArgumentError(
+        raise refused_locally(
+            "missing_field",
             "field batch.input_ids: required",
-            code="missing_field",
             details={"field": "batch.input_ids"},
         )
     knob_problems, loss_fn, post, config = _knobs(meta, processing, train, batch)
@@ -350,9 +350,9 @@ def lower(payload: Mapping[str, Any], *, train: bool) -> Lowered:
     torch_out = any(_is_torch(v) for v in batch.values())
     ids = to_numpy(batch["input_ids"], "input_ids").astype(np.int64, copy=False)
     if ids.ndim != 2:
-        raise InvalidArgumentError(
+        raise refused_locally(
+            "shape_mismatch",
             f"field batch.input_ids: rank {ids.ndim}, expected [B, P+R]",
-            code="shape_mismatch",
             details={"field": "batch.input_ids"},
         )
     shape = (int(ids.shape[0]), int(ids.shape[1]))
