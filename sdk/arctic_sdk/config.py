@@ -258,7 +258,11 @@ def _config_error(exc: ValidationError) -> InvalidArgumentError:
         parts.append(text)
     return InvalidArgumentError(
         "invalid client configuration: " + "; ".join(parts),
-        details={"field": fields[0] if fields else "config", "fields": fields, "expected": expected},
+        details={
+            "field": fields[0] if fields else "config",
+            "fields": fields,
+            "expected": expected,
+        },
     )
 
 
