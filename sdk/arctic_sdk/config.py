@@ -148,6 +148,9 @@ class RetryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_retries: int = Field(default=10, ge=0)
+    first_contact_retries: int = Field(default=2, ge=0)
+    """Retries of a connection that never reached a server this client has not heard from yet
+    (a wrong URL fails after these, in seconds, naming the address)."""
     initial_backoff: float = Field(default=0.5, ge=0)
     max_backoff: float = Field(default=10.0, ge=0)
     multiplier: float = Field(default=2.0, ge=1)

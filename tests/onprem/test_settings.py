@@ -124,7 +124,6 @@ def test_request_checks() -> None:
     checks.train_body(
         {"kwargs": {"input_ids": ids, "attention_mask": np.array([[1, 1, 1], [0, 1, 1]])}},
         512,
-        need_loss=False,
     )
     # padding columns may hold any id; real ones must be in the vocabulary
     checks.tokens(np.array([[999, 1]]), np.array([[0, 1]]), "", 512)
@@ -145,7 +144,7 @@ def test_request_checks() -> None:
         ),
     ):
         with pytest.raises(ProtocolError) as err:
-            checks.train_body(body, 512, need_loss=False)
+            checks.train_body(body, 512)
         assert err.value.code == code, body
     assert checks.prompts({"prompts": ["a", [1, 2], {"token_ids": {"ids": [3]}}]}, 512) == [
         "a",
@@ -188,7 +187,7 @@ def test_request_checks_do_not_import_torch() -> None:
         "checks.train_body({'kwargs': body, 'processing': {'loss_fn': 'grpo'},\n"
         "                   'context': {'loss_mask': np.ones((1, 4), np.float32),\n"
         "                               'advantages': np.ones((1, 4), np.float32)}},\n"
-        "                  100, need_loss=True)\n"
+        "                  100)\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

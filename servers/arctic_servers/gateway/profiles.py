@@ -68,9 +68,9 @@ class FakeProfile:
 
         vocab = sub.vocab_size or 151_936
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            training.parse_train(body, vocab, need_loss=method is M.FORWARD_BACKWARD)
+            training.parse_train(body, vocab)
         elif method is M.LOG_PROBS:
-            training.check_tokens(body["input_ids"], body.get("attention_mask"), "", vocab)
+            training.check_tokens(body["input_ids"], body.get("attention_mask"), vocab)
         elif method is M.GENERATE:
             sampling.parse_params(body)
             sampling.prompt_ids(body, vocab, sub.max_seq_len)
@@ -131,7 +131,7 @@ class OnpremProfile:
         from ..onprem import checks
 
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            checks.train_body(body, sub.vocab_size, need_loss=method is M.FORWARD_BACKWARD)
+            checks.train_body(body, sub.vocab_size)
         elif method is M.LOG_PROBS:
             checks.log_probs_body(body, sub.vocab_size)
         elif method is M.GENERATE:

@@ -42,7 +42,7 @@ class Operations(DataPlane):
         elif otype == OP_FORWARD:
             fwd = _forward_body(payload)
             sub = operation_sub(job, body, "training")
-            checks.train_body(fwd, self._vocab_of(sub), need_loss=False)
+            checks.train_body(fwd, self._vocab_of(sub))
 
     async def operation(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
