@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._generated import methods as M
+from arctic_servers.onprem import checks
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
@@ -70,6 +71,8 @@ class FakeServicer(JobControl[Job]):
         sub = self.target(job, ctx)
         if m is M.FORWARD_BACKWARD or m is M.FORWARD:
             training.parse_train(body, self.vocab_size)
+            if m is M.FORWARD and sub.role == "sampling":  # a vLLM sampler's scoring, as on-prem
+                checks.vllm_forward(body)
         elif m is M.LOG_PROBS:
             training.check_tokens(body["input_ids"], body.get("attention_mask"), self.vocab_size)
         elif m is M.GENERATE:

@@ -130,6 +130,33 @@ def train_body(body: Mapping[str, Any], vocab: int) -> None:
         raise ProtocolError(exc.code, exc.message, **exc.details) from None
 
 
+def vllm_forward(body: Mapping[str, Any]) -> None:
+    """A forward on a vLLM sub-job: vLLM scores the prompt tokens at temperature 1, so entropy,
+    another temperature, `labels` and `position_ids` cannot be honoured (`unsupported_option`,
+    all named); the loss itself is computed from those log-probs."""
+    proc: Mapping[str, Any] = body.get("processing") or {}
+    cfg: Mapping[str, Any] = proc.get("config") or {}
+    kw: Mapping[str, Any] = body.get("kwargs") or {}
+    bad = [
+        name
+        for name, on in (
+            ("processing.post=compute_entropy", "compute_entropy" in (proc.get("post") or [])),
+            ("processing.config.entropy_coeff", bool(cfg.get("entropy_coeff"))),
+            ("processing.config.temperature", cfg.get("temperature") not in (None, 1, 1.0)),
+            ("kwargs.labels", kw.get("labels") is not None),
+            ("kwargs.position_ids", kw.get("position_ids") is not None),
+        )
+        if on
+    ]
+    if bad:
+        raise ProtocolError(
+            "unsupported_option",
+            f"a vLLM sub-job scores the prompt tokens at temperature 1 only: {', '.join(bad)}",
+            options=bad,
+            field=bad[0].split("=")[0],
+        )
+
+
 def log_probs_body(body: Mapping[str, Any], vocab: int) -> None:
     tokens(body["input_ids"], body.get("attention_mask"), "", vocab)
 

@@ -22,7 +22,7 @@ from ..protocol.fields import learning_rate
 from ..protocol.jobs import sub_job_by_id
 from . import checks
 from .checkpoints import Checkpoints
-from .jobs import Job
+from .jobs import Job, engine_kind
 from .operations import Operations
 from .settings import DEFAULT_MODEL_NAMES, sub_job_specs
 
@@ -36,6 +36,8 @@ class OnpremServicer(Operations, Checkpoints):
         if m is M.FORWARD_BACKWARD or m is M.FORWARD:
             assert sub is not None
             checks.train_body(body, self._vocab_of(sub))
+            if m is M.FORWARD and engine_kind(sub.role, sub.spec.config) == "vllm":
+                checks.vllm_forward(body)
         elif m is M.LOG_PROBS:
             assert sub is not None
             checks.log_probs_body(body, self._vocab_of(sub))

@@ -61,31 +61,16 @@ class VllmScoring:
         cannot honour (entropy, a temperature, labels or position ids) is refused."""
         import torch
 
+        from ..protocol.errors import ProtocolError
         from . import losses
+        from .checks import vllm_forward
 
+        try:
+            vllm_forward(body)  # the server refused these before sending; a direct caller too
+        except ProtocolError as exc:
+            raise WorkerError(exc.code, exc.message, **exc.details) from None
         proc = {k: v for k, v in (body.get("processing") or {}).items() if k != "post"}
-        st = losses.parse_processing(proc)
         kw = body["kwargs"]
-        bad = [
-            name
-            for name, on in (
-                (
-                    "processing.post=compute_entropy",
-                    "compute_entropy" in (body.get("processing") or {}).get("post", []),
-                ),
-                ("processing.config.entropy_coeff", st.needs_entropy),
-                ("processing.config.temperature", st.temperature != 1.0),
-                ("kwargs.labels", kw.get("labels") is not None),
-                ("kwargs.position_ids", kw.get("position_ids") is not None),
-            )
-            if on
-        ]
-        if bad:
-            raise WorkerError(
-                "unsupported_option",
-                f"a vLLM sub-job scores the prompt tokens at temperature 1 only: {', '.join(bad)}",
-                options=bad,
-            )
         lp, m = self._score_body(kw)
         ctx = {
             k: torch.as_tensor(np.asarray(v))

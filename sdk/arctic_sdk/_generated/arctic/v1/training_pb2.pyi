@@ -453,7 +453,9 @@ class ForwardRequest(_message.Message):
     """DSSST1 body of forward (no gradient). The result is a `ForwardBackwardResult` with
     `outputs.logprobs_shifted` always set and the `loss` and metrics forward-backward would report
     for the same body: `processing.loss_fn` defaults to "cross_entropy" here too, with the same
-    per-loss field rules.
+    per-loss field rules. On a sampling sub-job (a vLLM sampler scores the prompt tokens at
+    temperature 1) entropy, another temperature, `labels` and `position_ids` are
+    `unsupported_option`.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
