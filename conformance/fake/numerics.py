@@ -44,6 +44,18 @@ def token_logprob(token: Any, position: Any, prev: Any, step: int) -> Any:
     return -(k + 1) / 16.0
 
 
+_INV31 = pow(31, -1, 97)
+
+
+def top_logprobs(prev: int, position: int, step: int, k: int) -> dict[str, list[Any]]:
+    """NUMERICS.md §5: the k most likely tokens at a position, most likely first. Residue r of
+    `31 t + 13 prev + 17 p + 7 s` (mod 97) has log-prob `-(r + 1) / 16`; the token of residue
+    r = 0, 1, ..., k - 1 is the smallest id with it, `(r - 13 prev - 17 p - 7 s) / 31` mod 97."""
+    c = 13 * int(prev) + 17 * int(position) + 7 * int(step)
+    ids = [((r - c) * _INV31) % 97 for r in range(k)]
+    return {"token_ids": ids, "logprobs": [-(r + 1) / 16.0 for r in range(k)]}
+
+
 def token_entropy(prev: Any, position: Any, step: int) -> Any:
     """NUMERICS.md §2: `(((7 prev + 3 p + 5 s) mod 64) + 1) / 32`, always > 0."""
     k = (np.asarray(prev, np.int64) * 7 + np.asarray(position, np.int64) * 3 + step * 5) % 64
@@ -155,8 +167,8 @@ def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResu
     adv = np.zeros_like(lp) if x.advantages is None else x.advantages
     metrics: dict[str, Any] = {}
     ratio = np.exp(lp - old)
-    if spec.loss_fn == "cross_entropy":
-        per = -lp
+    if spec.loss_fn == "cross_entropy":  # per-token weights, absent = 1
+        per = -lp if x.weights is None else -x.weights * lp
     elif spec.loss_fn == "weighted_logprob":
         assert x.weights is not None
         per = -x.weights * lp
@@ -172,9 +184,10 @@ def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResu
         metrics["clip_fraction"] = _mean((ratio < lo) | (ratio > hi), on)
     if spec.loss_fn in ADVANTAGE_LOSSES:
         metrics["approx_kl"] = _mean(old - lp, on)
-    if spec.kl_coeff > 0 and x.ref_shifted is not None:
+    if x.ref_shifted is not None:  # reported whenever given; a penalty when kl_coeff > 0
         kl = kl_term(lp, token_aligned(x.ref_shifted), spec.kl_type)
-        per = per + spec.kl_coeff * kl
+        if spec.kl_coeff > 0:
+            per = per + spec.kl_coeff * kl
         metrics["kl"] = _mean(kl, on)
     if spec.needs_entropy:
         ent = token_aligned(shifted_entropy(b, step))
@@ -304,4 +317,5 @@ __all__ = [
     "token_entropy",
     "token_logprob",
     "token_stream",
+    "top_logprobs",
 ]

@@ -27,7 +27,7 @@ import numpy as np
 from .._client_base import CallOptions
 from .._core.capabilities import config_keys_of
 from .._generated.client import AsyncClient, Client
-from ..errors import ArcticError, InvalidArgumentError
+from ..errors import ArcticError, InvalidArgumentError, UnsupportedOptionError
 from .config import ArcticRLClientConfig, LegacyConfigWarning
 from .job_config import UnsupportedConfigError, plan_job
 from .knobs import LOGPROB_KEYS
@@ -213,7 +213,7 @@ class ArcticRLClient(LegacyLifecycle):
     ) -> dict[str, Any]:
         """forward-backward of a `{batch, meta, processing}` body (or a canonical frame)."""
         if router_replay is not None:
-            raise InvalidArgumentError(
+            raise UnsupportedOptionError(
                 "router_replay is not supported",
                 code="unsupported_option",
                 details={"options": ["router_replay"]},
@@ -264,7 +264,7 @@ class ArcticRLClient(LegacyLifecycle):
     ) -> dict[str, Any]:
         """Score token-id sequences (prompt + completion) with the log-prob sub-job."""
         if top_k != 1:
-            raise InvalidArgumentError(
+            raise UnsupportedOptionError(
                 f"top_k={top_k}: only the scored token's log-prob (1)",
                 code="unsupported_option",
                 details={"options": ["top_k"]},

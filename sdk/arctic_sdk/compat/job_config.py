@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._core.capabilities import STANDARD_CONFIG_KEYS
-from ..errors import InvalidArgumentError
+from ..errors import UnsupportedOptionError
 
 if TYPE_CHECKING:
     from .config import ArcticRLClientConfig
@@ -68,7 +68,7 @@ FLASH = ("flash_attention_2", "flash_attention_3")
 ARCTIC_VLLM_KEYS = ("forest_cascade_attn_configs",)
 
 
-class UnsupportedConfigError(InvalidArgumentError):
+class UnsupportedConfigError(UnsupportedOptionError):
     """Legacy config fields no server can honour; `options` names every one."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..errors import UnsupportedOptionError
 
 __all__ = ["BATCH_KEYS", "LOGPROB_KEYS", "RESPONSE_KEYS", "UnsupportedKnobsError", "knobs"]
 
@@ -87,7 +87,7 @@ KL_TYPES = {
 UNSET_ONLY = {"loss_scale_factor": (None,), "tis_imp_ratio_cap": (None, 0, -1, 0.0, -1.0)}
 
 
-class UnsupportedKnobsError(InvalidArgumentError):
+class UnsupportedKnobsError(UnsupportedOptionError):
     """Knobs of a legacy body the canonical frame cannot honour; `options` lists every one."""
 
     def __init__(self, problems: list[str]) -> None:

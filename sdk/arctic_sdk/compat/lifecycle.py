@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._client_base import CallOptions
 from .._generated.client import AsyncClient
-from ..errors import InvalidArgumentError, UnimplementedError
+from ..errors import InvalidArgumentError, UnimplementedError, UnsupportedOptionError
 
 
 class LegacyLifecycle:
@@ -47,7 +47,7 @@ class LegacyLifecycle:
             if v is not None
         ]
         if refused:
-            raise InvalidArgumentError(
+            raise UnsupportedOptionError(
                 f"save_checkpoint: {refused} cannot be honoured",
                 code="unsupported_option",
                 details={"options": refused},
@@ -70,7 +70,9 @@ class LegacyLifecycle:
             **result,
         }
         if export_hf:
-            exported = await self._sdk.export_checkpoint(checkpoint_id=ck.get("checkpoint_id"))
+            exported = await self._sdk.export_checkpoint(
+                checkpoint_id=str(ck.get("checkpoint_id") or "")
+            )
             out["hf_path"] = exported.get("checkpoint_id")
             out["export"] = exported
         return out

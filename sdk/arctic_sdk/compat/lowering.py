@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, refused_locally
 from .aliases import LOG_PROBS_KEY, LOGPROBS_KEY
 from .knobs import BATCH_KEYS, LOGPROB_KEYS, RESPONSE_KEYS, UnsupportedKnobsError, knobs
 
@@ -212,10 +212,10 @@ def _full_width(arr: np.ndarray, name: str, shape: tuple[int, int], resp_width: 
     if arr.ndim == 2 and arr.shape[0] == shape[0] and arr.shape[1] == resp_width:
         pad = np.zeros((shape[0], shape[1] - arr.shape[1]), arr.dtype)
         return np.concatenate([pad, arr], axis=1)  # response-only: zero-left-padded to P+R
-    raise InvalidArgumentError(
+    raise refused_locally(
+        "shape_mismatch",
         f"field batch.{name}: shape {list(arr.shape)}, expected {list(shape)}"
         + (f" or [{shape[0]}, {resp_width}]" if resp_width else ""),
-        code="shape_mismatch",
         details={"field": f"batch.{name}", "expected": list(shape)},
     )
 
@@ -236,9 +236,9 @@ def lower(
     ]
     problems += [f"batch.{k} (unknown key)" for k in sorted(set(batch) - BATCH_KEYS)]
     if "input_ids" not in batch:
-        raise InvalidArgumentError(
+        raise refused_locally(
+            "missing_field",
             "field batch.input_ids: required",
-            code="missing_field",
             details={"field": "batch.input_ids"},
         )
     knob_problems, loss_fn, post, config = knobs(meta, processing, train, batch)
@@ -248,9 +248,9 @@ def lower(
     torch_out = any(_is_torch(v) for v in batch.values())
     ids = to_numpy(batch["input_ids"], "input_ids").astype(np.int64, copy=False)
     if ids.ndim != 2:
-        raise InvalidArgumentError(
+        raise refused_locally(
+            "shape_mismatch",
             f"field batch.input_ids: rank {ids.ndim}, expected [B, P+R]",
-            code="shape_mismatch",
             details={"field": "batch.input_ids"},
         )
     shape = (int(ids.shape[0]), int(ids.shape[1]))

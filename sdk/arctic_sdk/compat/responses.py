@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import refused_locally
 
 __all__ = ["forward_response", "generate_results", "sampling_params", "step_response"]
 
@@ -126,11 +126,11 @@ def sampling_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
         else:
             problems.append(f"sampling_params.{key}")
     if problems:
-        raise InvalidArgumentError(
+        raise refused_locally(
+            "unsupported_option",
             f"{len(problems)} sampling knob(s) cannot be honoured, nothing was sent: "
             + ", ".join(problems)
             + f" (known: {sorted(SAMPLING_FIELDS)}, max_new_tokens)",
-            code="unsupported_option",
             details={"options": problems},
         )
     return out

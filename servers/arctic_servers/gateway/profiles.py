@@ -70,11 +70,15 @@ class FakeProfile:
     def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
         from conformance.fake import sampling, training
 
+        from ..onprem import checks
+
         vocab = sub.vocab_size or 151_936
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            training.parse_train(body, vocab, need_loss=method is M.FORWARD_BACKWARD)
+            training.parse_train(body, vocab)
+            if method is M.FORWARD and sub.role == "sampling":  # as the vLLM sampler refuses
+                checks.vllm_forward(body)
         elif method is M.LOG_PROBS:
-            training.check_tokens(body["input_ids"], body.get("attention_mask"), "", vocab)
+            training.check_tokens(body["input_ids"], body.get("attention_mask"), vocab)
         elif method is M.GENERATE:
             sampling.parse_params(body)
             sampling.prompt_ids(body, vocab, sub.max_seq_len)
@@ -155,7 +159,9 @@ class OnpremProfile:
         from ..onprem import checks
 
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            checks.train_body(body, sub.vocab_size, need_loss=method is M.FORWARD_BACKWARD)
+            checks.train_body(body, sub.vocab_size)
+            if method is M.FORWARD and engine_kind(sub.role, sub.config) == "vllm":
+                checks.vllm_forward(body)
         elif method is M.LOG_PROBS:
             checks.log_probs_body(body, sub.vocab_size)
         elif method is M.GENERATE:

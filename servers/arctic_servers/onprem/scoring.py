@@ -76,36 +76,20 @@ class _Forward:
             )
 
     def forward_result(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """ForwardRequest -> ForwardBackwardResult (log-probs always; loss when asked)."""
+        """ForwardRequest -> ForwardBackwardResult: log-probs always, and the loss and metrics
+        forward-backward would report (`loss_fn` defaults to cross_entropy in both)."""
         b = Batch(body, self.dev)
         self._check_ids(b)
-        proc = b.processing
-        with_loss = bool(proc.get("loss_fn"))
-        st = losses.parse_processing(_loss_processing(proc)) if with_loss else None
-        temp = (
-            st.temperature
-            if st is not None
-            else float((proc.get("config") or {}).get("temperature") or 1.0)
+        proc = _loss_processing(b.processing)
+        st = losses.parse_processing(proc)
+        losses.check_context(st, b.context)
+        want_ent = "compute_entropy" in b.post or st.needs_entropy
+        lp, ent = self._scored(
+            b, temperature=st.temperature, targets=fb_targets(b, st), entropy=want_ent
         )
-        want_ent = "compute_entropy" in b.post or (st is not None and st.needs_entropy)
-        lp, ent = self._scored(b, temperature=temp, targets=fb_targets(b, st), entropy=want_ent)
-        metrics: dict[str, Any]
-        if st is not None:
-            losses.check_context(st, b.context)
-            res = batch_loss(b, _loss_processing(proc), lp, ent)
-            metrics = dict(res.metrics)
-            loss = float(res.metrics["loss"])
-        else:
-            loss = 0.0
-            metrics = {
-                "loss": 0.0,
-                "num_tokens": int(b.pair.sum()),
-                "num_sequences": int(b.shape[0]),
-            }
-            if ent is not None:
-                metrics["entropy"] = (
-                    float(ent[torch.as_tensor(b.pair)].mean()) if b.pair.any() else 0.0
-                )
+        res = batch_loss(b, proc, lp, ent)
+        metrics: dict[str, Any] = dict(res.metrics)
+        loss = float(res.metrics["loss"])
         outputs: dict[str, Any] = {"logprobs_shifted": b.out(lp)}
         if ent is not None and "compute_entropy" in b.post:
             outputs["entropy"] = b.out(ent)

@@ -209,6 +209,7 @@ class CreateJobRequest(_message.Message):
     COMMENT_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     experiment_name: _builtins.str
+    """Free-form experiment name, shown in ListJobs."""
     comment: _builtins.str
     """Free-text comment shown in ListJobs (who owns the job, what it is for)."""
     lease_seconds: _builtins.int
@@ -216,7 +217,9 @@ class CreateJobRequest(_message.Message):
     reason "lease expired". 0 = the server default; servers advertise the default and maximum.
     """
     @_builtins.property
-    def sub_job_configs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubJobConfig]: ...
+    def sub_job_configs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubJobConfig]:
+        """The sub-jobs: one training sub-job and any sampling / log-prob ones (at least one)."""
+
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels, filterable in ListJobs."""
@@ -375,6 +378,7 @@ class GetJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     def __init__(
         self,
         *,
@@ -460,6 +464,7 @@ class CancelJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     def __init__(
         self,
         *,
@@ -500,6 +505,7 @@ class RenewJobLeaseRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     lease_seconds: _builtins.int
     """New lease length in seconds; 0 = the job's lease length."""
     def __init__(
@@ -595,7 +601,9 @@ class GetRequestRequest(_message.Message):
     CURSOR_FIELD_NUMBER: _builtins.int
     MAX_EVENTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     request_id: _builtins.str
+    """The request to poll."""
     cursor: _builtins.str
     """Resume after the events already seen (`next_cursor` of the previous poll)."""
     max_events: _builtins.int
@@ -708,7 +716,9 @@ class CancelRequestRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     request_id: _builtins.str
+    """The request to cancel (`X-Arctic-Request-Id` of its answer)."""
     def __init__(
         self,
         *,
