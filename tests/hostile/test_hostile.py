@@ -94,9 +94,9 @@ def test_runner_finds_holes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(checkpoint_ids, "_inside", lambda root, name, field: root / name)
     monkeypatch.setattr(http_server.SpecRequestHandler, "handle_error",
                         http_server.web_protocol.RequestHandler.handle_error)  # fmt: skip
-    import arctic_sdk._body_check as bc
+    import arctic_sdk._value_rules as vr
 
-    monkeypatch.setattr(bc, "string_rule_error", lambda opts, value: None)
+    monkeypatch.setattr(vr, "string_rule_error", lambda opts, value: None)
     with BackgroundFake(tokens=("tok-a", "tok-b"), limits=LIMITS) as f:
         target = Target(f.prefix_url, "tok-a", "tok-b", FAKE_JOB, f.grpc_target)
         holes = [x for x in run_all(target, ["checkpoints", "json", "headers", "http"]) if not x.ok]
