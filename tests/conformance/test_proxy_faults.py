@@ -205,6 +205,7 @@ class Proxy:
         asyncio.run_coroutine_threadsafe(close(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()  # its self-pipe sockets too (else a ResourceWarning in a later test)
 
 
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
