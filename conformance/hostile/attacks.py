@@ -132,7 +132,9 @@ def routes(run: Run) -> set[str]:
 def checkpoints(run: Run) -> None:
     """Token B reaches for token A's checkpoint and for a directory outside the data dir through
     every checkpoint route and both transports; both must survive."""
-    if not {"save", "delete-checkpoint", "export-checkpoint"} <= routes(run):
+    if not {
+        m.name for m in (M.SAVE_CHECKPOINT, M.DELETE_CHECKPOINT, M.EXPORT_CHECKPOINT)
+    } <= routes(run):
         run.note("checkpoint/setup", "http", "")
         return
     saved = run.a.wait(

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import descriptor_pool
 
 import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401
-from arctic_sdk._body_check import BodyError, check_body
+from arctic_sdk._body_check import BodyError, check_body, leftover_error
 from arctic_servers.protocol import limits
 from arctic_servers.protocol.errors import ProtocolError
 
@@ -134,9 +134,12 @@ def test_body_check_refuses(msg: str, body: dict[str, object], path: str) -> Non
 
 
 def test_required_checkpoint_id() -> None:
-    assert _check("arctic.v1.ExportCheckpointRequest", {}).code == "missing_field"
+    desc = POOL.FindMessageTypeByName("arctic.v1.ExportCheckpointRequest")
+    err = leftover_error(desc, check_body(desc, {}))
+    assert err is not None and (err.code, err.path) == ("missing_field", "checkpoint_id")
     # a misspelt required field is reported as the unknown field it is
-    found = check_body(
-        POOL.FindMessageTypeByName("arctic.v1.LoadCheckpointRequest"), {"checkpoint": "x"}
-    )
+    desc = POOL.FindMessageTypeByName("arctic.v1.LoadCheckpointRequest")
+    found = check_body(desc, {"checkpoint": "x"})
     assert found.unknown == ["checkpoint"]
+    err = leftover_error(desc, found)
+    assert err is not None and err.code == "invalid_argument" and err.path == "checkpoint"
