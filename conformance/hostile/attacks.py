@@ -453,7 +453,7 @@ def chunk_memory(run: Run, groups: int = 8) -> None:
     run.note("memory/burst-answers", "http", f"{len(bad)} unexpected: {bad[0]}" if bad else "")
     if run.target.server_pid:
         grew = _rss(run.target.server_pid) - before
-        bound = groups * (len(payload) * 3 + 16 << 10) + (48 << 20)
+        bound = groups * (len(payload) * 3 + (16 << 10)) + (48 << 20)
         run.note(
             "memory/burst-rss",
             "http",
