@@ -1,11 +1,12 @@
 """Sans-I/O chunk group reassembly (`proto/DSSST1.md` §8).
 
 `ChunkAssembler` is fed one chunk frame at a time, in any order, and returns the whole frame when
-the last missing chunk arrives. It does no I/O and never holds more than the frame plus one chunk:
-the first accepted chunk fixes the group (its descriptor), one buffer of ``frame_size_bytes`` is
-allocated — after the limit checks — and every payload is copied once, straight to offset
-``chunk_idx * S``. The payload size ``S`` is the length of any non-last chunk; a last chunk that
-arrives before any other is held (one copy) until ``S`` is known.
+the last missing chunk arrives. It does no I/O, and it holds what was *received*, never what a
+descriptor *declares*: the first accepted chunk fixes the group (its descriptor), and memory grows
+with the payloads as they arrive (`buffered_bytes`), so a chunk 0 that declares a 4 GiB frame
+costs one chunk. Chunks in order are appended to the frame buffer (one copy of each payload);
+a chunk that arrives ahead of a missing one is held apart (one copy) until the gap before it is
+filled, then appended. The payload size ``S`` is the length of any non-last chunk.
 
 Checks of one `feed`, in the order of §8:
 
@@ -67,10 +68,11 @@ class ChunkAssembler:
         self._limits = DEFAULT_LIMITS if limits is None else limits
         self._first: ChunkDescriptor | None = None
         self._step = 0  # S, once a non-last chunk (or the only chunk) has been accepted
-        self._view: memoryview | None = None  # the frame buffer
-        self._have = bytearray()  # 1 per received index
+        self._buf = bytearray()  # the frame so far: chunks 0 .. self._next - 1, in order
+        self._next = 0  # the first index not in `_buf`
+        self._ahead: dict[int, bytes] = {}  # chunks received past a missing one
+        self._have: set[int] = set()  # the received indices (never sized by the descriptor)
         self._received = 0
-        self._held: bytes | None = None  # the last chunk, while S is unknown
         self._last_len: int | None = None  # length of the last chunk, once received
         self._frame: memoryview | None = None
         self._failure: DSSError | None = None
@@ -86,13 +88,28 @@ class ChunkAssembler:
         return self._received
 
     @property
+    def buffered_bytes(self) -> int:
+        """Payload bytes held now (what was received, not what the descriptor declares)."""
+        return len(self._buf) + sum(len(b) for b in self._ahead.values())
+
+    @property
     def is_complete(self) -> bool:
         """Whether the frame has been reassembled and verified."""
         return self._frame is not None
 
     def missing(self) -> list[int]:
         """The indices not received yet (empty before the first chunk: the count is unknown)."""
-        return [index for index, have in enumerate(self._have) if not have]
+        return self._missing()
+
+    def _missing(self, limit: int | None = None) -> list[int]:
+        total = self._first.total_chunks if self._first is not None else 0
+        out: list[int] = []
+        for index in range(total):
+            if index not in self._have:
+                out.append(index)
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
 
     def finish(self) -> memoryview:
         """The reassembled frame, or ``chunk_missing`` listing the indices still missing."""
@@ -100,7 +117,7 @@ class ChunkAssembler:
             raise self._failure
         if self._frame is not None:
             return self._frame
-        missing = self.missing()
+        missing = self._missing(33)
         total = self._first.total_chunks if self._first is not None else "all"
         shown = ", ".join(map(str, missing[:32])) + (", ..." if len(missing) > 32 else "")
         raise DSSError(
@@ -145,7 +162,7 @@ class ChunkAssembler:
                     f"payload_crc32 {desc.payload_crc32}",
                     crc,
                 )
-        if self._have and self._have[desc.chunk_idx]:
+        if desc.chunk_idx in self._have:
             self._check_duplicate(desc, payload)
             return None
         return self._store(desc, payload)
@@ -194,11 +211,14 @@ class ChunkAssembler:
 
     def _check_duplicate(self, desc: ChunkDescriptor, payload: memoryview) -> None:
         stored = self._stored(desc.chunk_idx)
-        same = stored.nbytes == payload.nbytes and all(
-            bytes(stored[pos : pos + _COMPARE_WINDOW])
-            == bytes(payload[pos : pos + _COMPARE_WINDOW])
-            for pos in range(0, payload.nbytes, _COMPARE_WINDOW)
-        )
+        try:  # released at once: a live view would stop the frame buffer from growing
+            same = stored.nbytes == payload.nbytes and all(
+                bytes(stored[pos : pos + _COMPARE_WINDOW])
+                == bytes(payload[pos : pos + _COMPARE_WINDOW])
+                for pos in range(0, payload.nbytes, _COMPARE_WINDOW)
+            )
+        finally:
+            stored.release()
         if not same:
             raise DSSError(
                 ErrorCode.CHUNK_DUPLICATE_CONFLICT,
@@ -208,44 +228,35 @@ class ChunkAssembler:
             )
 
     def _stored(self, index: int) -> memoryview:
-        assert self._first is not None and self._view is not None
-        total = self._first.total_chunks
-        if index < total - 1:
-            return self._view[index * self._step : (index + 1) * self._step]
-        if self._held is not None:
-            return memoryview(self._held)
-        start = (total - 1) * self._step
-        return self._view[start : start + (self._last_len or 0)]
+        assert self._first is not None
+        if index in self._ahead:
+            return memoryview(self._ahead[index])
+        start = index * self._step
+        end = start + self._step if index < self._first.total_chunks - 1 else len(self._buf)
+        return memoryview(self._buf)[start:end]
 
     def _store(self, desc: ChunkDescriptor, payload: memoryview) -> memoryview | None:
         if self._first is None:
             self._first = desc
             self._kind = desc.kind
-            self._view = memoryview(bytearray(desc.frame_size_bytes))
-            self._have = bytearray(desc.total_chunks)
-        assert self._view is not None
         total, index, length = desc.total_chunks, desc.chunk_idx, payload.nbytes
         if index == total - 1:
             self._last_len = length
             if total == 1:
                 self._step = length
-            if not self._step:
-                self._held = bytes(payload)  # S is not known yet: keep the last chunk aside
-            else:
-                self._check_sizes(desc)
-                start = (total - 1) * self._step
-                self._view[start : start + length] = payload
-        else:
-            if not self._step:
-                self._step = length
-                self._check_sizes(desc)
-                if self._held is not None:
-                    start = (total - 1) * length
-                    self._view[start : start + len(self._held)] = self._held
-                    self._held = None
+        elif not self._step:
+            self._step = length
+        if self._step:
             self._check_sizes(desc)
-            self._view[index * length : (index + 1) * length] = payload
-        self._have[index] = 1
+        if index == self._next:
+            self._buf += payload
+            self._next += 1
+            while self._next in self._ahead:  # the gap is filled: append what waited for it
+                self._buf += self._ahead.pop(self._next)
+                self._next += 1
+        else:
+            self._ahead[index] = bytes(payload)
+        self._have.add(index)
         self._received += 1
         if self._received < total:
             return None
@@ -272,8 +283,7 @@ class ChunkAssembler:
             raise self._failure
 
     def _complete(self, desc: ChunkDescriptor) -> memoryview:
-        assert self._view is not None
-        frame = self._view
+        frame = memoryview(self._buf)
         digest = hashlib.sha256(frame).hexdigest()
         if digest != desc.frame_sha256:
             self._failure = DSSError(

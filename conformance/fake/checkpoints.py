@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import struct
 import time
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.jobs import rfc3339
 
@@ -27,7 +27,6 @@ from .numerics import token_logprob
 TYPES = ("resumable", "weights-only")
 FILES = ("model.safetensors", "config.json", "tokenizer_config.json")
 EXPORT_TTL_S = 3600
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def not_found(job_id: str, checkpoint_id: str) -> ProtocolError:
@@ -46,15 +45,9 @@ def get(job: Job, checkpoint_id: str) -> Checkpoint:
     return ckpt
 
 
-def check_id(checkpoint_id: str, field: str = "checkpoint_id") -> None:
-    if not _ID.match(checkpoint_id):
-        raise ProtocolError(
-            "invalid_argument",
-            f"field {field}: {checkpoint_id!r} is not a checkpoint id "
-            "(1-128 of A-Z a-z 0-9 . _ -, not starting with . _ -)",
-            field=field,
-            expected="[A-Za-z0-9][A-Za-z0-9._-]{0,127}",
-        )
+def check_id(checkpoint_id: Any, field: str = "checkpoint_id") -> None:
+    """The spec's checkpoint-id rule (`arctic_servers.protocol.checkpoint_ids`)."""
+    checkpoint_ids.check_id(checkpoint_id, field)
 
 
 def check_save(body: Mapping[str, Any]) -> None:
@@ -108,6 +101,7 @@ def load(jobs: JobManager, job: Job, token: str | None, body: Mapping[str, Any])
         )
     source = job
     if body.get("source_job_id"):
+        checkpoint_ids.check_source_job(body, job.job_id, lambda s: jobs.visible(s, token))
         source = jobs.visible(str(body["source_job_id"]), token)
     ckpt = get(source, cid)
     target = job.sub_job("training")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
+from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.jobs import sub_job_by_id
@@ -65,15 +66,11 @@ def check_simple(job: Job, m: MethodInfo, body: Mapping[str, Any]) -> None:
     elif m is M.SLEEP_TRAINING:
         _one_of(body, "mode", SLEEP_MODES)
     elif m in (M.EXPORT_CHECKPOINT, M.DELETE_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE):
-        for name in (
-            ("checkpoint_id", "filename") if m is M.DOWNLOAD_CHECKPOINT_FILE else ("checkpoint_id",)
-        ):
-            if not body.get(name):
-                raise field_error(name, "is required", code="missing_field")
+        ck.check_id(body.get("checkpoint_id"))  # the spec's rule: a name, never a path
+        if m is M.DOWNLOAD_CHECKPOINT_FILE:
+            checkpoint_ids.check_filename(body.get("filename"))
     elif m is M.LOAD_CHECKPOINT:
-        if not body.get("checkpoint_id"):
-            raise field_error("checkpoint_id", "is required", code="missing_field")
-        ck.check_id(str(body["checkpoint_id"]))
+        ck.check_id(body.get("checkpoint_id"))
         target = body.get("target_sub_job_id")
         if target:
             sub_job_by_id(job, target)

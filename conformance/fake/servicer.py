@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._generated import methods as M
 from arctic_servers.onprem import checks
+from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
@@ -81,6 +82,11 @@ class FakeServicer(JobControl[Job]):
             learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
             ck.check_save(body)
+        elif m is M.LOAD_CHECKPOINT:
+            operations.check_simple(job, m, body)
+            checkpoint_ids.check_source_job(
+                body, job.job_id, lambda s: self.jobs.visible(s, self._owner(ctx))
+            )
         else:
             operations.check_simple(job, m, body)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import urllib.parse
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +48,11 @@ class CaseResult:
     notes: tuple[str, ...] = ()
 
 
+def _whole(value: Any) -> Any:
+    """A float var that is a whole number (`${limit / 512 + 1}`) as an int (a dimension)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 class CaseRun:
     def __init__(self, session: Session, case: Case, pool: ThreadPoolExecutor) -> None:
         self.s = session
@@ -64,8 +70,13 @@ class CaseRun:
                 "op_names": sorted(M.BY_NAME),
                 "transport": session.cfg.transport,
                 "unlisted_op": session.unlisted[0] if session.unlisted else "",
+                "prefix_path": urllib.parse.urlsplit(session.prefix).path,
             },
         )
+        # vars may be templates on the server's limits (`${limits.max_inline_result_bytes / 512}`)
+        self.vars = {k: _whole(self.scope.expand(v)) for k, v in case.vars.items()}
+        for k, v in self.vars.items():
+            self.scope.set(k, v)
 
     # ------------------------------------------------------------------ case
 
@@ -165,7 +176,7 @@ class CaseRun:
             raise CaseFailed(diff, reply.display())
         skip = spec.get("skip_unless")
         if skip:
-            unmet = matchers.check_fields(skip["fields"], reply.body, self.scope, self.case.vars)
+            unmet = matchers.check_fields(skip["fields"], reply.body, self.scope, self.vars)
             if unmet is not None:
                 reason = skip.get("reason", "the server did not set up the condition")
                 raise CaseSkipped(f"{reason} ({unmet})")
@@ -244,6 +255,11 @@ class CaseRun:
         if "frames" in raw:
             call.frames = rename_groups([bytes(f) for f in raw["frames"]])
             return
+        if "socket" in raw:  # HTTP only: these exact bytes on a fresh connection
+            if self.s.cfg.transport == "grpc":
+                raise CaseDataError("raw: {socket} runs over HTTP only (transports: [http])")
+            call.socket_bytes = str(self.scope.expand(raw["socket"])).encode("latin-1")
+            return
         if "hex" in raw:
             data = bytes.fromhex(str(raw["hex"]))
         elif "text" in raw:
@@ -251,7 +267,7 @@ class CaseRun:
         elif "zeros" in raw:
             data = bytes(int(self.scope.expand(raw["zeros"])))
         else:
-            data = dssst1.dumps(build(self.scope.expand(raw["frame"]), self.case.vars))
+            data = dssst1.dumps(build(self.scope.expand(raw["frame"]), self.vars))
         if self.s.cfg.transport == "grpc":
             call.frames = [data]
         else:
@@ -264,14 +280,14 @@ class CaseRun:
         framed = method.body is BodyKind.DSSST1 or (grpc and method.grpc_shape is GrpcShape.FRAMES)
         if not framed:
             if body is not None:
-                call.json_body, call.has_json = build(body, self.case.vars), True
+                call.json_body, call.has_json = build(body, self.vars), True
             return
         if isinstance(body, Mapping) and set(body) == {"frame_bytes"}:
             frame = bytes(body["frame_bytes"])
         elif isinstance(body, Mapping) and set(body) == {"frame"}:
             frame = build_frame(body["frame"])
         else:
-            value = build(body, self.case.vars) if body is not None else {}
+            value = build(body, self.vars) if body is not None else {}
             if grpc and isinstance(value, dict):  # path parameters are body fields (§4.2)
                 value = {**{k: v for k, v in call.params.items() if k != "job_id"}, **value}
             frame = dssst1.dumps(value)
@@ -374,14 +390,10 @@ class CaseRun:
         for name, spec in (exp.get("headers") or {}).items():
             if reply.transport != "http":
                 break
-            diff = matchers.check_fields(
-                {name.lower(): spec}, reply.headers, self.scope, self.case.vars
-            )
+            diff = matchers.check_fields({name.lower(): spec}, reply.headers, self.scope, self.vars)
             if diff:
                 return f"header {diff}"
-        return matchers.check_fields(
-            exp.get("fields") or {}, reply.body, self.scope, self.case.vars
-        )
+        return matchers.check_fields(exp.get("fields") or {}, reply.body, self.scope, self.vars)
 
     def _unexpected_error(self, exp: Mapping[str, Any], reply: Reply) -> str | None:
         nce = exp.get("not_codec_error")

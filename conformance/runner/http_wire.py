@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import urllib.parse
 from collections.abc import Mapping
@@ -94,6 +95,8 @@ class HttpWire:
     def send(self, call: Call) -> list[Reply]:
         """Send a call: one request, or one request per chunk frame (stopping at an answer that
         is not `chunk_cached`)."""
+        if call.socket_bytes is not None:
+            return [self._socket(call)]
         if call.content_length is not None:
             return [self._declared_length(call)]
         if call.frames is None:
@@ -169,6 +172,51 @@ class HttpWire:
         finally:
             conn.close()
         return reply
+
+    def _socket(self, call: Call) -> Reply:
+        """Send `call.socket_bytes` as they are (malformed HTTP a client library would never
+        write) on a fresh connection; the answer read until the server closes it."""
+        assert call.socket_bytes is not None
+        url = urllib.parse.urlsplit(self.prefix)
+        shown = call.socket_bytes[:120]
+        reply = Reply("http", sent=f"raw bytes on a socket: {shown!r}")
+        data = b""
+        try:
+            with socket.create_connection(
+                (url.hostname or "127.0.0.1", url.port or 80), timeout=min(call.timeout, 15.0)
+            ) as sock:
+                sock.sendall(call.socket_bytes)
+                while chunk := sock.recv(65536):
+                    data += chunk
+        except OSError as exc:
+            if not data:
+                reply.transport_error = f"{type(exc).__name__}: {exc}"
+                return reply
+        head, _, content = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        try:
+            reply.status = int(lines[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            reply.transport_error = f"not an HTTP answer: {data[:80]!r}"
+            return reply
+        reply.headers = {
+            k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])
+        }
+        if reply.headers.get("transfer-encoding", "").lower() == "chunked":
+            content = _unchunk(content)
+        parse_body(reply, content, reply.headers.get("content-type", ""))
+        return reply
+
+
+def _unchunk(data: bytes) -> bytes:
+    out, pos = b"", 0
+    while True:
+        end = data.find(b"\r\n", pos)
+        size = int(data[pos:end].split(b";")[0] or b"0", 16) if end >= 0 else 0
+        if size == 0:
+            return out
+        out += data[end + 2 : end + 2 + size]
+        pos = end + 2 + size + 2
 
 
 def _query(query: Mapping[str, Any]) -> list[tuple[str, str]]:

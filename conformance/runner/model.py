@@ -70,7 +70,7 @@ STEP_KEYS: dict[str, frozenset[str]] = {
 CHUNK_KEYS = frozenset(
     {"count", "order", "corrupt", "group", "operation", "overrides", "crc", "bad_crc"}
 )
-RAW_KEYS = frozenset({"hex", "text", "frame", "zeros", "frames"})
+RAW_KEYS = frozenset({"hex", "text", "frame", "zeros", "frames", "socket"})
 
 
 @dataclass

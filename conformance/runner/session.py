@@ -353,12 +353,12 @@ class Session:
         self._shared = job
         return job
 
-    def cancel(self, job_id: str) -> Reply:
+    def cancel(self, job_id: str, auth: str = "default") -> Reply:
         return self.send(
             Call(
                 M.CANCEL_JOB,
                 job_id=job_id,
-                headers=self.auth_headers("default"),
+                headers=self.auth_headers(auth),
                 timeout=self.cfg.timeout,
             )
         )[-1]
@@ -368,6 +368,8 @@ class Session:
         problems = []
         for job_id in dict.fromkeys(self.created):
             reply = self.cancel(job_id)
+            if reply.code == "job_not_found" and self.cfg.alt_token:  # a job of the alt token
+                reply = self.cancel(job_id, "alt")
             if reply.is_error and reply.code not in ("job_terminal", "job_not_found"):
                 problems.append(f"cancel {job_id}: {reply.describe_status()}")
         return problems

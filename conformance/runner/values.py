@@ -124,14 +124,23 @@ class Scope:
         return found[0]
 
     def _arith(self, node: ast.expr, expr: str) -> Any:
-        """`a + 1`, `loss * n`: numbers and names joined by + - * / (with spaces around them)."""
+        """`a + 1`, `loss * n`: numbers and names joined by + - * / (with spaces around them);
+        a string or list var times a number repeats it (`${open * 100000}`: deep JSON)."""
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](self._arith(node.left, expr), self._arith(node.right, expr))
+            left, right = self._arith(node.left, expr), self._arith(node.right, expr)
+            if isinstance(left, str | list) or isinstance(right, str | list):
+                if isinstance(node.op, ast.Mult):
+                    return left * int(right) if isinstance(left, str | list) else right * int(left)
+                if not isinstance(node.op, ast.Add):
+                    raise CaseDataError(f"${{{expr}}}: strings and lists take only + and *")
+            return _OPS[type(node.op)](left, right)
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
             return node.value
         if isinstance(node, ast.Name | ast.Attribute):
             value = self.lookup(ast.unparse(node))
-            return float(value) if not isinstance(value, int) else value
+            if isinstance(value, str | list | int):
+                return value
+            return float(value)
         raise CaseDataError(f"${{{expr}}}: only names, numbers and + - * / are allowed")
 
     def expand(self, value: Any) -> Any:

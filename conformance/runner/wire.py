@@ -42,6 +42,7 @@ class Call:
     has_json: bool = False
     frames: list[bytes] | None = None  # DSSST1 frames, sent one per request / stream message
     raw_body: bytes | None = None  # HTTP: the exact bytes
+    socket_bytes: bytes | None = None  # HTTP: the exact request (line, headers, body) on a socket
     content_type: str | None = None
     content_length: int | None = None  # HTTP: a declared length, no body sent
     accept: str | None = None
@@ -198,7 +199,9 @@ def build_frame(spec: Mapping[str, Any]) -> bytes:
     """A frame built byte by byte (for limits a writer never crosses).
 
     `{many_tensors: N}`: N zero-length U8 tensors (R13); `{deep: N}`: a structure tree nested N
-    levels (R19); `{header_length: N}`: a frame declaring an N-byte header (R4); `{hex: ...}`.
+    levels (R19); `{header_length: N}`: a frame declaring an N-byte header (R4); `{hex: ...}`;
+    `{surrogate_key: VALUE}`: `{"\\ud800": VALUE}`, a tree key that escapes a lone surrogate
+    (text that is not Unicode; no writer produces it).
     """
     if "hex" in spec:
         return bytes.fromhex(str(spec["hex"]))
@@ -220,7 +223,17 @@ def build_frame(spec: Mapping[str, Any]) -> bytes:
             "__dss_empty__": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
         }
         return _frame(json.dumps(header, separators=(",", ":")).encode(), b"\x00")
-    raise ValueError(f"frame spec {dict(spec)} is not many_tensors, deep, header_length or hex")
+    if "surrogate_key" in spec:
+        leaf = json.dumps(["j", spec["surrogate_key"]])
+        text = '{"v":"DSSST1","tree":["d",[["\\ud800",' + leaf + "]]]}"
+        header = {
+            "__metadata__": {"dss": text},
+            "__dss_empty__": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+        }
+        return _frame(json.dumps(header, separators=(",", ":")).encode(), b"\x00")
+    raise ValueError(
+        f"frame spec {dict(spec)} is not many_tensors, deep, header_length, surrogate_key or hex"
+    )
 
 
 def _frame(header: bytes, data: bytes) -> bytes:

@@ -2,14 +2,16 @@
 
 It walks a body — a JSON object or a decoded DSSST1 value — against the op's `request_type`
 message and its `(arctic.v1.field)` options (PROTOCOL.md §2): value types, enum names, the
-values a string field takes, required fields, tensor dtypes and symbolic shapes, and the
-per-loss fields of forward-backward / forward (a field `processing.loss_fn` does not read is
-refused, never ignored; PROTOCOL.md §9); `google.protobuf.Struct` and `Value` fields pass
-through. The first hard problem raises `BodyError` (code, field, message, details); unknown
-fields (each with the fields expected at its place and a "did you mean"), missing fields and
-fields the loss does not read are collected over the whole body, and `leftover_error` turns them
-into the one error each side raises in its own type — unknown fields first, so a misspelt
-`kwargz` is named as such rather than reported as a missing `kwargs`.
+values a string field takes, string `pattern` and `max_length`, numbers that fit their field's
+type (integers in its range, doubles finite: no NaN, no infinity), required fields, tensor dtypes
+and symbolic shapes, and the per-loss fields of forward-backward / forward (a field
+`processing.loss_fn` does not read is refused, never ignored; PROTOCOL.md §9);
+`google.protobuf.Struct` and `Value` fields pass through. The first hard problem raises
+`BodyError` (code, field, message, details); unknown fields (each with the fields expected at its
+place and a "did you mean"), missing fields and fields the loss does not read are collected over
+the whole body, and `leftover_error` turns them into the one error each side raises in its own
+type — unknown fields first, so a misspelt `kwargz` is named as such rather than reported as a
+missing `kwargs`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from . import _value_rules
 from ._generated.arctic.v1 import options_pb2, training_pb2
 from ._proto_json import SYNONYMS, enum_to_json
 
@@ -319,6 +322,17 @@ class _Walker:
                 + (f" (did you mean {near!r}?)" if near else ""),
                 expected=allowed,
             )
+        if isinstance(value, str):
+            opts = _field_opts(fd)
+            if opts.pattern or opts.max_length:
+                bad = _value_rules.string_rule_error(opts, value)
+                if bad is not None:
+                    expected = opts.pattern or f"at most {opts.max_length} characters"
+                    raise BodyError("invalid_argument", path, bad, expected=expected)
+        elif not isinstance(value, bool | np.bool_ | bytes | bytearray | memoryview):
+            wrong = _value_rules.range_error(fd, value)
+            if wrong is not None:
+                raise BodyError("invalid_argument", path, wrong[0], expected=wrong[1])
 
     def enum(self, fd: FieldDescriptor, value: Any, path: str) -> None:
         et = fd.enum_type

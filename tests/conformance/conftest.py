@@ -2,7 +2,7 @@
 
 The fake runs in a thread (`BackgroundFake`) with admin on, two PATs, and small limits so that
 every case applies quickly: result_chunk events from 64 KiB, a 1 s sequence gap timeout, 4096
-tensors per frame.
+tensors per frame, a 2 s body read timeout, 2 MiB of incomplete chunk groups per job.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ LIMITS = ProtocolLimits(
     result_chunk_bytes=16 * 1024,
     sequence_gap_timeout_seconds=1,
     max_tensors=4096,
+    body_read_timeout_seconds=2,
+    max_open_chunk_bytes_per_job=2 * 1024 * 1024,
 )
 
 

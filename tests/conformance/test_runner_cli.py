@@ -88,13 +88,13 @@ def test_stale_known_failing_entries_fail_the_run(fake: BackgroundFake, tmp_path
 
 
 def test_recommended_failure_is_reported_but_exits_0(fake: BackgroundFake) -> None:
-    set_behaviour(fake, {"cursor_ignored": True})
+    set_behaviour(fake, {"internal_error_on_bad_dtype": True})
     try:
-        code, out = run_cli(fake, "--only", "polling/bad-cursor")
+        code, out = run_cli(fake, "--only", "errors/body/names-the-field")
     finally:
-        set_behaviour(fake, {"cursor_ignored": None})
+        set_behaviour(fake, {"internal_error_on_bad_dtype": None})
     assert code == 0, out
-    assert "polling/bad-cursor" in out and "recommended  fail" in out
+    assert "errors/body/names-the-field" in out and "recommended  fail" in out
 
 
 def test_junit_and_json_reports(fake: BackgroundFake, seed_fault: None, tmp_path: Path) -> None:

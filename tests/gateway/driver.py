@@ -1,6 +1,8 @@
 """A crash-tolerant driver: retries every call through gateway restarts, the way the SDK does
 (same chunk group id, same Idempotency-Key, same X-Arctic-Seq; a group the gateway lost is
-replayed from chunk 0), and records what it was answered, for the kill-matrix invariants."""
+replayed from chunk 0; a request that failed `not_executed` -- it never reached its worker --
+is resubmitted under the same identity), and records what it was answered, for the
+kill-matrix invariants."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Op:
     status: str = ""
     error: dict[str, Any] | None = None
     restarts: int = 0  # chunk_group_restart_required replays
+    resubmits: int = 0  # resubmissions after not_executed (each a new request id)
 
 
 class Driver:
@@ -73,27 +76,35 @@ class Driver:
     def forward_backward(self, seq: int) -> Op:
         """A [2, 512] batch sent as a group of 3 chunks."""
         op = Op("forward-backward", seq, str(uuid.uuid4()))
-        r = self._chunks(M.FORWARD_BACKWARD, op, fb_body(2, 512, seed=seq), FB_CHUNK)
-        return self._finish(op, r)
+
+        def send() -> Resp:
+            return self._chunks(M.FORWARD_BACKWARD, op, fb_body(2, 512, seed=seq), FB_CHUNK)
+
+        return self._finish(op, send)
 
     def step(self, seq: int) -> Op:
         op = Op("step", seq, f"step-{uuid.uuid4()}")
         h = {"Idempotency-Key": op.identity, "X-Arctic-Seq": str(seq)}
-        r = self._retry(lambda: self.c.call(M.STEP, {}, job_id=self.job, headers=h))
-        return self._finish(op, r)
+        return self._finish(
+            op, lambda: self._retry(lambda: self.c.call(M.STEP, {}, job_id=self.job, headers=h))
+        )
 
-    def _finish(self, op: Op, r: Resp) -> Op:
-        assert r.status in (200, 202), (op, r.status, r.data)
-        status: dict[str, Any] = r.data
-        op.request_ids.add(status["request_id"])
-        while status.get("status") not in TERMINAL:
-            time.sleep(0.02)
-            rid = status["request_id"]
-            p = self._retry(partial(self.c.poll, self.job, rid))
-            assert p.status == 200, (op, p.status, p.data)
-            status = p.data
-        op.status, op.error = status["status"], status.get("error")
-        return op
+    def _finish(self, op: Op, send: Callable[[], Resp]) -> Op:
+        while True:
+            r = send()
+            assert r.status in (200, 202), (op, r.status, r.data)
+            status: dict[str, Any] = r.data
+            op.request_ids.add(status["request_id"])
+            while status.get("status") not in TERMINAL:
+                time.sleep(0.02)
+                rid = status["request_id"]
+                p = self._retry(partial(self.c.poll, self.job, rid))
+                assert p.status == 200, (op, p.status, p.data)
+                status = p.data
+            op.status, op.error = status["status"], status.get("error")
+            if (op.error or {}).get("code") != "not_executed" or op.resubmits >= 3:
+                return op
+            op.resubmits += 1  # it never ran: the same identity runs it now
 
     def replay(self, op: Op) -> str:
         """Ask again for a finished op (same identity): the request id it is answered with."""

@@ -25,7 +25,23 @@ GRPC_SKIP = ["jobs/*", "limits/*", "invalid/*", "codec/*", "auth/*"]
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     g = Gateway(
         tmp_path_factory.mktemp("gw-conformance"),
-        args=("--gpus", "8", "--sequence-gap-timeout", "4", "--max-body-mib", "16"),
+        args=(
+            "--gpus",
+            "8",
+            "--sequence-gap-timeout",
+            "4",
+            "--max-body-mib",
+            "16",
+            # small enough that the hostile/* and polling/* cases that need them run; the chunk
+            # budget above limits/too-many-tensors' 14 MiB frame (a frame over the per-job budget
+            # is frame_too_large before its tensors are counted)
+            "--body-timeout",
+            "5",
+            "--job-chunk-budget-mib",
+            "32",
+            "--max-inline-result-kib",
+            "256",
+        ),
     )
     g.start()
     try:

@@ -9,8 +9,8 @@ same SQLite file while a driver keeps retrying, then the invariants:
 Crash points (`ARCTIC_CRASH_AT`): a chunk accepted before it is stored; a request recorded
 before it is acknowledged, with a backlog of sequenced requests queued; a command sent to the
 worker and not yet answered; a result computed before it is stored; a request marked running
-and not yet sent to its worker (it then fails with the reason "gateway restarted while the
-request was running; the worker has no result": it is never run again).
+and not yet sent to its worker (it then fails `not_executed`: it never ran, and the driver
+resubmits it under the same identity, as the SDK does, which runs it once, as a new request).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SCENARIOS = [
     ("request_recorded", (2, 7), True),  # with a backlog of sequenced requests queued
     ("worker_dispatched", (1, 5), False),
     ("request_executed", (1, 5), False),
-    ("request_started", (1, 5), False),  # running, not yet sent: fails with a reason
+    ("request_started", (1, 5), False),  # running, not yet sent: not_executed, resubmitted
 ]
 PAIRS = 3  # forward-backward + step pairs per iteration
 
@@ -68,9 +68,12 @@ def _check(ops: list[Op], stats: dict[str, Any], replayed: dict[str, str]) -> tu
     executed: dict[str, int] = stats["executed"]
     completed_steps = failed = 0
     for op in ops:
-        assert len(op.request_ids) == 1, f"{op.name} seq {op.seq}: answered {op.request_ids}"
-        rid = next(iter(op.request_ids))
-        assert replayed[op.identity] == rid, f"{op.name} seq {op.seq}: a replay got another id"
+        n_ids = 1 + op.resubmits  # a not_executed request is resubmitted as a new request
+        assert len(op.request_ids) == n_ids, f"{op.name} seq {op.seq}: answered {op.request_ids}"
+        rid = replayed[op.identity]
+        assert rid in op.request_ids, f"{op.name} seq {op.seq}: a replay got another id"
+        others = op.request_ids - {rid}
+        assert all(executed.get(r, 0) == 0 for r in others), f"a not_executed request ran: {op}"
         assert op.status in ("completed", "failed"), op
         if op.status == "completed":
             assert executed.get(rid) == 1, f"{op.name} {rid} ran {executed.get(rid)} times"
@@ -125,6 +128,7 @@ def test_kill_matrix(gateway: Gateway) -> None:
                 "crashed": crashed,
                 "ops": len(ops),
                 "failed_with_reason": failed,
+                "resubmitted": sum(op.resubmits for op in ops),
                 "errors": sorted({str(op.error.get("message")) for op in ops if op.error}),
                 "group_replays": sum(op.restarts for op in ops),
                 "seconds": round(time.monotonic() - t0, 2),

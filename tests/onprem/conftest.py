@@ -154,9 +154,15 @@ def cancel_job(srv: ServerInfo, job: str) -> None:
     requests.post(f"{srv.prefix_url}/{job}:cancel", timeout=60)
 
 
+# Input limits small enough that the conformance cases needing them run here too (hostile/*,
+# polling/cursor-pages sizes its result from the inline limit; PROTOCOL.md §13).
+LIMIT_ARGS = ("--body-timeout", "10", "--job-chunk-budget-mib", "64",
+              "--max-inline-result-kib", "256")  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def onprem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    srv = start_server(tmp_path_factory.mktemp("onprem"))
+    srv = start_server(tmp_path_factory.mktemp("onprem"), *LIMIT_ARGS)
     try:
         yield srv
     finally:

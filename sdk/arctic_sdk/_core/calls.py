@@ -23,6 +23,7 @@ import dssst1
 
 from .._client_base import CallOptions
 from .._generated import methods as M
+from .._generated.error_codes import ErrorCode
 from .._spec import BodyKind, Fallback, Idempotency, MethodInfo
 from ..config import ArcticConfig
 from ..errors import (
@@ -41,9 +42,11 @@ from .replies import ChunkCached, Exchange, Raw, Reply, Value, Wire
 from .requests import is_data_plane
 from .retry import Contact, Deadline, RetryPolicy, exchange
 from .sequence import SeqAllocator, SeqSlot
-from .validate import validate_body
+from .validate import request_fields, validate_body
 
 log = logging.getLogger("arctic_sdk")
+# How often a request that failed `not_executed` (it never ran) is resubmitted under its identity.
+RESUBMITS = 3
 
 PROGRESS_BYTES = 32 * 1024 * 1024  # show upload bars from this body size
 CAPS_TIMEOUT_S = 60.0
@@ -170,7 +173,8 @@ def prepare(
         params[name] = str(value)
     if not method.job_scoped and "job_id" in rest and method is not M.CREATE_JOB:
         rest.pop("job_id")
-    validate_body(method, rest)
+    fields = request_fields(method)  # path parameters bound to a field are checked as one
+    validate_body(method, {**rest, **{k: v for k, v in params.items() if k in fields}})
     cfg = state.config
     prep = PreparedCall(
         method=method,
@@ -278,32 +282,48 @@ def _direct(
     # Raw DSSST1 answers save base64 on tensor results: ask for them on DSSST1-bodied ops
     # (small JSON answers are cheaper as JSON).
     accept_octet = caps is not None and caps.octet_results and method.body is BodyKind.DSSST1
-    try:
-        reply = yield from _submit(state, prep, caps, send, seq, accept_octet)
-    except ArcticError as exc:
-        if exc.status is not None and prep.slot is not None:
-            state.seq.release(prep.slot)  # refused, so not run: its number can be reused
-        raise
-    if isinstance(reply, Raw):
-        return reply.data
-    if not is_data_plane(method) and method is not M.GET_REQUEST:
-        return reply.value if isinstance(reply, Value) else reply
-    if method is M.GET_REQUEST:  # an explicit poll answers the status (its result decoded)
-        return poll_status(reply, state.config.tensors)
-    return (
-        yield from await_result(
-            reply,
-            method=method,
-            job_id=prep.job_id or "",
-            send_poll=send,
-            cfg=state.config.poll,
-            clock=state.clock,
-            deadline_at=deadline.at,
-            tensors=state.config.tensors,
-            accept_octet=accept_octet,
-            redact=state.redact,
-        )
-    )
+    for resubmit in range(RESUBMITS + 1):
+        try:
+            reply = yield from _submit(state, prep, caps, send, seq, accept_octet)
+        except ArcticError as exc:
+            if exc.status is not None and prep.slot is not None:
+                state.seq.release(prep.slot)  # refused, so not run: its number can be reused
+            raise
+        if isinstance(reply, Raw):
+            return reply.data
+        if not is_data_plane(method) and method is not M.GET_REQUEST:
+            return reply.value if isinstance(reply, Value) else reply
+        if method is M.GET_REQUEST:  # an explicit poll answers the status (its result decoded)
+            return poll_status(reply, state.config.tensors)
+        try:
+            return (
+                yield from await_result(
+                    reply,
+                    method=method,
+                    job_id=prep.job_id or "",
+                    send_poll=send,
+                    cfg=state.config.poll,
+                    clock=state.clock,
+                    deadline_at=deadline.at,
+                    tensors=state.config.tensors,
+                    accept_octet=accept_octet,
+                    redact=state.redact,
+                )
+            )
+        except ArcticError as exc:
+            # the request provably never ran (the server restarted before its worker got it):
+            # the same identity (Idempotency-Key / chunk group) runs it now, once
+            if exc.code != ErrorCode.NOT_EXECUTED or resubmit == RESUBMITS:
+                raise
+            log.info(
+                "resubmitting %s under the same identity: %s (resubmission %d of %d)",
+                method.name,
+                exc,
+                resubmit + 1,
+                RESUBMITS,
+                extra={"arctic_op": method.name, "arctic_resubmit": resubmit + 1},
+            )
+    raise AssertionError("unreachable")
 
 
 def _submit(

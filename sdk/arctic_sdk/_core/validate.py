@@ -26,15 +26,13 @@ _POOL = descriptor_pool.Default()
 
 
 def validate_body(method: MethodInfo, body: Mapping[str, Any]) -> None:
-    """Check the body of a call to `method` (path parameters already removed)."""
+    """Check the body of a call to `method`, its path parameters included (a checkpoint id is
+    checked against the spec's rule before it becomes part of a URL)."""
     if not method.request_type or (not body and not REQUIRED_FIELDS.get(method.request_type)):
         return  # nothing to check (an empty body of an op without required fields)
     desc = _POOL.FindMessageTypeByName(method.request_type)
-    params = set(method.path_params)
     try:
-        found = check_body(
-            desc, {k: v for k, v in body.items() if k not in params}, options_apart=True
-        )
+        found = check_body(desc, dict(body), options_apart=True)
         bad = leftover_error(desc, found)
     except BodyError as exc:
         bad = exc
@@ -45,3 +43,10 @@ def validate_body(method: MethodInfo, body: Mapping[str, Any]) -> None:
             op=method.name,
             details={"field": bad.path, **bad.details},
         )
+
+
+def request_fields(method: MethodInfo) -> frozenset[str]:
+    """The field names of `method`'s request message (empty without one)."""
+    if not method.request_type:
+        return frozenset()
+    return frozenset(_POOL.FindMessageTypeByName(method.request_type).fields_by_name)

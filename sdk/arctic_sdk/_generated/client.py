@@ -1036,7 +1036,9 @@ class Client(ClientBase):
         """Save a checkpoint (resumable by default) under the job.
 
         Args:
-            checkpoint_id: Default: a server-chosen id ("step-{global_step}").
+            checkpoint_id: Default: a server-chosen id ("step-{global_step}"). The checkpoint-id
+                rule (PROTOCOL.md §13): 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or
+                digit; never a path.
             checkpoint_type: "resumable" (default: model + optimizer + scheduler state) or
                 "weights-only".
             job_id: The job (default: the client's `job_id`).
@@ -1098,7 +1100,7 @@ class Client(ClientBase):
         `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
 
         Args:
-            checkpoint_id: The checkpoint to load (required).
+            checkpoint_id: The checkpoint to load (required). Required.
             source_job_id: Load a checkpoint saved by another job of the same token.
             target_sub_job_id: The sub-job to load it into (default: the training sub-job).
                 Loading into a sampling sub-job changes its weights, so it bumps the
@@ -1212,7 +1214,7 @@ class Client(ClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            checkpoint_id: The checkpoint to export.
+            checkpoint_id: The checkpoint to export. Required.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -1270,8 +1272,9 @@ class Client(ClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            checkpoint_id: The exported checkpoint.
-            filename: A file name of its export (`ExportedFile.filename`).
+            checkpoint_id: The exported checkpoint. Required.
+            filename: A file name of its export (`ExportedFile.filename`): 1-255 of A-Z a-z 0-9
+                . _ -, starting with a letter or digit. Required.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -1328,7 +1331,7 @@ class Client(ClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            checkpoint_id: The checkpoint to delete.
+            checkpoint_id: The checkpoint to delete. Required.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -2669,7 +2672,9 @@ class AsyncClient(AsyncClientBase):
         """Save a checkpoint (resumable by default) under the job.
 
         Args:
-            checkpoint_id: Default: a server-chosen id ("step-{global_step}").
+            checkpoint_id: Default: a server-chosen id ("step-{global_step}"). The checkpoint-id
+                rule (PROTOCOL.md §13): 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or
+                digit; never a path.
             checkpoint_type: "resumable" (default: model + optimizer + scheduler state) or
                 "weights-only".
             job_id: The job (default: the client's `job_id`).
@@ -2731,7 +2736,7 @@ class AsyncClient(AsyncClientBase):
         `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
 
         Args:
-            checkpoint_id: The checkpoint to load (required).
+            checkpoint_id: The checkpoint to load (required). Required.
             source_job_id: Load a checkpoint saved by another job of the same token.
             target_sub_job_id: The sub-job to load it into (default: the training sub-job).
                 Loading into a sampling sub-job changes its weights, so it bumps the
@@ -2857,7 +2862,7 @@ class AsyncClient(AsyncClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            checkpoint_id: The checkpoint to export.
+            checkpoint_id: The checkpoint to export. Required.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -2915,8 +2920,9 @@ class AsyncClient(AsyncClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            checkpoint_id: The exported checkpoint.
-            filename: A file name of its export (`ExportedFile.filename`).
+            checkpoint_id: The exported checkpoint. Required.
+            filename: A file name of its export (`ExportedFile.filename`): 1-255 of A-Z a-z 0-9
+                . _ -, starting with a letter or digit. Required.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -2973,7 +2979,7 @@ class AsyncClient(AsyncClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            checkpoint_id: The checkpoint to delete.
+            checkpoint_id: The checkpoint to delete. Required.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 

@@ -28,6 +28,7 @@ from arctic_sdk._error_base import (
     ServerTimeoutError,
     ServiceUnavailableError,
     UnimplementedError,
+    UserError,
 )
 from arctic_sdk._generated.error_codes import ErrorCode
 
@@ -71,11 +72,13 @@ __all__ = [
     "MethodNotAllowedError",
     "MissingFieldError",
     "NotAcceptableError",
+    "NotExecutedError",
     "OffsetsInvalidError",
     "PickleRefusedError",
     "RateLimitedError",
     "RequestCancelledError",
     "RequestNotFoundError",
+    "RequestTimeoutError",
     "ScalarShapeInvalidError",
     "SequenceConflictError",
     "SequenceGapTimeoutError",
@@ -253,8 +256,9 @@ class UnsupportedMediaTypeError(InvalidArgumentError):
 
 
 class RateLimitedError(RateLimitError):
-    """`rate_limited`: Too many requests in flight for this token; honour `Retry-After`; `details.queue_position`
-    when queued.
+    """`rate_limited`: Too many requests in flight for this token, or incomplete chunk groups past the job's or the
+    server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when
+    queued.
     """
 
     default_code = ErrorCode.RATE_LIMITED
@@ -520,6 +524,21 @@ class FrameSha256MismatchError(InvalidArgumentError):
     default_code = ErrorCode.FRAME_SHA256_MISMATCH
 
 
+class RequestTimeoutError(UserError):
+    """`request_timeout`: HTTP: the request body did not arrive within the server's `body_read_timeout_seconds`."""
+
+    default_code = ErrorCode.REQUEST_TIMEOUT
+
+
+class NotExecutedError(ServiceUnavailableError):
+    """`not_executed`: The request was accepted but provably never reached its worker (the server restarted in
+    between), so it did not run: resubmit it under the same idempotency identity, which the server
+    then executes as new. The SDK does so.
+    """
+
+    default_code = ErrorCode.NOT_EXECUTED
+
+
 ERROR_CLASSES: Final[Mapping[str, type[ArcticError]]] = MappingProxyType(
     {
         ErrorCode.INVALID_ARGUMENT: InvalidArgumentError,
@@ -593,6 +612,8 @@ ERROR_CLASSES: Final[Mapping[str, type[ArcticError]]] = MappingProxyType(
         ErrorCode.CHUNK_MISSING: ChunkMissingError,
         ErrorCode.FRAME_SIZE_MISMATCH: FrameSizeMismatchError,
         ErrorCode.FRAME_SHA256_MISMATCH: FrameSha256MismatchError,
+        ErrorCode.REQUEST_TIMEOUT: RequestTimeoutError,
+        ErrorCode.NOT_EXECUTED: NotExecutedError,
     }
 )
 """Code (JSON form) -> the exception class it raises."""

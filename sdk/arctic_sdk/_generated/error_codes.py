@@ -83,8 +83,9 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     """The body's `Content-Type` is not the one the route takes."""
     RATE_LIMITED = "rate_limited"
-    """Too many requests in flight for this token; honour `Retry-After`; `details.queue_position`
-    when queued.
+    """Too many requests in flight for this token, or incomplete chunk groups past the job's or the
+    server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when
+    queued.
     """
     INTERNAL = "internal"
     """A server fault. The message says what failed."""
@@ -176,6 +177,13 @@ class ErrorCode(enum.StrEnum):
     """DSSST1 section 8: the reassembled frame has the wrong length."""
     FRAME_SHA256_MISMATCH = "frame_sha256_mismatch"
     """DSSST1 section 8: the reassembled frame has the wrong sha256."""
+    REQUEST_TIMEOUT = "request_timeout"
+    """HTTP: the request body did not arrive within the server's `body_read_timeout_seconds`."""
+    NOT_EXECUTED = "not_executed"
+    """The request was accepted but provably never reached its worker (the server restarted in
+    between), so it did not run: resubmit it under the same idempotency identity, which the server
+    then executes as new. The SDK does so.
+    """
 
 
 ERRORS: Final[Mapping[str, ErrorInfo]] = MappingProxyType(
@@ -404,8 +412,9 @@ ERRORS: Final[Mapping[str, ErrorInfo]] = MappingProxyType(
             user_fault=False,
             retryable=True,
             doc=(
-                "Too many requests in flight for this token; honour `Retry-After`; `details.queue_position`\n"
-                "when queued."
+                "Too many requests in flight for this token, or incomplete chunk groups past the job's or the\n"
+                "server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when\n"
+                "queued."
             ),
         ),
         ErrorCode.INTERNAL: ErrorInfo(
@@ -762,6 +771,26 @@ ERRORS: Final[Mapping[str, ErrorInfo]] = MappingProxyType(
             user_fault=True,
             retryable=False,
             doc="DSSST1 section 8: the reassembled frame has the wrong sha256.",
+        ),
+        ErrorCode.REQUEST_TIMEOUT: ErrorInfo(
+            code=ErrorCode.REQUEST_TIMEOUT,
+            http_status=408,
+            grpc_status="DEADLINE_EXCEEDED",
+            user_fault=True,
+            retryable=True,
+            doc="HTTP: the request body did not arrive within the server's `body_read_timeout_seconds`.",
+        ),
+        ErrorCode.NOT_EXECUTED: ErrorInfo(
+            code=ErrorCode.NOT_EXECUTED,
+            http_status=503,
+            grpc_status="UNAVAILABLE",
+            user_fault=False,
+            retryable=True,
+            doc=(
+                "The request was accepted but provably never reached its worker (the server restarted in\n"
+                "between), so it did not run: resubmit it under the same idempotency identity, which the server\n"
+                "then executes as new. The SDK does so."
+            ),
         ),
     }
 )

@@ -606,6 +606,32 @@ class Limits(TypedDict, total=False):
     sequence_gap_timeout_seconds: int
     """How long a request with X-Arctic-Seq n waits for n-1 before `sequence_gap_timeout`."""
 
+    max_inline_result_bytes: int
+    """Results whose DSSST1 frame is larger are delivered as `result_chunk` events (PROTOCOL.md §3.3)."""
+
+    max_open_chunk_bytes_per_job: int
+    """Bytes of chunks that incomplete request chunk groups may hold, per job and over the whole
+    server (PROTOCOL.md §3.5): a chunk past either budget is refused with 429 `rate_limited`.
+    """
+
+    max_open_chunk_bytes: int
+
+    chunk_group_ttl_seconds: int
+    """An incomplete chunk group that receives no chunk for this long is dropped; a later chunk of it
+    is `chunk_group_restart_required`.
+    """
+
+    header_read_timeout_seconds: int
+    """HTTP: a request's headers (and an idle keep-alive connection's next request) must arrive
+    within this many seconds, else the connection is closed; a body within
+    `body_read_timeout_seconds`, else 408 `request_timeout`.
+    """
+
+    body_read_timeout_seconds: int
+
+    max_sub_jobs: int
+    """Sub-jobs one CreateJob may configure."""
+
 
 class Tensor(TypedDict, total=False):
     """Documents a DSSST1 tensor inside a body or result. Over HTTP JSON bodies it is not used (tensors
@@ -1098,7 +1124,9 @@ class SaveCheckpointRequest(TypedDict, total=False):
     """JSON body of save."""
 
     checkpoint_id: str
-    """Default: a server-chosen id ("step-{global_step}")."""
+    """Default: a server-chosen id ("step-{global_step}"). The checkpoint-id rule (PROTOCOL.md §13):
+    1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit; never a path.
+    """
 
     checkpoint_type: str
     """\"resumable" (default: model + optimizer + scheduler state) or "weights-only"."""
@@ -1125,7 +1153,9 @@ class LoadCheckpointRequest(TypedDict, total=False):
     """JSON body of load."""
 
     checkpoint_id: str
-    """The checkpoint to load (required)."""
+    """The checkpoint to load (required).
+    Required.
+    """
 
     source_job_id: str
     """Load a checkpoint saved by another job of the same token."""
@@ -1162,7 +1192,9 @@ class ExportCheckpointRequest(TypedDict, total=False):
     """The job (default: the client's `job_id`)."""
 
     checkpoint_id: str
-    """The checkpoint to export."""
+    """The checkpoint to export.
+    Required.
+    """
 
 
 class ExportedFile(TypedDict, total=False):
@@ -1191,10 +1223,15 @@ class DownloadCheckpointFileRequest(TypedDict, total=False):
     """The job (default: the client's `job_id`)."""
 
     checkpoint_id: str
-    """The exported checkpoint."""
+    """The exported checkpoint.
+    Required.
+    """
 
     filename: str
-    """A file name of its export (`ExportedFile.filename`)."""
+    """A file name of its export (`ExportedFile.filename`): 1-255 of A-Z a-z 0-9 . _ -, starting
+    with a letter or digit.
+    Required.
+    """
 
 
 class DeleteCheckpointRequest(TypedDict, total=False):
@@ -1204,7 +1241,9 @@ class DeleteCheckpointRequest(TypedDict, total=False):
     """The job (default: the client's `job_id`)."""
 
     checkpoint_id: str
-    """The checkpoint to delete."""
+    """The checkpoint to delete.
+    Required.
+    """
 
 
 class DeleteCheckpointResult(TypedDict, total=False):
@@ -1442,11 +1481,11 @@ REQUIRED_FIELDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "arctic.v1.ResetPrefixCacheRequest": (),
         "arctic.v1.OperationRequest": (),
         "arctic.v1.SaveCheckpointRequest": (),
-        "arctic.v1.LoadCheckpointRequest": (),
+        "arctic.v1.LoadCheckpointRequest": ("checkpoint_id",),
         "arctic.v1.ListCheckpointsRequest": (),
-        "arctic.v1.ExportCheckpointRequest": (),
-        "arctic.v1.DownloadCheckpointFileRequest": (),
-        "arctic.v1.DeleteCheckpointRequest": (),
+        "arctic.v1.ExportCheckpointRequest": ("checkpoint_id",),
+        "arctic.v1.DownloadCheckpointFileRequest": ("checkpoint_id", "filename"),
+        "arctic.v1.DeleteCheckpointRequest": ("checkpoint_id",),
         "arctic.v1.SleepInferenceRequest": (),
         "arctic.v1.WakeInferenceRequest": (),
         "arctic.v1.SleepTrainingRequest": (),

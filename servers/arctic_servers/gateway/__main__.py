@@ -25,6 +25,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.limit_args import add_limit_arguments, limits_from_args
+
 MiB = 1024 * 1024
 
 
@@ -72,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--no-engine-check", action="store_true", help="--engine onprem: skip the engine check"
     )
+    add_limit_arguments(ap)
     ap.add_argument("command", nargs="*", help="hash-token TOKEN")
     return ap
 
@@ -105,6 +108,7 @@ async def _serve(args: argparse.Namespace) -> int:
         retention_seconds=args.retention_seconds,
         sequence_gap_timeout_seconds=args.sequence_gap_timeout,
     )
+    limits = limits_from_args(args, limits)
     tokens = load_tokens(args.tokens_file)
     gw = await start_gateway(
         settings,

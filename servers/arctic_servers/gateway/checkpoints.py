@@ -13,22 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol import checkpoint_files as cf
+from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
 from ..protocol.jobs import sub_job_by_id
 from .base import GatewayBase
-
-
-def _filename(value: Any) -> str:
-    name = str(value or "")
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise ProtocolError(
-            "invalid_argument",
-            f"field filename: {name!r} is not a file name",
-            field="filename",
-            expected="a plain file name",
-        )
-    return name
 
 
 class Checkpoints(GatewayBase):
@@ -65,8 +53,10 @@ class Checkpoints(GatewayBase):
         sub = sub_job_by_id(job, tid) if tid else self.target(job, ctx)
         ckpt = str(body["checkpoint_id"])
         source = str(body.get("source_job_id") or job.job_id)
-        if source != job.job_id and not ctx.resumed:
-            self.jobs.visible(source, self.owner(ctx))  # the same token's jobs only
+        if not ctx.resumed:  # checked when accepted too (check_request), with the token
+            checkpoint_ids.check_source_job(
+                body, job.job_id, lambda s: self.jobs.visible(s, self.owner(ctx))
+            )
         meta = self.ckpts.meta(source, ckpt)
         root = self.ckpts.path(source, ckpt)
         if sub.role == "training" or self.profile.name == "fake":  # fake workers load any role
@@ -106,7 +96,7 @@ class Checkpoints(GatewayBase):
         job = self.job(ctx)
         ckpt = str(body["checkpoint_id"])
         self.ckpts.meta(job.job_id, ckpt)
-        name = _filename(body.get("filename"))
+        name = checkpoint_ids.check_filename(body.get("filename"))
         return await self.ckpts.read_exported(job.job_id, ckpt, name)
 
     async def delete_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:

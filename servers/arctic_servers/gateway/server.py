@@ -23,6 +23,7 @@ from ..protocol.core import ProtocolCore
 from ..protocol.errors import ProtocolError
 from ..protocol.grpc_app import start_grpc_server
 from ..protocol.http_app import error_response, make_app
+from ..protocol.http_server import make_runner
 from ..protocol.serve import free_port
 from ..protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
 from .jobs import JobManager
@@ -194,7 +195,9 @@ async def start_gateway(
     install_openai(app, servicer, token_sha256)  # /v1/models, /v1/chat/completions, ...
     if admin:
         _admin_routes(servicer, core)(app)
-    runner = web.AppRunner(app, access_log=None)
+    # after the drain (hand_off) nothing is left to finish: open handlers get 2 s, so SIGTERM
+    # exits within drain_timeout + ~2 s
+    runner = make_runner(app, config.limits, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

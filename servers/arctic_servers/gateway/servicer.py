@@ -13,12 +13,13 @@ from typing import Any
 from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import GrpcShape
 
+from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.fields import learning_rate
 from ..protocol.operation_types import OP_TAIL_LOGS, OPERATION_TYPES
 from .base import GatewayBase
-from .checkpoints import Checkpoints, _filename
+from .checkpoints import Checkpoints
 from .dataplane import DataPlane
 from .model import Job
 
@@ -70,9 +71,11 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
             fake_ckpt.check_save(body)
-        elif m is M.DOWNLOAD_CHECKPOINT_FILE:
+        elif m is M.LOAD_CHECKPOINT:
             operations.check_simple(fake_job, m, body)
-            _filename(body.get("filename"))
+            checkpoint_ids.check_source_job(
+                body, job.job_id, lambda s: self.jobs.visible(s, self.owner(ctx))
+            )
         else:
             operations.check_simple(fake_job, m, body)
 

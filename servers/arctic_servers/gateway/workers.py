@@ -28,7 +28,10 @@ from ..protocol import faultpoints
 from ..protocol.errors import ProtocolError
 
 log = logging.getLogger("arctic_servers.gateway")
-NO_RESULT = "gateway restarted while the request was running; the worker has no result"
+NO_RESULT = (
+    "the gateway restarted after marking the request running and before its worker received "
+    "it: it did not run; resubmit it under the same idempotency identity"
+)
 
 
 @dataclass
@@ -115,7 +118,9 @@ class WorkerClient:
             p.fut.set_result(msg.get("result"))
         elif msg.get("unknown"):
             p.fut.set_exception(
-                ProtocolError("internal", NO_RESULT, sub_job_id=self.sub_job_id, reason=NO_RESULT)
+                ProtocolError(
+                    "not_executed", NO_RESULT, sub_job_id=self.sub_job_id, reason=NO_RESULT
+                )
             )
         else:
             p.fut.set_exception(_error(msg.get("error") or {}, self.sub_job_id))

@@ -28,6 +28,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.limit_args import add_limit_arguments, limits_from_args
+
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -83,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start without checking the engines' Python first",
     )
+    add_limit_arguments(p)
     c = sub.add_parser("check", help="check that the engines' Python can run the engines")
     c.add_argument(
         "--worker-python", default=sys.executable, help="interpreter of the engine workers"
@@ -128,6 +131,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tokens=args.token,
         admin=args.admin,
         create_jobs=create,
+        limits=limits_from_args(args),
     )
     info = {
         "base_url": srv.base_url,

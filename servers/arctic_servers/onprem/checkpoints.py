@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol import checkpoint_files as cf
+from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
 from . import checks
@@ -63,8 +64,10 @@ class Checkpoints(OnpremBase):
         sub = sub_job_by_id(job, tid) if tid else self.target(job, ctx)
         ckpt = str(body["checkpoint_id"])
         source = str(body.get("source_job_id") or job.job_id)
-        if source != job.job_id:
-            self.jobs.visible(source, self._owner(ctx))  # same token only
+        if not ctx.resumed:  # checked when accepted too (check_request), with the token
+            checkpoint_ids.check_source_job(
+                body, job.job_id, lambda s: self.jobs.visible(s, self._owner(ctx))
+            )
         meta = self._ckpts.meta(source, ckpt)
         if sub.role == "training":
             args = cf.load_args(self._ckpts.path(source, ckpt), meta)

@@ -9,7 +9,6 @@ runs), sampling parameters, checkpoint ids, sync methods.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,13 +16,12 @@ import numpy as np
 
 from arctic_sdk._generated import methods as M
 
-from ..protocol import fields
+from ..protocol import checkpoint_ids, fields
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
 from . import loss_config
 
 POST = ("compute_logprobs", "compute_entropy")
-CHECKPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CHECKPOINT_TYPES = ("resumable", "weights-only")
 WAKE_TAGS = ("weights", "kv_cache")
 SLEEP_MODES = ("all", "optimizer", "weights")
@@ -260,14 +258,8 @@ def sampling_params(body: Mapping[str, Any]) -> None:
 
 
 def checkpoint_id(value: Any, path: str = "checkpoint_id") -> str:
-    s = str(value or "")
-    if not CHECKPOINT_ID.match(s) or ".." in s:
-        raise bad(
-            path,
-            f"{s!r} is not a checkpoint id",
-            expected="[A-Za-z0-9._-], 1-128 characters, no '..'",
-        )
-    return s
+    """The spec's checkpoint-id rule (`protocol/checkpoint_ids.py`)."""
+    return checkpoint_ids.check_id(value, path)
 
 
 def save_body(body: Mapping[str, Any]) -> None:
@@ -283,10 +275,8 @@ def save_body(body: Mapping[str, Any]) -> None:
 
 
 def filename(value: Any) -> str:
-    s = str(value or "")
-    if not s or "/" in s or "\\" in s or s.startswith(".") or ".." in s:
-        raise bad("filename", f"{s!r} is not a file name", expected="a plain file name")
-    return s
+    """The spec's exported-file-name rule (`protocol/checkpoint_ids.py`)."""
+    return checkpoint_ids.check_filename(value)
 
 
 def one_of(body: Mapping[str, Any], name: str, allowed: Sequence[str], path: str = "") -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from arctic_sdk._generated import methods as M
 
+from ..protocol import checkpoint_ids
 from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
@@ -57,6 +58,9 @@ class OnpremServicer(Operations, Checkpoints):
             if not body.get("checkpoint_id"):
                 raise checks.bad("checkpoint_id", "is required", "missing_field")
             checks.checkpoint_id(body["checkpoint_id"])
+            checkpoint_ids.check_source_job(
+                body, job.job_id, lambda s: self.jobs.visible(s, self._owner(ctx))
+            )
             tid = body.get("target_sub_job_id")
             if tid:  # any sub-job: a sampler loads the checkpoint's exported weights
                 sub_job_by_id(job, tid)

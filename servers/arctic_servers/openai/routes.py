@@ -26,6 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ..protocol import limits as input_limits
+from ..protocol.errors import ProtocolError
 from .requests import Request, chat_request, completion_request, token_strings
 from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back
 
@@ -97,8 +99,10 @@ class OpenAIRoutes:
     def _token(self, request: web.Request) -> str | None:
         if not self.tokens and not self.token_sha256:
             return None
-        h = request.headers.get("Authorization", "")
-        token = h[7:].strip() if h.lower().startswith("bearer ") else ""
+        try:  # the protocol's rule: a token is printable ASCII
+            token = input_limits.bearer_token(request.headers.get("Authorization", "")) or ""
+        except ProtocolError:
+            token = ""
         if not self._accepted(token):
             raise OpenAIError(
                 401,
@@ -132,10 +136,14 @@ class OpenAIRoutes:
         return handler
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
+        """The JSON body under the protocol's input limits (depth, text, numbers)."""
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise OpenAIError(400, "the body is not JSON", code="invalid_json") from None
+            body = input_limits.load_json(await request.read(), input_limits.JSON_MAX_DEPTH)
+        except ProtocolError as exc:
+            field = exc.details.get("field")
+            raise OpenAIError(
+                400, exc.message, param=str(field) if field else None, code=exc.code
+            ) from None
         if not isinstance(body, dict):
             raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
         return body
@@ -240,8 +248,19 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         ids = body.get("tokens")
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
             raise OpenAIError(400, "tokens: expected a list of token ids", param="tokens")
+        vocab = int(getattr(sampler, "vocab_size", 0) or 0)
+        bad = [t for t in ids if t < 0 or (vocab and t >= vocab)]
+        if bad:
+            raise OpenAIError(
+                400,
+                f"tokens: id {bad[0]} is outside the vocabulary [0, {vocab or 'size'})",
+                param="tokens",
+                code="invalid_value",
+            )
         return web.json_response({"prompt": sampler.decode(ids)})
 
     @staticmethod

@@ -70,6 +70,11 @@ class FakeTokenizer:
             "qwen-style (arctic_servers.openai.fake.render_qwen_chat)" if chat_template else None
         )
 
+    def __len__(self) -> int:
+        from conformance.fake import tokenizer
+
+        return tokenizer.VOCAB_SIZE
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         from conformance.fake import tokenizer
 
@@ -128,6 +133,14 @@ class TokenizedSampler:
         self.model_id = model_id
         self.tok = tokenizer
         self.max_model_len = max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are in [0, vocab_size) (added tokens included); 0 = unknown."""
+        try:
+            return len(self.tok)
+        except TypeError:
+            return 0
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tok.encode(text, add_special_tokens=False)]

@@ -4,8 +4,9 @@ directory a checkpoint under a job's checkpoint root, holding the trainer's Deep
 job's workers, so they can be listed, exported, downloaded and deleted after the job ends.
 
 Each server says where a job's root is and runs the engine commands; this module has the
-directory layout, the `Checkpoint` answers, the engine's save and load arguments, and the export
-subprocess (`arctic_servers.onprem.export`).
+directory layout (an id becomes a path through `checkpoint_ids.resolve` only), the `Checkpoint`
+answers, the engine's save and load arguments, and the export subprocess
+(`arctic_servers.onprem.export`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import checkpoint_ids
 from .errors import ProtocolError
 from .jobs import JobRecord, rfc3339
 
@@ -87,7 +89,8 @@ class CheckpointDirs:
     url_prefix: str = ""
 
     def path(self, job_id: str, ckpt: str) -> Path:
-        return self.root(job_id) / ckpt
+        """The checkpoint's directory, inside the job's own root (`checkpoint_ids.resolve`)."""
+        return checkpoint_ids.resolve(self.root(job_id), ckpt)
 
     def meta(self, job_id: str, ckpt: str) -> dict[str, Any]:
         """A checkpoint's `meta.json`, or `checkpoint_not_found`."""
@@ -113,7 +116,7 @@ class CheckpointDirs:
         out = []
         if root.is_dir():
             for d in sorted(root.iterdir()):
-                with contextlib.suppress(ProtocolError):
+                with contextlib.suppress(ProtocolError):  # not a checkpoint (or not an id)
                     out.append(public(self.meta(job_id, d.name)))
         out.sort(key=lambda c: (c.get("created_at", ""), c.get("checkpoint_id", "")))
         return out
@@ -134,9 +137,10 @@ class CheckpointDirs:
         return files
 
     async def read_exported(self, job_id: str, ckpt: str, name: str) -> bytes:
-        """One exported file (`name`: a plain file name, checked by the caller)."""
+        """One exported file (`name`: a plain file name under the spec's rule)."""
         self.meta(job_id, ckpt)
-        f = self.path(job_id, ckpt) / "export" / name
+        export = self.path(job_id, ckpt) / "export"
+        f = checkpoint_ids.resolve_file(export, name) if export.is_dir() else export / name
         if not f.is_file():
             raise ProtocolError(
                 "not_found",

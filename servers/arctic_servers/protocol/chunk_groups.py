@@ -3,10 +3,20 @@
 Each chunk frame goes through `ChunkGroups.accept`, which keeps one `dssst1.ChunkAssembler` per
 open group (rebuilt from the chunk store after a restart when the store is durable) and records
 group state in the store before the chunk is acknowledged.
+
+Memory is what arrived, never what a descriptor declares (the assembler grows as chunks come),
+and it is budgeted (`ChunkBudget`, advertised in the capabilities): the bytes incomplete groups
+hold per job and over the server. A chunk past either budget is refused with 429 `rate_limited`
+(retryable; nothing is kept), unless it completes its group, which frees the group's bytes; a
+group that declares a frame larger than the per-job budget could never complete and is
+`frame_too_large` at once. A group that receives no chunk for `ttl_seconds` is dropped; a later
+chunk of it is `chunk_group_restart_required`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +28,9 @@ from . import faultpoints
 from .errors import ProtocolError
 from .stores import ChunkStore, GroupRecord
 
+# Bytes an open group costs beyond its chunks (assembler, records), for the budget.
+GROUP_OVERHEAD = 1024
+CHUNK_OVERHEAD = 64
 # Codec failures that mean "same group id, different content" to a server.
 _CONFLICT_CODES = frozenset({"chunk_duplicate_conflict", "chunk_inconsistent"})
 
@@ -31,6 +44,15 @@ class ChunkStep:
     frame: bytes | memoryview | None = None  # the whole frame, ready to execute
     group_id: str = ""
     frame_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class ChunkBudget:
+    """What incomplete request chunk groups may hold (`ProtocolLimits`)."""
+
+    per_job_bytes: int = 4 << 30
+    server_bytes: int = 8 << 30
+    ttl_seconds: float = 3600.0
 
 
 def _codec_error(exc: dssst1.DSSError, group_id: str) -> ProtocolError:
@@ -52,12 +74,85 @@ def _op_name(label: object) -> str | None:
 
 
 class ChunkGroups:
-    def __init__(self, store: ChunkStore, limits: dssst1.Limits) -> None:
+    def __init__(
+        self,
+        store: ChunkStore,
+        limits: dssst1.Limits,
+        budget: ChunkBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.limits = limits
+        self.budget = budget or ChunkBudget()
+        self._clock = clock
         self._assemblers: dict[tuple[str, str], dssst1.ChunkAssembler] = {}
+        self._touched: dict[tuple[str, str], float] = {}  # last chunk of each open group
+        self._cost: dict[tuple[str, str], int] = {}  # bytes each open group holds
+        self._job_bytes: dict[str, int] = {}
+        self._total = 0
+
+    # ------------------------------------------------------------------ memory
+
+    def held_bytes(self, job_id: str | None = None) -> int:
+        """Bytes incomplete groups hold now (of one job, or of the whole server): their chunks'
+        payloads, plus their bookkeeping (`GROUP_OVERHEAD`, `CHUNK_OVERHEAD` a received chunk)."""
+        return self._total if job_id is None else self._job_bytes.get(job_id, 0)
+
+    def _set_cost(self, key: tuple[str, str], asm: dssst1.ChunkAssembler | None) -> None:
+        new = 0
+        if asm is not None:
+            new = asm.buffered_bytes + GROUP_OVERHEAD + CHUNK_OVERHEAD * asm.received
+        old = self._cost.pop(key, 0)
+        if asm is not None:
+            self._cost[key] = new
+        self._total += new - old
+        left = self._job_bytes.get(key[0], 0) + new - old
+        if left:
+            self._job_bytes[key[0]] = left
+        else:
+            self._job_bytes.pop(key[0], None)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        self._assemblers.pop(key, None)
+        self._touched.pop(key, None)
+        self._set_cost(key, None)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop the incomplete groups idle longer than the budget's TTL; how many."""
+        now = self._clock() if now is None else now
+        old = [k for k, t in self._touched.items() if now - t > self.budget.ttl_seconds]
+        for job_id, gid in old:
+            self.reset(job_id, gid)
+        return len(old)
+
+    def _check_budget(self, key: tuple[str, str], asm: dssst1.ChunkAssembler, n: int) -> None:
+        """Refuse a chunk of `n` bytes that would take the job or the server past its budget;
+        the chunk that completes its group always passes (it frees the group's bytes)."""
+        b = self.budget
+        desc = asm.descriptor
+        if desc is not None and asm.received == desc.total_chunks - 1:
+            return
+        for scope, held, limit, name in (
+            ("job", self.held_bytes(key[0]), b.per_job_bytes, "max_open_chunk_bytes_per_job"),
+            ("server", self.held_bytes(), b.server_bytes, "max_open_chunk_bytes"),
+        ):
+            if held + n > limit:
+                raise ProtocolError(
+                    "rate_limited",
+                    f"incomplete chunk groups of this {scope} hold {held} bytes; this chunk of "
+                    f"{n} bytes would pass the {scope}'s budget of {limit} bytes ({name}); "
+                    "retry it once other groups complete or expire",
+                    chunk_group_id=key[1],
+                    budget=name,
+                    limit=limit,
+                    held_bytes=held,
+                    retry_after_s=1,
+                )
+
+    # ------------------------------------------------------------------ chunks
 
     def accept(self, job_id: str, method: MethodInfo, frame: bytes | memoryview) -> ChunkStep:
+        self.expire()
         try:
             meta = dssst1.read_metadata(frame, limits=self.limits)
         except dssst1.DSSError as exc:
@@ -110,6 +205,17 @@ class ChunkGroups:
                 field="op.request_chunk.chunk_idx",
                 expected=f"0 <= chunk_idx < {total}",
             )
+        size = desc.get("frame_size_bytes")
+        if isinstance(size, int) and size > self.budget.per_job_bytes:
+            raise ProtocolError(
+                "frame_too_large",
+                f"chunk group {gid!r} declares a frame of {size} bytes, more than the "
+                f"{self.budget.per_job_bytes} bytes a job's open chunk groups may hold "
+                "(max_open_chunk_bytes_per_job); it could never complete",
+                field="op.request_chunk.frame_size_bytes",
+                chunk_group_id=gid,
+                limit=self.budget.per_job_bytes,
+            )
         group = self.store.get_group(job_id, gid)
         key = (job_id, gid)
         if group is not None and group.complete:
@@ -137,11 +243,16 @@ class ChunkGroups:
                     asm.feed(old)
             self._assemblers[key] = asm
         try:
+            self._check_budget(key, asm, len(frame) + (0 if asm.descriptor else GROUP_OVERHEAD))
             whole = asm.feed(frame)
-        except dssst1.DSSError as exc:
+        except (dssst1.DSSError, ProtocolError) as exc:
             if group is None:
-                self._assemblers.pop(key, None)
+                self._drop(key)
+            if isinstance(exc, ProtocolError):
+                raise
             raise _codec_error(exc, gid) from None
+        self._touched[key] = self._clock()
+        self._set_cost(key, asm)
         if group is None:
             group = GroupRecord(
                 job_id=job_id,
@@ -169,7 +280,7 @@ class ChunkGroups:
         group.complete = True
         self.store.put_group(group)
         self.store.drop_chunks(job_id, gid)
-        del self._assemblers[key]
+        self._drop(key)
         return ChunkStep(frame=whole, group_id=gid, frame_sha256=group.frame_sha256)
 
     def reset(self, job_id: str, group_id: str) -> None:
@@ -180,7 +291,7 @@ class ChunkGroups:
             group.received, group.complete, group.request_id = set(), False, ""
             self.store.put_group(group)
         self.store.drop_chunks(job_id, group_id)
-        self._assemblers.pop((job_id, group_id), None)
+        self._drop((job_id, group_id))
 
     def bind_request(self, job_id: str, group_id: str, request_id: str) -> None:
         group = self.store.get_group(job_id, group_id)
@@ -200,5 +311,5 @@ class ChunkGroups:
 
     def forget_job(self, job_id: str) -> None:
         for key in [k for k in self._assemblers if k[0] == job_id]:
-            del self._assemblers[key]
+            self._drop(key)
         self.store.delete_job(job_id)

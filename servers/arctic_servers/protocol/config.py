@@ -33,6 +33,17 @@ class ProtocolLimits:
     result_chunk_bytes: int = 4 * MiB
     default_max_events: int = 16
     max_events: int = 512
+    # Chunk bytes incomplete request chunk groups may hold (allocated as they arrive), per job
+    # and over the server; past either, a chunk is 429 rate_limited (PROTOCOL.md §3.5).
+    max_open_chunk_bytes_per_job: int = 4 * 1024 * MiB
+    max_open_chunk_bytes: int = 8 * 1024 * MiB
+    # An incomplete group idle this long is dropped (its later chunks: restart required).
+    chunk_group_ttl_seconds: int = 3600
+    # HTTP read timeouts: headers (and an idle keep-alive connection) / a request body.
+    header_read_timeout_seconds: float = 15.0
+    body_read_timeout_seconds: float = 300.0
+    # Sub-jobs one CreateJob may configure.
+    max_sub_jobs: int = 16
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,12 @@ from arctic_sdk._generated import methods as M
 from arctic_sdk._generated.error_codes import ERRORS
 from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency
 
+from . import limits as input_limits
 from .calls import IncomingCall, Outcome
 from .context import CallContext
 from .durable import Durable
 from .errors import ProtocolError
+from .execution import resubmittable
 from .polls import Polls
 from .stores import RequestRecord
 
@@ -45,11 +47,13 @@ class ProtocolCore(Durable, Polls):
 
     async def handle(self, call: IncomingCall) -> Outcome:
         method = call.method
+        token = self._authenticate(call)
+        input_limits.check_headers(call.headers)
         ctx = CallContext(
             method=method,
             job_id=call.path_params.get("job_id") or call.headers.get("x-arctic-job-id"),
             sub_job_id=call.headers.get("x-arctic-sub-job"),
-            token=self._authenticate(call),
+            token=token,
             idempotency_key=call.headers.get("idempotency-key"),
             seq=self._parse_seq(call.headers.get("x-arctic-seq")),
             transport=call.transport,
@@ -106,6 +110,8 @@ class ProtocolCore(Durable, Polls):
         method = call.method
         body = self._params_body(call, dict(self._json_body(call)))
         self._validate(method, body)
+        if method is M.CREATE_JOB:
+            input_limits.check_sub_jobs(body, self.config.limits.max_sub_jobs)
         scope = "token:" + hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16]
         key = ctx.idempotency_key if method.idempotency is Idempotency.KEYED else None
         body_hash = _hash_json(method.name, body)
@@ -143,6 +149,11 @@ class ProtocolCore(Durable, Polls):
             if call.body is None:
                 raise ProtocolError("missing_field", "the DSSST1 body is empty", field="body")
             step = self.groups.accept(ctx.job_id, method, call.body)
+            if step.replay_group:
+                rec = self._group_request(ctx.job_id, step.replay_group)
+                if rec is not None and resubmittable(rec):  # it never ran: take the group anew
+                    self.groups.reset(ctx.job_id, step.replay_group)
+                    step = self.groups.accept(ctx.job_id, method, call.body)
             if step.cached is not None:
                 return Outcome(200, method, value=step.cached)
             if step.replay_group:

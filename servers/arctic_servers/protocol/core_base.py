@@ -4,7 +4,6 @@ answer, bodies (JSON, path and query parameters, DSSST1 frames, validation) and 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from google.protobuf import descriptor_pool
@@ -15,8 +14,9 @@ from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
 
 from .._generated.servicer import ServicerBase
+from . import limits as input_limits
 from .calls import IncomingCall
-from .chunk_groups import ChunkGroups
+from .chunk_groups import ChunkBudget, ChunkGroups
 from .config import ProtocolConfig, token_digest
 from .context import CallContext
 from .errors import ProtocolError
@@ -52,7 +52,12 @@ class CoreBase:
             max_frame_bytes=limits.max_frame_bytes,
             max_chunks=limits.max_chunks,
         )
-        self.groups = ChunkGroups(chunk_store or MemoryChunkStore(), self.codec_limits)
+        budget = ChunkBudget(
+            per_job_bytes=limits.max_open_chunk_bytes_per_job,
+            server_bytes=limits.max_open_chunk_bytes,
+            ttl_seconds=limits.chunk_group_ttl_seconds,
+        )
+        self.groups = ChunkGroups(chunk_store or MemoryChunkStore(), self.codec_limits, budget)
         self._seq: Sequencer | None = None
         self._done: dict[tuple[str, str], asyncio.Event] = {}
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -64,13 +69,28 @@ class CoreBase:
         self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
         self._durations: dict[str, float] = {}  # token hash -> mean request seconds (EWMA)
         self.draining = False  # refuse new work (503) while a server shuts down
+        self._drain_event: asyncio.Event | None = None
         self._handing_off = False
+
+    def drain_event(self) -> asyncio.Event:
+        """Set when the server starts draining (created inside the running loop)."""
+        if self._drain_event is None:
+            self._drain_event = asyncio.Event()
+            if self.draining:
+                self._drain_event.set()
+        return self._drain_event
+
+    def start_draining(self) -> None:
+        """Refuse new work from now on, and give up reading bodies still arriving (503)."""
+        self.draining = True
+        self.drain_event().set()
 
     # ------------------------------------------------------------------ auth and jobs
 
     def _authenticate(self, call: IncomingCall) -> str | None:
-        auth = call.headers.get("authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+        if call.method is M.GET_CAPABILITIES:
+            return None  # no token needed, none read
+        token = input_limits.bearer_token(call.headers.get("authorization", ""))
         c = self.config
         if (c.tokens or c.token_sha256) and call.method is not M.GET_CAPABILITIES:
             if not token:
@@ -81,20 +101,7 @@ class CoreBase:
 
     @staticmethod
     def _parse_seq(raw: str | None) -> int | None:
-        if raw is None or raw == "":
-            return None
-        try:
-            seq = int(raw)
-        except ValueError:
-            seq = 0
-        if seq < 1:
-            raise ProtocolError(
-                "invalid_argument",
-                f"header X-Arctic-Seq: {raw!r} is not an integer >= 1",
-                field="X-Arctic-Seq",
-                expected="an integer >= 1",
-            )
-        return seq
+        return input_limits.check_seq(raw)
 
     async def _authorize_job(self, ctx: CallContext, *, running: bool) -> None:
         hook = getattr(self.servicer, "authorize_job", None)
@@ -144,6 +151,13 @@ class CoreBase:
                 "max_grpc_message_bytes": lim.max_grpc_message_bytes,
                 "retention_seconds": lim.retention_seconds,
                 "sequence_gap_timeout_seconds": int(lim.sequence_gap_timeout_seconds),
+                "max_inline_result_bytes": lim.max_inline_result_bytes,
+                "max_open_chunk_bytes_per_job": lim.max_open_chunk_bytes_per_job,
+                "max_open_chunk_bytes": lim.max_open_chunk_bytes,
+                "chunk_group_ttl_seconds": lim.chunk_group_ttl_seconds,
+                "header_read_timeout_seconds": int(lim.header_read_timeout_seconds),
+                "body_read_timeout_seconds": int(lim.body_read_timeout_seconds),
+                "max_sub_jobs": lim.max_sub_jobs,
             },
             "server": c.server,
             "server_version": c.server_version,
@@ -154,14 +168,14 @@ class CoreBase:
     # ------------------------------------------------------------------ bodies
 
     def _json_body(self, call: IncomingCall) -> Any:
+        """A JSON body (or a gRPC message's JSON form) under the input limits (`limits.py`)."""
+        depth = self.config.limits.max_depth
         if call.value is not None:
+            input_limits.check_value(call.value, depth)
             return call.value
         if call.body is None or len(call.body) == 0:
             return {}
-        try:
-            value = json.loads(bytes(call.body))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ProtocolError("invalid_json", f"the body is not JSON: {exc}") from None
+        value = input_limits.load_json(call.body, depth)
         if not isinstance(value, dict):
             raise ProtocolError(
                 "invalid_json", f"the body must be a JSON object, got {type(value).__name__}"
@@ -198,10 +212,13 @@ class CoreBase:
         validate_body(self._pool.FindMessageTypeByName(method.request_type), body)
 
     def _decode(self, frame: bytes | memoryview) -> Any:
+        """A DSSST1 body: the codec's checks, then the input limits on its non-tensor values."""
         try:
-            return dssst1.loads(frame, limits=self.codec_limits)
+            value = dssst1.loads(frame, limits=self.codec_limits)
         except dssst1.DSSError as exc:
             raise ProtocolError(exc.code, str(exc), field=exc.path or "body") from None
+        input_limits.check_value(value, self.config.limits.max_depth + 1)
+        return value
 
     # ------------------------------------------------------------------ requests
 

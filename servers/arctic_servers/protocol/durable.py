@@ -70,7 +70,7 @@ class Durable(Execution):
         """Graceful shutdown of a durable server: stop accepting, let running requests finish
         for up to `timeout` seconds, then stop waiting. What has not ended stays pending or
         running in the store for the next start (`restore`). Returns how many were handed off."""
-        self.draining = True
+        self.start_draining()
         pending = [t for k, t in self._tasks.items() if k not in self._started]
         self._handing_off = True
         for task in pending:
@@ -83,6 +83,8 @@ class Durable(Execution):
             task.cancel()
         if left or pending:
             await asyncio.gather(*left, *pending, return_exceptions=True)
+        for event in self._done.values():  # callers waiting inline answer 202: poll after
+            event.set()
         return len(left) + len(pending)
 
     def sweep(self, now: float | None = None) -> int:

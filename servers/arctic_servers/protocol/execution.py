@@ -25,6 +25,11 @@ from .stores import RequestRecord
 log = logging.getLogger("arctic_servers.protocol")
 
 
+def resubmittable(rec: RequestRecord) -> bool:
+    """Failed with `not_executed`: it provably never ran, so its identity may run it anew."""
+    return rec.status == "failed" and (rec.error or {}).get("code") == "not_executed"
+
+
 class Execution(CoreBase):
     async def _invoke(self, method: MethodInfo, ctx: CallContext, body: Any) -> Any:
         return await getattr(self.servicer, method.python_name)(ctx, body)
@@ -56,9 +61,12 @@ class Execution(CoreBase):
                     )
                 if old.expired:
                     raise self._expired(old)
-                if group and group != identity:  # a keyed retry in a new group
-                    self.groups.bind_request(job_id, group, old.request_id)
-                return await self._answer(old, method, call)
+                if resubmittable(old):
+                    self._supersede(old)  # it never ran: this submission runs it
+                else:
+                    if group and group != identity:  # a keyed retry in a new group
+                        self.groups.bind_request(job_id, group, old.request_id)
+                    return await self._answer(old, method, call)
         if ctx.seq is not None and self.config.sequencing:
             taken = self.requests.find_seq(job_id, ctx.seq)
             if taken is not None:
@@ -90,6 +98,13 @@ class Execution(CoreBase):
         ctx.request_id = rec.request_id
         self._start(rec, method, ctx, body)
         return await self._answer(rec, method, call)
+
+    def _supersede(self, old: RequestRecord) -> None:
+        """A request that failed `not_executed` gives its identity and sequence number up to
+        its resubmission (it stays pollable under its own id)."""
+        old.identity_kind, old.identity = "", f"superseded:{old.identity_kind}:{old.identity}"
+        old.seq = None
+        self.requests.update(old)
 
     def _start(self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any) -> None:
         key = (rec.job_id, rec.request_id)

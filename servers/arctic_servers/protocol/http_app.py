@@ -6,6 +6,7 @@ Routes come from the generated route table; this module only converts aiohttp re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -13,8 +14,10 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 import dssst1
+from arctic_sdk._generated.error_codes import ERRORS
 from arctic_sdk._spec import BodyKind, MethodInfo
 
 from .._generated.http_routes import add_routes
@@ -26,6 +29,7 @@ log = logging.getLogger("arctic_servers.http")
 
 DEFAULT_PREFIX = "/api/v2/databases/{db}/schemas/{schema}/{endpoint}"
 CORE_KEY = web.AppKey("arctic_core", ProtocolCore)
+_BROKEN = web.RequestKey("arctic_body_broken", bool)  # its body could not be read
 OCTET = "application/octet-stream"
 
 
@@ -57,6 +61,20 @@ async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Every failure becomes `{"error": {...}}` with the table's status; never a bare 500."""
+    resp = await _answer_errors(request, handler)
+    if request.get(_BROKEN):  # answer, then close at once (no lingering read of the body)
+        resp.force_close()
+        await resp.prepare(request)
+        await resp.write_eof()
+        request.protocol.force_close()
+    elif request.can_read_body and not request.content.is_eof():
+        resp.force_close()  # the body was not read to its end: say so (Connection: close)
+    return resp
+
+
+async def _answer_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     try:
         return await handler(request)
     except ProtocolError as exc:
@@ -77,11 +95,21 @@ async def error_middleware(
                 f"{', '.join(sorted(exc.allowed_methods))}",
             )
         )
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(_http_error(exc))
     except Exception as exc:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+
+
+def _http_error(exc: web.HTTPException) -> ProtocolError:
+    """An aiohttp HTTP error raised below the routes, as the spec's code of its status."""
+    code = next((c for c, e in ERRORS.items() if e.http_status == exc.status), None)
+    if code is None:
+        code = "internal" if exc.status >= 500 else "invalid_argument"
+    return ProtocolError(code, f"{exc.status} {exc.reason}: {exc.text or ''}".strip())
 
 
 _PRODUCED = frozenset({"*/*", "application/*", "application/json", OCTET})
@@ -147,7 +175,47 @@ class HttpBinding:
                 f"request body of {request.content_length} bytes exceeds max_body_bytes {limit}",
                 limit=limit,
             )
-        return await request.read()
+        return await self._read_within_limits(request)
+
+    async def _read_within_limits(self, request: web.Request) -> bytes:
+        """The body, read within `body_read_timeout_seconds` (else 408 `request_timeout`) and
+        given up when the server starts draining (503 `unavailable`: it will not finish)."""
+        timeout = self.core.config.limits.body_read_timeout_seconds
+        read = asyncio.ensure_future(request.read())
+        drain = asyncio.ensure_future(self.core.drain_event().wait())
+        try:
+            done, _ = await asyncio.wait(
+                {read, drain}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            drain.cancel()
+        if read in done:
+            try:
+                return read.result()
+            except RequestPayloadError as exc:
+                request[_BROKEN] = True  # the connection closes after this answer
+                request.content.feed_eof()  # nothing left to read (aiohttp would log the error)
+                raise ProtocolError(
+                    "invalid_argument",
+                    f"the request body could not be read: {exc}".replace("\n", " "),
+                    field="body",
+                    http_error=type(exc).__name__,
+                    expected="a body in its declared Content-Length / Content-Encoding",
+                ) from None
+        read.cancel()
+        request[_BROKEN] = True  # a slow or cut-off body: answer and close the connection
+        if self.core.draining:
+            raise ProtocolError(
+                "unavailable",
+                f"{self.core.config.server} is shutting down and will not finish this request "
+                "(its body was still arriving); retry against the restarted server",
+                retry_after_s=2,
+            )
+        raise ProtocolError(
+            "request_timeout",
+            f"the request body did not arrive within {timeout:g} s (body_read_timeout_seconds)",
+            limit=timeout,
+        )
 
     def render(self, outcome: Outcome, call: IncomingCall) -> web.StreamResponse:
         if outcome.raw is not None:

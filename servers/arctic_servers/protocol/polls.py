@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 
 from arctic_sdk._generated import methods as M
@@ -13,6 +14,8 @@ from .context import CallContext
 from .core_base import CoreBase
 from .errors import ProtocolError
 
+_CURSOR = re.compile(r"[0-9]{1,18}")  # cursors this server issues: event offsets
+
 
 class Polls(CoreBase):
     def _poll(self, call: IncomingCall, ctx: CallContext) -> Outcome:
@@ -21,10 +24,7 @@ class Polls(CoreBase):
         rec = self._record(ctx.job_id or "", str(body.get("request_id", "")))
         lim = self.config.limits
         cursor_raw = str(body.get("cursor") or "0")
-        try:
-            cursor = int(cursor_raw)
-        except ValueError:
-            cursor = -1
+        cursor = int(cursor_raw) if _CURSOR.fullmatch(cursor_raw) else -1
         if cursor < 0:
             raise ProtocolError(
                 "invalid_argument",

@@ -11,6 +11,7 @@ import dssst1
 from arctic_sdk._spec import BodyKind
 
 from .core import Outcome, ProtocolCore
+from .errors import ProtocolError
 from .jobs import rfc3339
 from .stores import RequestRecord
 
@@ -48,6 +49,7 @@ def status_json(core: ProtocolCore, outcome: Outcome) -> dict[str, Any]:
     out = _base(rec)
     events: list[dict[str, Any]] = []
     next_cursor = ""
+    n_events = 0
     if rec.status == "completed" and rec.result_frame is not None:
         frame = rec.result_frame
         value = dssst1.loads(frame)
@@ -58,15 +60,30 @@ def status_json(core: ProtocolCore, outcome: Outcome) -> dict[str, Any]:
             out["result"] = dssst1.inline_envelope(frame)
         else:
             chunks = core.result_events(rec)
+            n_events = len(chunks)
             start = min(outcome.cursor, len(chunks))
             end = min(start + outcome.max_events, len(chunks))
             events = [dssst1.result_chunk_event(c) for c in chunks[start:end]]
             next_cursor = str(end) if end < len(chunks) else ""
+    _check_cursor(outcome.cursor, n_events)
     if rec.error is not None:
         out["error"] = rec.error
     out["events"] = events
     out["next_cursor"] = next_cursor
     return out
+
+
+def _check_cursor(cursor: int, n_events: int) -> None:
+    """A cursor is an offset into the result's events this server handed out: at most their
+    count (0 when there are none); anything else was never issued (invalid_argument)."""
+    if cursor > n_events:
+        raise ProtocolError(
+            "invalid_argument",
+            f"cursor {cursor} is not a cursor this server issued (the result has {n_events} "
+            "events)",
+            field="cursor",
+            expected=f"a next_cursor of this request (0..{n_events})",
+        )
 
 
 def status_value(outcome: Outcome) -> dict[str, Any]:

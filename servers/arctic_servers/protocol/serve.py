@@ -18,6 +18,7 @@ from .config import ProtocolConfig
 from .core import ProtocolCore
 from .grpc_app import start_grpc_server
 from .http_app import make_app
+from .http_server import make_runner
 from .stores import ChunkStore, RequestStore
 
 
@@ -45,6 +46,7 @@ class RunningServer:
         return f"{self.host}:{self.grpc_port}"
 
     async def close(self, grace: float = 1.0) -> None:
+        self.core.start_draining()  # a body still arriving is answered 503, not cut
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace)
         await self.runner.cleanup()
@@ -81,7 +83,7 @@ async def start_server(
     app = make_app(core)
     if configure_app is not None:
         configure_app(app, core)
-    runner = web.AppRunner(app, access_log=None)
+    runner = make_runner(app, config.limits)
     await runner.setup()
     site = web.TCPSite(runner, host, http_port)
     await site.start()

@@ -97,8 +97,9 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     ERROR_CODE_UNSUPPORTED_MEDIA_TYPE: _ErrorCode.ValueType  # 26
     """The body's `Content-Type` is not the one the route takes."""
     ERROR_CODE_RATE_LIMITED: _ErrorCode.ValueType  # 27
-    """Too many requests in flight for this token; honour `Retry-After`; `details.queue_position`
-    when queued.
+    """Too many requests in flight for this token, or incomplete chunk groups past the job's or the
+    server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when
+    queued.
     """
     ERROR_CODE_INTERNAL: _ErrorCode.ValueType  # 28
     """A server fault. The message says what failed."""
@@ -190,6 +191,13 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """DSSST1 section 8: the reassembled frame has the wrong length."""
     ERROR_CODE_FRAME_SHA256_MISMATCH: _ErrorCode.ValueType  # 71
     """DSSST1 section 8: the reassembled frame has the wrong sha256."""
+    ERROR_CODE_REQUEST_TIMEOUT: _ErrorCode.ValueType  # 72
+    """HTTP: the request body did not arrive within the server's `body_read_timeout_seconds`."""
+    ERROR_CODE_NOT_EXECUTED: _ErrorCode.ValueType  # 73
+    """The request was accepted but provably never reached its worker (the server restarted in
+    between), so it did not run: resubmit it under the same idempotency identity, which the server
+    then executes as new. The SDK does so.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Stable error codes. The options give the HTTP status, the gRPC status, whether the fault is the
@@ -256,8 +264,9 @@ ERROR_CODE_BODY_TOO_LARGE: ErrorCode.ValueType  # 25
 ERROR_CODE_UNSUPPORTED_MEDIA_TYPE: ErrorCode.ValueType  # 26
 """The body's `Content-Type` is not the one the route takes."""
 ERROR_CODE_RATE_LIMITED: ErrorCode.ValueType  # 27
-"""Too many requests in flight for this token; honour `Retry-After`; `details.queue_position`
-when queued.
+"""Too many requests in flight for this token, or incomplete chunk groups past the job's or the
+server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when
+queued.
 """
 ERROR_CODE_INTERNAL: ErrorCode.ValueType  # 28
 """A server fault. The message says what failed."""
@@ -349,6 +358,13 @@ ERROR_CODE_FRAME_SIZE_MISMATCH: ErrorCode.ValueType  # 70
 """DSSST1 section 8: the reassembled frame has the wrong length."""
 ERROR_CODE_FRAME_SHA256_MISMATCH: ErrorCode.ValueType  # 71
 """DSSST1 section 8: the reassembled frame has the wrong sha256."""
+ERROR_CODE_REQUEST_TIMEOUT: ErrorCode.ValueType  # 72
+"""HTTP: the request body did not arrive within the server's `body_read_timeout_seconds`."""
+ERROR_CODE_NOT_EXECUTED: ErrorCode.ValueType  # 73
+"""The request was accepted but provably never reached its worker (the server restarted in
+between), so it did not run: resubmit it under the same idempotency identity, which the server
+then executes as new. The SDK does so.
+"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

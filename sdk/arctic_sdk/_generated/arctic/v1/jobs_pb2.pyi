@@ -939,6 +939,13 @@ class Limits(_message.Message):
     MAX_GRPC_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     RETENTION_SECONDS_FIELD_NUMBER: _builtins.int
     SEQUENCE_GAP_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_INLINE_RESULT_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_OPEN_CHUNK_BYTES_PER_JOB_FIELD_NUMBER: _builtins.int
+    MAX_OPEN_CHUNK_BYTES_FIELD_NUMBER: _builtins.int
+    CHUNK_GROUP_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    HEADER_READ_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    BODY_READ_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_SUB_JOBS_FIELD_NUMBER: _builtins.int
     max_body_bytes: _builtins.int
     max_chunk_bytes: _builtins.int
     max_header_bytes: _builtins.int
@@ -951,6 +958,25 @@ class Limits(_message.Message):
     """Idempotency keys and completed results are kept at least this long after completion."""
     sequence_gap_timeout_seconds: _builtins.int
     """How long a request with X-Arctic-Seq n waits for n-1 before `sequence_gap_timeout`."""
+    max_inline_result_bytes: _builtins.int
+    """Results whose DSSST1 frame is larger are delivered as `result_chunk` events (PROTOCOL.md §3.3)."""
+    max_open_chunk_bytes_per_job: _builtins.int
+    """Bytes of chunks that incomplete request chunk groups may hold, per job and over the whole
+    server (PROTOCOL.md §3.5): a chunk past either budget is refused with 429 `rate_limited`.
+    """
+    max_open_chunk_bytes: _builtins.int
+    chunk_group_ttl_seconds: _builtins.int
+    """An incomplete chunk group that receives no chunk for this long is dropped; a later chunk of it
+    is `chunk_group_restart_required`.
+    """
+    header_read_timeout_seconds: _builtins.int
+    """HTTP: a request's headers (and an idle keep-alive connection's next request) must arrive
+    within this many seconds, else the connection is closed; a body within
+    `body_read_timeout_seconds`, else 408 `request_timeout`.
+    """
+    body_read_timeout_seconds: _builtins.int
+    max_sub_jobs: _builtins.int
+    """Sub-jobs one CreateJob may configure."""
     def __init__(
         self,
         *,
@@ -964,10 +990,17 @@ class Limits(_message.Message):
         max_grpc_message_bytes: _builtins.int = ...,
         retention_seconds: _builtins.int = ...,
         sequence_gap_timeout_seconds: _builtins.int = ...,
+        max_inline_result_bytes: _builtins.int = ...,
+        max_open_chunk_bytes_per_job: _builtins.int = ...,
+        max_open_chunk_bytes: _builtins.int = ...,
+        chunk_group_ttl_seconds: _builtins.int = ...,
+        header_read_timeout_seconds: _builtins.int = ...,
+        body_read_timeout_seconds: _builtins.int = ...,
+        max_sub_jobs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_body_bytes", b"max_body_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_chunks", b"max_chunks", "max_depth", b"max_depth", "max_frame_bytes", b"max_frame_bytes", "max_grpc_message_bytes", b"max_grpc_message_bytes", "max_header_bytes", b"max_header_bytes", "max_tensors", b"max_tensors", "retention_seconds", b"retention_seconds", "sequence_gap_timeout_seconds", b"sequence_gap_timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_read_timeout_seconds", b"body_read_timeout_seconds", "chunk_group_ttl_seconds", b"chunk_group_ttl_seconds", "header_read_timeout_seconds", b"header_read_timeout_seconds", "max_body_bytes", b"max_body_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_chunks", b"max_chunks", "max_depth", b"max_depth", "max_frame_bytes", b"max_frame_bytes", "max_grpc_message_bytes", b"max_grpc_message_bytes", "max_header_bytes", b"max_header_bytes", "max_inline_result_bytes", b"max_inline_result_bytes", "max_open_chunk_bytes", b"max_open_chunk_bytes", "max_open_chunk_bytes_per_job", b"max_open_chunk_bytes_per_job", "max_sub_jobs", b"max_sub_jobs", "max_tensors", b"max_tensors", "retention_seconds", b"retention_seconds", "sequence_gap_timeout_seconds", b"sequence_gap_timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

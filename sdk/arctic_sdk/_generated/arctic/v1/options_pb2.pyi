@@ -270,6 +270,8 @@ class FieldOptions(_message.Message):
     DEFAULT_VALUE_FIELD_NUMBER: _builtins.int
     REQUIRES_FIELD_NUMBER: _builtins.int
     ALIAS_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    MAX_LENGTH_FIELD_NUMBER: _builtins.int
     required: _builtins.bool
     """The field must be present."""
     shape: _builtins.str
@@ -286,6 +288,13 @@ class FieldOptions(_message.Message):
     """
     alias: _builtins.str
     """Name of the generated type of `values` (a `Literal` in Python), e.g. "LossFn"."""
+    pattern: _builtins.str
+    """A string field: a regular expression the whole value must match (the common subset of RE2
+    and Python `re`: classes, `{m,n}`, anchors). Ids that name files on a server carry one
+    (`PROTOCOL.md` §13), so no id is ever a path.
+    """
+    max_length: _builtins.int
+    """A string field: at most this many characters (0 = no limit beyond the body's)."""
     @_builtins.property
     def dtypes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Allowed DSSST1 dtype names (`proto/DSSST1.md` §4); empty = any."""
@@ -315,10 +324,12 @@ class FieldOptions(_message.Message):
         default_value: _builtins.str = ...,
         requires: _builtins.str = ...,
         alias: _builtins.str = ...,
+        pattern: _builtins.str = ...,
+        max_length: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "default_value", b"default_value", "dtypes", b"dtypes", "losses", b"losses", "required", b"required", "requires", b"requires", "shape", b"shape", "tensor", b"tensor", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "default_value", b"default_value", "dtypes", b"dtypes", "losses", b"losses", "max_length", b"max_length", "pattern", b"pattern", "required", b"required", "requires", b"requires", "shape", b"shape", "tensor", b"tensor", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

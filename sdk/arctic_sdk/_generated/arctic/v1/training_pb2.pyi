@@ -1128,7 +1128,9 @@ class SaveCheckpointRequest(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     CHECKPOINT_TYPE_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
-    """Default: a server-chosen id ("step-{global_step}")."""
+    """Default: a server-chosen id ("step-{global_step}"). The checkpoint-id rule (PROTOCOL.md §13):
+    1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit; never a path.
+    """
     checkpoint_type: _builtins.str
     """"resumable" (default: model + optimizer + scheduler state) or "weights-only"."""
     def __init__(
@@ -1385,7 +1387,9 @@ class DownloadCheckpointFileRequest(_message.Message):
     checkpoint_id: _builtins.str
     """The exported checkpoint."""
     filename: _builtins.str
-    """A file name of its export (`ExportedFile.filename`)."""
+    """A file name of its export (`ExportedFile.filename`): 1-255 of A-Z a-z 0-9 . _ -, starting
+    with a letter or digit.
+    """
     def __init__(
         self,
         *,

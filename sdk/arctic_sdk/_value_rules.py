@@ -1,0 +1,61 @@
+"""Value rules of the spec's fields: a string's `pattern` / `max_length` and a number's range
+by its proto type (integers in range, doubles finite). Used by the body checker and by the
+checkpoint-id resolver of the servers (PROTOCOL.md §13)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+
+from ._generated.arctic.v1 import options_pb2
+
+_INT_RANGES = {
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1, "an int64"),
+    FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1, "an int64"),
+    FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1, "an int64"),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1, "a uint64"),
+    FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1, "a uint64"),
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1, "an int32"),
+    FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1, "an int32"),
+    FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1, "an int32"),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1, "a uint32"),
+    FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1, "a uint32"),
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def string_rule_error(opts: options_pb2.FieldOptions, value: str) -> str | None:
+    """What is wrong with `value` under a string field's `pattern` / `max_length`, or None."""
+    if opts.max_length and len(value) > opts.max_length:
+        return f"is {len(value)} characters long, longer than {opts.max_length}"
+    if opts.pattern and _regex(opts.pattern).fullmatch(value) is None:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        return f"{shown!r} does not match {opts.pattern}"
+    return None
+
+
+def range_error(fd: FieldDescriptor, value: Any) -> tuple[str, str] | None:
+    """(what is wrong, expected) when a number does not fit its field's type, else None."""
+    t = fd.type
+    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        try:
+            x = float(value)
+        except OverflowError:
+            return "is too large for a double", "a finite number"
+        if not math.isfinite(x):
+            return f"{value!r} is not a finite number", "a finite number (no NaN or infinity)"
+        return None
+    lo, hi, name = _INT_RANGES.get(t, (None, None, ""))
+    if lo is not None and hi is not None and not lo <= int(value) <= hi:
+        n = int(value)
+        shown = str(n) if abs(n) < 10**30 else f"a {len(str(abs(n)))}-digit integer"
+        return f"{shown} is outside {name}", f"{name}: {lo} <= n <= {hi}"
+    return None
