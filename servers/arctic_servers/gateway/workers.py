@@ -240,7 +240,7 @@ class WorkerClient:
     async def stream(
         self, args: dict[str, Any], *, meta: Any = None
     ) -> AsyncIterator[dict[str, Any]]:
-        """One streamed sample (`args`: the engine's `stream_start` arguments): each message
+        """One streamed sample (`args`: the engine's `generate_stream` arguments): each message
         the worker sends for it, the final result last. Leaving early aborts it there."""
         assert self._loop is not None
         mid, key = next(self._ids), f"stream-{uuid.uuid4().hex}"

@@ -12,7 +12,8 @@ loses one of its ranks says so first (`{"kind": "failed"}`): the reason then nam
 `call` awaits a command's one reply; `stream` iterates over a streaming command's messages (the
 worker's `partial` messages, then its final result) as they arrive. Leaving a stream early
 (the consumer stops iterating, or its task is cancelled because the HTTP client went away) sends
-the worker the abort command, which removes the request from the engine.
+the worker the abort command, which removes the request from the engine; so does a cancelled
+`call` on a sampler (a whole generate whose client went away, a cancelled request).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import itertools
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -36,6 +38,7 @@ from typing import Any
 from ..protocol.errors import ProtocolError
 from .ranks import describe_exit
 from .settings import servers_dir, thread_env
+from .worker import ABORT_CMD
 
 log = logging.getLogger("arctic_servers.onprem")
 LOG_LINES = 2000
@@ -72,6 +75,7 @@ class WorkerHandle:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[dict[str, Any] | None]] = {}
         self._send_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue[tuple[Any, asyncio.Future[None] | None]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_reported = False
 
@@ -306,10 +310,35 @@ class WorkerHandle:
             raise ProtocolError("unavailable", f"sub-job {self.sub_job_id} is not started")
         return self._loop
 
+    def _queue_send(self, msg: Mapping[str, Any]) -> asyncio.Future[None]:
+        """Queue `msg` for the sender thread (a large body does not block the event loop):
+        messages reach the worker in the order they were queued. The future: sent, or why not."""
+        loop = self._started_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if self._outbox is None:
+            self._outbox = queue.SimpleQueue()
+            threading.Thread(target=self._sender, daemon=True, name=f"tx-{self.engine}").start()
+        self._outbox.put((msg, fut))
+        return fut
+
+    def _sender(self) -> None:
+        box = self._outbox
+        assert box is not None
+        while True:
+            msg, fut = box.get()
+            if msg is None:
+                return
+            err: BaseException | None = None
+            try:
+                self._send(msg)
+            except (OSError, ValueError) as exc:
+                err = exc
+            self._post(_settle, fut, err)
+
     async def _request(self, rid: int, cmd: str, args: Mapping[str, Any]) -> None:
         """Send command `rid`; a failed send is the sub-job's failure (a ProtocolError)."""
         try:
-            await asyncio.to_thread(self._send, {"id": rid, "cmd": cmd, "args": args})
+            await self._queue_send({"id": rid, "cmd": cmd, "args": args})
         except (OSError, ValueError) as exc:
             if self.failure is not None:
                 raise self.error() from None
@@ -330,11 +359,26 @@ class WorkerHandle:
         except ProtocolError:
             self._pending.pop(rid, None)
             raise
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # the caller went away: a sampler drops the command (out of its engine's batch)
+            self._pending.pop(rid, None)
+            if self.engine == "vllm":
+                self._abort(rid)
+            raise
 
-    async def stream(self, cmd: str, abort_cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
+    def _abort(self, rid: int) -> None:
+        """Tell the worker to drop command `rid` (its reply, and the abort's, are not read)."""
+        if self.failure is None and self._conn is not None and self._loop is not None:
+            fut = self._queue_send(
+                {"id": next(self._ids), "cmd": ABORT_CMD, "args": {"stream": rid}}
+            )
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def stream(self, cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
         """Run the streaming command `cmd`: each message the worker sends for it, the final
-        result last. Leaving early sends `abort_cmd` (`{"stream": id}`) to the worker."""
+        result last. Leaving early sends the worker's abort command (`{"stream": id}`)."""
         loop = self._started_loop()
         rid = next(self._ids)
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -359,10 +403,8 @@ class WorkerHandle:
         finally:
             self._streams.pop(rid, None)
             self._pending.pop(rid, None)
-            if not ended and self.failure is None and self._conn is not None:
-                # the consumer left: stop the engine's work on it (the abort's reply is dropped)
-                with contextlib.suppress(OSError, ValueError):
-                    self._send({"id": next(self._ids), "cmd": abort_cmd, "args": {"stream": rid}})
+            if not ended:
+                self._abort(rid)  # the consumer left: stop the engine's work on it
 
     async def stop(self, *, reason: str = "stopped", grace: float = 5.0) -> None:
         """Ask the worker to exit, then terminate / kill its process group."""
@@ -388,6 +430,17 @@ class WorkerHandle:
             os.killpg(proc.pid, signal.SIGKILL)  # helpers left in the group
         if self.failure is None:
             self.failure = f"{self.role} worker {reason}"
+        if self._outbox is not None:
+            self._outbox.put((None, None))  # ends the sender thread
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.close()
+
+
+def _settle(fut: asyncio.Future[None] | None, err: BaseException | None) -> None:
+    if fut is None or fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)
