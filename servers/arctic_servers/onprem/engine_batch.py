@@ -186,13 +186,13 @@ class EngineBatch:
         p.steps += 1
         now = time.time()
         for ro in outs:
-            call = self.owner.get(str(ro.request_id))
-            if call is None or not isinstance(ro.outputs, list):
+            owner = self.owner.get(str(ro.request_id))
+            if owner is None or not isinstance(ro.outputs, list):
                 continue
-            if call.finish is None:
-                self._stream_output(call, ro, now, send)
+            if owner.finish is None:
+                self._stream_output(owner, ro, now, send)
             elif ro.finished:
-                self._finished(call, ro, send)
+                self._finished(owner, ro, send)
         self._maybe_idle()
 
     def _finished(self, call: _Call, ro: Any, send: Send) -> None:

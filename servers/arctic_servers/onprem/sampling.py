@@ -29,8 +29,7 @@ from .worker import WorkerError
 
 EXT_CLS = "arctic_servers.onprem.vllm_ext.OnpremWorkerExtension"
 MAX_LOGPROBS = 20
-# the commands that run in the engine's continuous batch (`submit`; the rest are `op_<cmd>`)
-BATCHED = frozenset({"generate", "generate_stream", "log_probs", "forward"})
+BATCHED = "_batch_"  # `_batch_<cmd>`: a command that runs in the engine's continuous batch
 
 
 def set_vllm_env(cuda: bool) -> None:
@@ -116,8 +115,9 @@ class SamplingEngine:
     # -- the continuous batch (the worker's serve loop) ----------------------------------------
 
     def submits(self, cmd: str) -> bool:
-        """Whether `cmd` runs in the engine's batch (`submit`) rather than as `op_<cmd>`."""
-        return cmd in BATCHED
+        """Whether `cmd` runs in the engine's batch (`_batch_<cmd>`: its requests) rather than
+        as `op_<cmd>`: generate, generate_stream, log_probs and forward."""
+        return callable(getattr(self, BATCHED + cmd, None))
 
     def submit(self, msg_id: int, cmd: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
         """Add command `msg_id` to the engine (None: `pump` sends its messages), or its result
@@ -126,18 +126,11 @@ class SamplingEngine:
             raise WorkerError(
                 "unavailable", "the sampler is asleep (sleep-inference); wake it first"
             )
-        finish: Finish | None
-        if cmd == "generate_stream":
-            inputs, params = self._stream_requests(**args)
-            finish = None
-        elif cmd == "generate":
-            inputs, params, finish = self._generate_requests(**args)
-        elif cmd == "forward":
-            inputs, params, finish = self._forward_requests(**args)
-        elif cmd == "log_probs":
-            inputs, params, finish = self._log_probs_requests(**args)
-        else:
+        if not self.submits(cmd):
             raise WorkerError("unimplemented", f"{cmd!r} does not run in the engine's batch")
+        requests: Callable[..., tuple[list[Any], list[Any], Finish | None]]
+        requests = getattr(self, BATCHED + cmd)
+        inputs, params, finish = requests(**args)
         if not inputs and finish is not None:  # nothing to score: answered at once
             return finish([])
         self.batch.add(msg_id, cmd, inputs, params, finish, version=self.weight_version)
@@ -219,7 +212,7 @@ class SamplingEngine:
             out.append(TokensPrompt(prompt_token_ids=ids))
         return out
 
-    def _generate_requests(
+    def _batch_generate(
         self, prompts: Sequence[Any], sampling_params: Mapping[str, Any], strict: bool = False
     ) -> tuple[list[Any], list[Any], Finish]:
         params = self._sampling_params(sampling_params or {}, strict)
@@ -264,10 +257,10 @@ class SamplingEngine:
 
     # -- streaming ---------------------------------------------------------------------------
 
-    def _stream_requests(
+    def _batch_generate_stream(
         self, prompt: Sequence[Any], sampling_params: Mapping[str, Any]
-    ) -> tuple[list[Any], list[Any]]:
-        """One streamed sample of `prompt`: `pump` sends its tokens step by step."""
+    ) -> tuple[list[Any], list[Any], None]:
+        """One streamed sample of `prompt` (no `finish`: `pump` sends its tokens step by step)."""
         sp = dict(sampling_params or {})
         if int(sp.get("n") or 1) != 1:
             raise WorkerError(
@@ -281,7 +274,7 @@ class SamplingEngine:
         room = self.max_model_len - len(inp["prompt_token_ids"])
         if params.max_tokens is None or params.max_tokens > room:
             params.max_tokens = room
-        return [inp], [params]
+        return [inp], [params], None
 
     # -- scoring (forward / log-probs targeted at a vLLM sub-job) -----------------------------
 
@@ -326,18 +319,18 @@ class SamplingEngine:
             else (np.asarray(mask) != 0).astype(np.int64)
         )
         rows, params, fill = self._score_requests(ids, m)
-        n = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum())
+        n, rows_in = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum()), len(m)
 
         def finish(outs: list[Any]) -> dict[str, Any]:
             return {
                 "loss": 0.0,
-                "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": int(m.shape[0])},
+                "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": rows_in},
                 "outputs": {"logprobs_shifted": fill(outs)},
             }
 
         return rows, params, finish
 
-    def _forward_requests(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any], Finish]:
+    def _batch_forward(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any], Finish]:
         proc = body.get("processing") or {}
         if proc.get("loss_fn") or "compute_entropy" in (proc.get("post") or []):
             raise WorkerError(
@@ -347,7 +340,7 @@ class SamplingEngine:
             )
         return self._scores(body["kwargs"])
 
-    def _log_probs_requests(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any], Finish]:
+    def _batch_log_probs(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any], Finish]:
         if body.get("entropy"):
             raise WorkerError(
                 "unsupported_option", "a vLLM sub-job does not compute entropy", options=["entropy"]

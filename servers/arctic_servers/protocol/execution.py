@@ -124,7 +124,9 @@ class Execution(CoreBase):
         t0 = time.monotonic()
         try:
             if rec.seq is not None and not ctx.recovered:
-                await seq.wait_turn(rec.job_id, rec.seq)
+                await seq.wait_turn(rec.job_id, rec.seq, method.concurrent)
+            elif rec.seq is not None:
+                await seq.mark_started(rec.job_id, rec.seq, method.concurrent)
             self._started.add(key)
             if rec.status != "running":
                 rec.status = "running"
