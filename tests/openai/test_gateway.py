@@ -31,13 +31,21 @@ openai = pytest.importorskip("openai")
 TOKEN, OTHER = "pat-1", "pat-2"  # the harness's tokens: pat-1 in clear, pat-2 as its digest
 MESSAGES = [{"role": "user", "content": "Say something."}]
 GEN_LATENCY_S = 0.05  # each fake generate call takes this long: a stream's chunks spread out
+SAMPLING_BOUND = 2  # the gateway's limits.max_sampling_requests_per_job in this module
 
 
 @pytest.fixture(scope="module")
 def fake_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     g = Gateway(
         tmp_path_factory.mktemp("gw-openai"),
-        args=("--gpus", "4", "--fake-latency", f"generate={GEN_LATENCY_S}"),
+        args=(
+            "--gpus",
+            "4",
+            "--fake-latency",
+            f"generate={GEN_LATENCY_S}",
+            "--max-sampling-requests-per-job",
+            str(SAMPLING_BOUND),
+        ),
     )
     g.start()
     try:
@@ -47,7 +55,8 @@ def fake_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         c2.wait_job(other)
         c.s.close()
         c2.s.close()
-        yield {"v1": g.base_url + "/v1", "base": g.base_url, "job": job, "other": other}
+        yield {"v1": g.base_url + "/v1", "base": g.base_url, "prefix": g.prefix_url, "job": job,
+               "other": other}  # fmt: skip
     finally:
         g.cleanup()
 
@@ -230,6 +239,51 @@ def test_async_client_completions_stream(fake_gw: dict[str, Any]) -> None:
 
     streamed = asyncio.run(go())
     assert len(streamed) == 9
+
+
+def test_sampling_backpressure_429_with_retry_after(fake_gw: dict[str, Any]) -> None:
+    """Two long streams hold the job's two sampling slots: a completion past the bound is 429
+    `rate_limited` with Retry-After (the openai client's RateLimitError); with its retries on,
+    the client waits it out and the same completion succeeds once a stream has ended."""
+    import asyncio
+
+    async def go() -> tuple[Any, Any]:
+        strict = openai.AsyncOpenAI(base_url=fake_gw["v1"], api_key=TOKEN, max_retries=0)
+        patient = openai.AsyncOpenAI(base_url=fake_gw["v1"], api_key=TOKEN, max_retries=5)
+        started = [asyncio.Event(), asyncio.Event()]
+
+        async def long_stream(k: int) -> int:
+            n = 0
+            stream = await strict.completions.create(
+                model=fake_gw["job"], prompt="Hi", max_tokens=64, stream=True, seed=k,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            async for c in stream:
+                n += len((c.choices[0].model_extra.get("token_ids") or []) if c.choices else [])
+                started[k].set()
+            return n
+
+        streams = [asyncio.create_task(long_stream(k)) for k in (0, 1)]
+        await asyncio.gather(*(e.wait() for e in started))
+        try:
+            await strict.completions.create(model=fake_gw["job"], prompt="Hi", max_tokens=2)
+            refused: Any = None
+        except openai.RateLimitError as exc:
+            refused = exc
+        waited = await patient.completions.create(model=fake_gw["job"], prompt="Hi", max_tokens=2)
+        assert await asyncio.gather(*streams) == [64, 64]
+        await strict.close()
+        await patient.close()
+        return refused, waited
+
+    refused, waited = asyncio.run(go())
+    assert refused is not None, "a completion past the bound was admitted"
+    assert refused.status_code == 429 and refused.response.headers["retry-after"] == "1"
+    assert refused.body["code"] == "rate_limited"
+    assert "max_sampling_requests_per_job" in refused.body["message"]
+    assert len(waited.choices[0].model_extra["token_ids"]) == 2
+    caps = requests.get(fake_gw["prefix"] + "/capabilities", timeout=10).json()
+    assert caps["limits"]["max_sampling_requests_per_job"] == SAMPLING_BOUND
 
 
 # LiteLLM's own imports warn (pydantic ReadOnly TypedDicts, deprecations): not ours to fix

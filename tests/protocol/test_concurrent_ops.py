@@ -124,3 +124,64 @@ async def test_the_gap_timeout_counts_only_while_a_number_is_missing() -> None:
     calls = [(M.STEP.name, 1), (M.GENERATE.name, 2), (M.GENERATE.name, 3), (M.STEP.name, 4)]
     await _run(toy, calls, limits=limits)
     assert _index(toy.log, "generated", 3) < _index(toy.log, "step", 4)
+
+
+# ---------------------------------------------------------------------- backpressure
+
+
+async def test_sampling_requests_past_the_bound_are_refused_with_429() -> None:
+    """limits.max_sampling_requests_per_job: 6 generates at once against a bound of 3 — three
+    run, three are refused before they are recorded (429, Retry-After, the limit in details);
+    another job is not affected, and once the three ended a generate is admitted again."""
+    toy = Toy(gen_s=0.5)
+    limits = ProtocolLimits(max_sampling_requests_per_job=3)
+    srv = await start_server(toy, ProtocolConfig(answer_mode="inline", limits=limits))
+    base = srv.base_url + PREFIX
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(base + "/capabilities") as r:
+                assert (await r.json())["limits"]["max_sampling_requests_per_job"] == 3
+
+            async def post(job: str) -> tuple[int, dict[str, str], Any]:
+                async with s.post(f"{base}/{job}/generate", data=_generate_frame(),
+                                  headers=OCTET) as r:  # fmt: skip
+                    return r.status, dict(r.headers), await r.json()
+
+            answers = await asyncio.gather(*(post("7") for _ in range(6)), post("8"))
+            ok = [a for a in answers[:6] if a[0] == 200]
+            refused = [a for a in answers[:6] if a[0] == 429]
+            assert len(ok) == len(refused) == 3 and answers[6][0] == 200
+            for _, headers, body in refused:
+                err = body["error"]
+                assert err["code"] == "rate_limited" and headers["Retry-After"] == "1"
+                assert err["details"]["limit"] == 3 and err["details"]["queued"] == 3
+                assert "max_sampling_requests_per_job" in err["message"]
+            assert toy.peak == 4  # job 7's three and job 8's one
+            assert (await post("7"))[0] == 200
+    finally:
+        await srv.close()
+
+
+async def test_the_sdk_waits_out_retry_after_and_every_call_succeeds(
+    caplog: Any,
+) -> None:
+    """The SDK (unmodified) retries a refused generate after the server's Retry-After."""
+    import logging
+
+    from arctic_sdk import AsyncClient
+
+    toy = Toy(gen_s=0.3)
+    limits = ProtocolLimits(max_sampling_requests_per_job=2)
+    srv = await start_server(toy, ProtocolConfig(answer_mode="inline", limits=limits))
+    caplog.set_level(logging.INFO, logger="arctic_sdk")
+    try:
+        async with AsyncClient(srv.base_url, job_id="7") as client:
+            results = await asyncio.gather(
+                *(client.generate(prompts=[[1, 2, 3]], sampling_params={"max_tokens": 4})
+                  for _ in range(5))
+            )  # fmt: skip
+    finally:
+        await srv.close()
+    assert len(results) == 5 and toy.peak == 2
+    waits = [r.__dict__.get("arctic_wait") for r in caplog.records if "retrying" in r.msg]
+    assert waits and all(w == 1 for w in waits), waits

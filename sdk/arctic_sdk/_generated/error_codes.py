@@ -83,8 +83,9 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     """The body's `Content-Type` is not the one the route takes."""
     RATE_LIMITED = "rate_limited"
-    """Too many requests in flight for this token; honour `Retry-After`; `details.queue_position`
-    when queued.
+    """Too many requests in flight for this token (`details.queue_position` when queued), or too
+    many sampling requests queued for this job (`limits.max_sampling_requests_per_job`;
+    `details.limit`, `details.queued`); honour `Retry-After`.
     """
     INTERNAL = "internal"
     """A server fault. The message says what failed."""
@@ -404,8 +405,9 @@ ERRORS: Final[Mapping[str, ErrorInfo]] = MappingProxyType(
             user_fault=False,
             retryable=True,
             doc=(
-                "Too many requests in flight for this token; honour `Retry-After`; `details.queue_position`\n"
-                "when queued."
+                "Too many requests in flight for this token (`details.queue_position` when queued), or too\n"
+                "many sampling requests queued for this job (`limits.max_sampling_requests_per_job`;\n"
+                "`details.limit`, `details.queued`); honour `Retry-After`."
             ),
         ),
         ErrorCode.INTERNAL: ErrorInfo(

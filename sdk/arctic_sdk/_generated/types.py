@@ -480,6 +480,11 @@ class Limits(TypedDict, total=False):
     sequence_gap_timeout_seconds: int
     """How long a request with X-Arctic-Seq n waits for n-1 before `sequence_gap_timeout`."""
 
+    max_sampling_requests_per_job: int
+    """Sampling requests (generate, OpenAI completions) one job may have queued or running; past it
+    a call is refused with 429 `rate_limited` and `Retry-After`. 0 = no bound.
+    """
+
 
 class Tensor(TypedDict, total=False):
     """Documents a DSSST1 tensor inside a body or result. Over HTTP JSON bodies it is not used (tensors

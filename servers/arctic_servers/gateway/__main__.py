@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.config import ProtocolLimits
+
 MiB = 1024 * 1024
 
 
@@ -56,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
         "--lease-default", type=int, default=0, help="lease seconds when CreateJob gives none"
     )
     ap.add_argument("--max-inflight-per-token", type=int, default=64)
+    ap.add_argument(
+        "--max-sampling-requests-per-job",
+        type=int,
+        default=ProtocolLimits.max_sampling_requests_per_job,
+        help="sampling requests a job may have queued or running; past it 429 (0 = no bound)",
+    )
     ap.add_argument("--max-body-mib", type=int, default=60, help="HTTP body / chunk limit (MiB)")
     ap.add_argument("--retention-seconds", type=int, default=24 * 3600,
                     help="results are kept this long after they were first fetched")  # fmt: skip
@@ -71,7 +79,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from ..protocol.config import ProtocolLimits
     from .server import start_gateway
     from .settings import GatewaySettings, load_tokens
 
@@ -98,6 +105,7 @@ async def _serve(args: argparse.Namespace) -> int:
         max_chunk_bytes=args.max_body_mib * MiB,
         retention_seconds=args.retention_seconds,
         sequence_gap_timeout_seconds=args.sequence_gap_timeout,
+        max_sampling_requests_per_job=args.max_sampling_requests_per_job,
     )
     tokens = load_tokens(args.tokens_file)
     gw = await start_gateway(

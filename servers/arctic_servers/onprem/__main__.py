@@ -23,6 +23,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.config import ProtocolLimits
+
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -64,6 +66,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-slots", type=int, default=16, help="sub-jobs running at once")
     p.add_argument(
+        "--max-sampling-requests-per-job",
+        type=int,
+        default=ProtocolLimits.max_sampling_requests_per_job,
+        help="sampling requests a job may have queued or running; past it 429 (0 = no bound)",
+    )
+    p.add_argument(
         "--prewarm",
         default="deepspeed,vllm",
         help="engines with an idle pre-imported worker kept ready ('' = none)",
@@ -101,6 +109,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tokens=args.token,
         admin=args.admin,
         create_jobs=create,
+        limits=ProtocolLimits(max_sampling_requests_per_job=args.max_sampling_requests_per_job),
     )
     info = {
         "base_url": srv.base_url,

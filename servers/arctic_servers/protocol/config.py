@@ -33,6 +33,9 @@ class ProtocolLimits:
     result_chunk_bytes: int = 4 * MiB
     default_max_events: int = 16
     max_events: int = 512
+    # Sampling requests (generate, OpenAI completions) one job may have queued or running; past
+    # it a call is refused with 429 `rate_limited` and `Retry-After` (0 = no bound).
+    max_sampling_requests_per_job: int = 256
 
 
 @dataclass(frozen=True)

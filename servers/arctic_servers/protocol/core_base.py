@@ -20,6 +20,7 @@ from .chunk_groups import ChunkGroups
 from .config import ProtocolConfig, token_digest
 from .context import CallContext
 from .errors import ProtocolError
+from .sampling_queue import SamplingQueue
 from .sequencer import Sequencer
 from .stores import (
     ChunkStore,
@@ -62,6 +63,8 @@ class CoreBase:
         self._started: set[tuple[str, str]] = set()
         self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
         self._durations: dict[str, float] = {}  # token hash -> mean request seconds (EWMA)
+        self.sampling = SamplingQueue(limits.max_sampling_requests_per_job)
+        self._sampling_held: dict[tuple[str, str], float] = {}  # request -> admitted at
         self.draining = False  # refuse new work (503) while a server shuts down
         self._handing_off = False
 
@@ -143,6 +146,7 @@ class CoreBase:
                 "max_grpc_message_bytes": lim.max_grpc_message_bytes,
                 "retention_seconds": lim.retention_seconds,
                 "sequence_gap_timeout_seconds": int(lim.sequence_gap_timeout_seconds),
+                "max_sampling_requests_per_job": lim.max_sampling_requests_per_job,
             },
             "server": c.server,
             "server_version": c.server_version,

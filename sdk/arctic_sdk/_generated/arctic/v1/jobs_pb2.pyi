@@ -888,6 +888,7 @@ class Limits(_message.Message):
     MAX_GRPC_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     RETENTION_SECONDS_FIELD_NUMBER: _builtins.int
     SEQUENCE_GAP_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_SAMPLING_REQUESTS_PER_JOB_FIELD_NUMBER: _builtins.int
     max_body_bytes: _builtins.int
     max_chunk_bytes: _builtins.int
     max_header_bytes: _builtins.int
@@ -900,6 +901,10 @@ class Limits(_message.Message):
     """Idempotency keys and completed results are kept at least this long after completion."""
     sequence_gap_timeout_seconds: _builtins.int
     """How long a request with X-Arctic-Seq n waits for n-1 before `sequence_gap_timeout`."""
+    max_sampling_requests_per_job: _builtins.int
+    """Sampling requests (generate, OpenAI completions) one job may have queued or running; past it
+    a call is refused with 429 `rate_limited` and `Retry-After`. 0 = no bound.
+    """
     def __init__(
         self,
         *,
@@ -913,10 +918,11 @@ class Limits(_message.Message):
         max_grpc_message_bytes: _builtins.int = ...,
         retention_seconds: _builtins.int = ...,
         sequence_gap_timeout_seconds: _builtins.int = ...,
+        max_sampling_requests_per_job: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_body_bytes", b"max_body_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_chunks", b"max_chunks", "max_depth", b"max_depth", "max_frame_bytes", b"max_frame_bytes", "max_grpc_message_bytes", b"max_grpc_message_bytes", "max_header_bytes", b"max_header_bytes", "max_tensors", b"max_tensors", "retention_seconds", b"retention_seconds", "sequence_gap_timeout_seconds", b"sequence_gap_timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_body_bytes", b"max_body_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_chunks", b"max_chunks", "max_depth", b"max_depth", "max_frame_bytes", b"max_frame_bytes", "max_grpc_message_bytes", b"max_grpc_message_bytes", "max_header_bytes", b"max_header_bytes", "max_sampling_requests_per_job", b"max_sampling_requests_per_job", "max_tensors", b"max_tensors", "retention_seconds", b"retention_seconds", "sequence_gap_timeout_seconds", b"sequence_gap_timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
