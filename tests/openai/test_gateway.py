@@ -349,7 +349,7 @@ def real_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         c = Client(g.prefix_url, token=TOKEN, timeout=300)
         job = c.create_job({"job_type": "sampling", "model_name": "tiny"})
         c.wait_job(job, timeout=600)
-        yield {"v1": g.base_url + "/v1", "job": job, "client": c}
+        yield {"v1": g.base_url + "/v1", "base": g.base_url, "job": job, "client": c}
         c.call(M.CANCEL_JOB, job_id=job)
         c.s.close()
     finally:
@@ -431,3 +431,60 @@ def test_real_sampler_disconnect_aborts(real_gw: dict[str, Any]) -> None:
         real_gw["v1"], real_gw["job"], TOKEN, lambda: _tail(real_gw)
     )
     print(f"gateway: client left after {got} chunks; {line}")
+
+
+@pytest.mark.slow
+def test_real_sampler_serves_concurrent_calls_in_one_batch(real_gw: dict[str, Any]) -> None:
+    """Protocol generates (the SDK through the gateway's request queue) and OpenAI completions,
+    whole and streamed, sent at once share the vLLM engine's batch in the gateway's worker: its
+    busy-period line shows them in the engine together (engine steps, not timing)."""
+    import asyncio
+    import re
+
+    from arctic_sdk import AsyncClient
+    from arctic_servers.onprem.engine_batch import IDLE_MARK
+
+    tokens, job = 96, real_gw["job"]
+    busy = re.compile(IDLE_MARK + r" (\d+) calls .* in (\d+) engine steps, .* at most (\d+) ")
+
+    async def go() -> None:
+        oai = openai.AsyncOpenAI(base_url=real_gw["v1"], api_key=TOKEN, max_retries=0)
+        extra = {"ignore_eos": True}
+
+        async def stream() -> int:
+            n = 0
+            s = await oai.completions.create(
+                model=job, prompt="Once", max_tokens=tokens, stream=True, extra_body=extra
+            )
+            async for c in s:
+                if c.choices:
+                    n += len(c.choices[0].model_extra.get("token_ids") or [])
+            return n
+
+        await oai.completions.create(model=job, prompt="Hi", max_tokens=1)  # loads the tokenizer
+        async with AsyncClient(real_gw["base"], token=TOKEN, job_id=job, timeout=300) as client:
+            sp = {"max_tokens": tokens, "ignore_eos": True}
+            out = await asyncio.gather(
+                *(client.generate(prompts=[[5 + i, 6, 7]], sampling_params=sp) for i in range(4)),
+                *(
+                    oai.completions.create(
+                        model=job, prompt=f"Say {i}", max_tokens=tokens, extra_body=extra
+                    )
+                    for i in range(4)
+                ),
+                stream(),
+                stream(),
+            )
+        await oai.close()
+        assert all(len(g["results"][0]["samples"][0]["token_ids"]) == tokens for g in out[:4])
+        assert all(len(c.choices[0].model_extra["token_ids"]) == tokens for c in out[4:8])
+        assert out[8:] == [tokens, tokens]
+
+    seen = len(_tail(real_gw))
+    asyncio.run(go())
+    periods = [tuple(int(x) for x in m.groups()) for ln in _tail(real_gw)[seen:]
+               if (m := busy.search(ln))]  # fmt: skip
+    print(f"gateway busy periods (calls, steps, peak): {periods}")
+    assert sum(p[0] for p in periods) >= 10  # the ten calls (and the warm-up one)
+    assert max(p[2] for p in periods) >= 5  # one after another: never more than 1
+    assert sum(p[1] for p in periods) <= 4 * tokens + 1  # one after another: 10 * tokens
