@@ -68,6 +68,9 @@ class ToyEngine:
         if r is None:
             return []
         self.aborted.append((msg_id, len(r.tokens)))
+        if not r.stream:  # as engine_batch.py: a whole generate ends cancelled
+            err = {"code": "request_cancelled", "message": "aborted", "details": {}}
+            return [{"id": msg_id, "ok": False, "error": err}]
         return [{"id": msg_id, "ok": True, "result": {"finished": True, "finish_reason": "abort"}}]
 
     def pump(self, send: Callable[[dict[str, Any]], None]) -> None:
