@@ -8,7 +8,8 @@ In one run, on the tiny embedded model with the same token-id prompts and greedy
 (`ignore_eos`, `max_tokens` tokens per prompt), for each N:
 
 - `vllm direct`: `vllm.LLM.generate` of the N prompts in a process of its own, same engine
-  arguments and threads as the servers' sampling workers (the throughput reference);
+  arguments and threads as the servers' sampling workers, run right before each batched call
+  (pairs measured side by side in time: the throughput reference);
 - `batched`: one protocol `generate` of the N prompts through the server (HTTP, `AsyncClient`);
 - each path with N single-prompt calls at once: protocol `generate` over HTTP (the job's own
   client: its calls are sequenced), gRPC and in-process (`AsyncClient`), and the OpenAI routes
@@ -47,31 +48,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "servers"), str(ROOT / "sdk"), str(ROOT)]
 
 TOKEN = "bench-concurrency"
-FULL = {
-    "levels": [1, 8, 32, 64],
-    "max_tokens": 64,
-    "prompt_len": 16,
-    "reps": 3,
-    "servers": ["onprem", "inproc", "gateway"],
-}
+FULL: dict[str, Any] = {"levels": [1, 8, 32, 64], "max_tokens": 64, "prompt_len": 16, "reps": 3}
+FULL["servers"] = ["onprem", "inproc", "gateway"]
 SMOKE = {"levels": [1, 4], "max_tokens": 8, "prompt_len": 8, "reps": 1, "servers": ["onprem"]}
-PATHS = {
-    "onprem": [
-        "protocol-http",
-        "protocol-grpc",
-        "openai-completions",
-        "openai-chat",
-        "openai-stream",
-    ],
-    "inproc": ["protocol-inproc"],
-    "gateway": [
-        "protocol-http",
-        "protocol-grpc",
-        "openai-completions",
-        "openai-chat",
-        "openai-stream",
-    ],
-}
+PROTOCOL = ["protocol-http", "protocol-grpc"]
+SERVER_PATHS = [*PROTOCOL, "openai-completions", "openai-chat", "openai-stream"]
+PATHS = {"onprem": SERVER_PATHS, "inproc": ["protocol-inproc"], "gateway": SERVER_PATHS}
 SMOKE_PATHS = ["protocol-http", "openai-completions", "openai-stream"]
 TARGETS = {8: 1.5, 32: 1.5, 64: 2.0}
 
@@ -95,7 +77,9 @@ def greedy(max_tokens: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- vLLM direct
 
 
-def direct(spec: dict[str, Any]) -> dict[str, Any]:
+def direct(spec: dict[str, Any]) -> None:
+    """The `--direct` process: one `vllm.LLM`; each line N on stdin -> the seconds of one
+    `generate` of the N prompts (so its runs interleave with the servers' batched calls)."""
     import torch
 
     torch.set_num_threads(spec["threads"])
@@ -117,30 +101,57 @@ def direct(spec: dict[str, Any]) -> dict[str, Any]:
     )
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], params, use_tqdm=False)  # warm-up
-    out: dict[str, Any] = {}
-    for n in spec["levels"]:
+    print("READY", flush=True)
+    for line in sys.stdin:
+        n = int(line)
         inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts_of(n, spec["prompt_len"])]
-        times = []
-        for _ in range(spec["reps"]):
-            llm.reset_prefix_cache()
-            t = time.perf_counter()
-            llm.generate(inputs, params, use_tqdm=False)
-            times.append(time.perf_counter() - t)
-        out[str(n)] = times
-    return out
+        llm.reset_prefix_cache()
+        t = time.perf_counter()
+        llm.generate(inputs, params, use_tqdm=False)
+        print(f"DIRECT {time.perf_counter() - t}", flush=True)
 
 
-def run_direct(spec: dict[str, Any]) -> dict[str, Any]:
-    """`direct` in a process of its own: its times per N."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:3])}
-    n = str(spec["threads"])
-    env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, TOKENIZERS_PARALLELISM="false")
-    argv = [sys.executable, __file__, "--direct", json.dumps(spec)]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("DIRECT "):
-            return dict(json.loads(line[7:]))
-    raise RuntimeError(f"vLLM direct failed ({proc.returncode}): {proc.stderr[-3000:]}")
+class Direct:
+    """The `--direct` process, from this side: `run(n)` -> seconds."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:3])}
+        n = str(spec["threads"])
+        env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, TOKENIZERS_PARALLELISM="false")
+        argv = [sys.executable, __file__, "--direct", json.dumps(spec)]
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.ready = False
+
+    def _line(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        raise RuntimeError(f"vLLM direct ended ({self.proc.wait()})")
+
+    def wait_ready(self) -> None:
+        if not self.ready:
+            self._line("READY")
+            self.ready = True
+
+    def run(self, n: int) -> float:
+        self.wait_ready()
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return float(self._line("DIRECT "))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(60)
 
 
 # --------------------------------------------------------------------------- servers
@@ -172,7 +183,7 @@ def _start(argv: list[str], tmp: Path, name: str) -> tuple[subprocess.Popen[byte
 
 def start(server: str, tmp: Path, threads: int) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     if server == "onprem":
-        args = f"arctic_servers.onprem serve --threads {threads} --prewarm vllm --data-dir {tmp}/d"
+        args = f"arctic_servers.onprem serve --threads {threads} --prewarm= --data-dir {tmp}/d"
     else:
         args = (
             f"arctic_servers.gateway --db {tmp}/gw.sqlite --engine onprem --worker-threads "
@@ -269,9 +280,10 @@ async def measure(
     sizes: dict[str, Any],
     paths: list[str],
     threads: int,
-    meanwhile: Callable[[], Any] | None = None,
+    vllm: Direct,
 ) -> list[dict[str, Any]]:
-    """The server's rows; `meanwhile` runs (in a thread) while its sampling job starts."""
+    """The server's rows. vLLM direct runs beside each batched call (the pair's ratio is the
+    throughput comparison), and may finish starting while the server's job starts."""
     import openai
 
     from arctic_sdk import AsyncClient
@@ -287,10 +299,11 @@ async def measure(
     else:
         client = AsyncClient(info["base_url"], **kw)
     async with client:
+        t0 = time.perf_counter()
         await client.create_job(sub_job_configs=[{"job_type": "sampling", "dtype": "float32"}])
-        if meanwhile is not None:
-            await asyncio.to_thread(meanwhile)
+        await asyncio.to_thread(vllm.wait_ready)
         await client.wait_until_running(timeout=900)
+        print(f"# {server}: sampling job running in {time.perf_counter() - t0:.1f} s", flush=True)
         job = str(client.job_id)
         others: dict[str, Any] = {}
         if "protocol-grpc" in paths:
@@ -310,12 +323,15 @@ async def measure(
         await p.batched(prompts_of(2, 4))  # warm: engine, chat template, tokenizer
         for path in paths:
             await p.single(path, [1, 2, 3], "hi")()
+        print(f"# {server}: warm in {time.perf_counter() - t0:.1f} s", flush=True)
         for n in sizes["levels"]:
             prompts = prompts_of(n, sizes["prompt_len"])
             for path in paths:
                 ref = chat[:n] if path == "openai-chat" else prompts
-                walls, bwalls, lats, toks = [], [], [], 0
+                walls, bwalls, dwalls, lats, toks = [], [], [], [], 0
                 for _ in range(sizes["reps"]):
+                    if path == paths[0]:  # vLLM direct next to the server's batched call
+                        dwalls.append(await asyncio.to_thread(vllm.run, n))
                     b0 = time.perf_counter()
                     await p.batched(ref)
                     bwalls.append(time.perf_counter() - b0)
@@ -325,22 +341,12 @@ async def measure(
                     lats += lat
                 lats.sort()
                 w, bw = statistics.median(walls), statistics.median(bwalls)
-                rows.append(
-                    {
-                        "server": server,
-                        "path": path,
-                        "n": n,
-                        "wall_s": w,
-                        "batched_s": bw,
-                        "ratio": w / bw,
-                        "tokens": toks,
-                        "tokens_per_s": toks / w,
-                        "batched_tokens_per_s": n * tokens / bw,
-                        "p50_s": lats[len(lats) // 2],
-                        "p99_s": lats[min(len(lats) - 1, int(0.99 * len(lats)))],
-                        "uptime": uptime(),
-                    }
-                )
+                d = n * tokens / statistics.median(dwalls) if dwalls else None
+                p50, p99 = lats[len(lats) // 2], lats[min(len(lats) - 1, int(0.99 * len(lats)))]
+                row = dict(server=server, path=path, n=n, wall_s=w, batched_s=bw, ratio=w / bw)
+                row.update(tokens=toks, tokens_per_s=toks / w, p50_s=p50, p99_s=p99)
+                row.update(batched_tokens_per_s=n * tokens / bw, direct_tokens_per_s=d)
+                rows.append({**row, "uptime": uptime()})
                 print(_row(rows[-1]), flush=True)
         await oai.close()
         if "protocol-grpc" in others:
@@ -374,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--direct", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.direct:
-        print("DIRECT " + json.dumps(direct(json.loads(args.direct))), flush=True)
+        direct(json.loads(args.direct))
         return 0
     from arctic_servers.engines.tiny_model import build_tiny_model
     from arctic_servers.onprem.settings import default_cache_dir
@@ -390,13 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     spec = {**sizes, "model_dir": model_dir, "threads": args.threads}
     spec.pop("servers")
-    direct_times: dict[str, Any] = {}
-
-    def run_direct_now() -> None:
-        direct_times.update(run_direct(spec))
-
+    vllm = Direct(spec)
     if not args.smoke:
-        run_direct_now()  # alone on the machine, before any server
+        vllm.wait_ready()  # started alone on the machine (the smoke overlaps it with a job's)
     rows: list[dict[str, Any]] = []
     print(HEAD, flush=True)
     with tempfile.TemporaryDirectory(prefix="arctic-bench-conc-") as tmp:
@@ -406,18 +408,18 @@ def main(argv: list[str] | None = None) -> int:
                 start(server, Path(tmp), args.threads) if server != "inproc" else (None, {})
             )
             try:
-                # smoke: vLLM direct runs while the first job's engine starts (CI's time)
-                later = run_direct_now if args.smoke and not direct_times else None
-                rows += asyncio.run(measure(server, info, sizes, paths, args.threads, later))
+                rows += asyncio.run(measure(server, info, sizes, paths, args.threads, vllm))
             finally:
+                t1 = time.perf_counter()
                 if proc is not None:
                     stop(proc)
+                print(f"# {server}: stopped in {time.perf_counter() - t1:.1f} s", flush=True)
+    vllm.close()
     print(f"\n{'server':8s} {'N':>3s} {'batched tok/s':>13s} {'direct tok/s':>12s} {'ratio':>6s}")
     for r in rows:
-        if r["path"] not in ("protocol-http", "protocol-inproc"):
+        d = r["direct_tokens_per_s"]
+        if d is None:
             continue
-        d = sizes["max_tokens"] * r["n"] / statistics.median(direct_times[str(r["n"])])
-        r["direct_tokens_per_s"] = d
         mark = "" if args.smoke else ("ok" if r["batched_tokens_per_s"] >= 0.95 * d else "MISS")
         print(
             f"{r['server']:8s} {r['n']:3d} {r['batched_tokens_per_s']:13.0f} {d:12.0f} "
@@ -429,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         f"total {time.perf_counter() - t0:.0f} s"
     )
     if args.json:
-        args.json.write_text(json.dumps({"sizes": sizes, "rows": rows, "direct": direct_times}))
+        args.json.write_text(json.dumps({"sizes": sizes, "rows": rows}))
     return 0
 
 
