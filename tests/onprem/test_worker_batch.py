@@ -130,12 +130,38 @@ async def _generate(h: WorkerHandle, max_tokens: int, delay: float = 0.0) -> Any
     return await h.call("generate", prompts=[[1]], sampling_params={"max_tokens": max_tokens})
 
 
-async def test_stream_yields_every_step(worker: tuple[WorkerHandle, ToyEngine]) -> None:
+def _tokens(msgs: list[dict[str, Any]]) -> list[int]:
+    return [t for m in msgs for t in m["token_ids"]]
+
+
+async def test_stream_yields_as_the_engine_steps(worker: tuple[WorkerHandle, ToyEngine]) -> None:
+    """Every step's token arrives, in order; what piled up while the consumer was busy comes
+    as one item (`merge_stream`), so a slow consumer gets fewer, larger items."""
     h, _ = worker
-    msgs = await _collect(h, 6)
-    assert len(msgs) == 6 and all(m["token_ids"] == [0] for m in msgs)
+    msgs = [m async for m in h.stream(STREAM_CMD, prompt=[1], sampling_params={"max_tokens": 40})]
+    assert _tokens(msgs) == [0] * 40 and len(msgs) >= 2
     assert msgs[-1]["finished"] and not any(m.get("finished") for m in msgs[:-1])
     assert [m["at"] for m in msgs] == sorted(m["at"] for m in msgs)
+    slow = []
+    async for m in h.stream(STREAM_CMD, prompt=[1], sampling_params={"max_tokens": 40}):
+        slow.append(m)
+        await asyncio.sleep(20 * STEP_S)  # a consumer slower than the engine
+    assert _tokens(slow) == [0] * 40 and len(slow) < 40 and slow[-1]["finished"]
+
+
+def test_merge_stream_keeps_every_token_and_the_last_fields() -> None:
+    from arctic_servers.onprem.worker import merge_stream
+
+    a = {"token_ids": [1], "text": "a", "logprobs": [-1.0], "at": 1.0, "weight_version": 3}
+    b = {"token_ids": [2, 3], "text": "bc", "logprobs": [-2.0, -3.0], "at": 2.0}
+    end = {"token_ids": [4], "text": "d", "logprobs": [-4.0], "at": 3.0, "finished": True,
+           "finish_reason": "length"}  # fmt: skip
+    got = merge_stream([a, b, end])
+    assert got["token_ids"] == [1, 2, 3, 4] and got["text"] == "abcd"
+    assert got["logprobs"] == [-1.0, -2.0, -3.0, -4.0] and got["at"] == 3.0
+    assert got["finished"] and got["finish_reason"] == "length"
+    assert merge_stream([{**a, "logprobs": None}, b])["logprobs"] is None
+    assert merge_stream([a]) is a
 
 
 async def test_generates_and_streams_share_engine_steps(
@@ -145,7 +171,9 @@ async def test_generates_and_streams_share_engine_steps(
     h, engine = worker
     n = 40
     out = await asyncio.gather(*(_generate(h, n) for _ in range(8)), _collect(h, n), _collect(h, n))
-    assert all(len(r["tokens"]) == n for r in out[:8]) and all(len(s) == n for s in out[8:])
+    assert all(len(r["tokens"]) == n for r in out[:8]) and all(
+        len(_tokens(s)) == n for s in out[8:]
+    )
     assert engine.peak == 10  # all ten were in the engine at once
     assert engine.steps < 2 * n  # one after another would take 10 * n steps
 

@@ -50,7 +50,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from ..onprem.worker import busy, placement, submits
+from ..onprem.worker import BATCH_KIND, busy, placement, submits
 
 JOURNAL_MAX = 1024  # finished calls kept for collection after a gateway restart
 
@@ -298,7 +298,7 @@ class WorkerHost:
                 try:
                     e = self.queue.get_nowait()
                 except queue.Empty:
-                    pump(self._engine_send)  # one engine step: what it produced
+                    self._step(pump)  # one engine step: what it produced
                     continue
             else:
                 e = self.queue.get()
@@ -370,6 +370,26 @@ class WorkerHost:
         sid = next((i for i, x in self.submitted.items() if x is e), None)
         if sid is not None:
             for msg in self.engine.abort(sid):
+                self._engine_send(msg)
+
+    def _step(self, pump: Any) -> None:
+        """One engine step: its stream partials go out as one message per connection (like
+        `onprem.worker.send_step`), then what finished."""
+        out: list[dict[str, Any]] = []
+        pump(out.append)
+        by_chan: dict[int, tuple[Channel, list[dict[str, Any]]]] = {}
+        for msg in out:
+            e = self.submitted.get(int(msg.get("id") or 0))
+            if e is None or "partial" not in msg:
+                continue
+            for chan, mid in e.waiters:
+                by_chan.setdefault(id(chan), (chan, []))[1].append(
+                    {"id": mid, "partial": msg["partial"]}
+                )
+        for chan, msgs in by_chan.values():
+            chan.send(msgs[0] if len(msgs) == 1 else {"kind": BATCH_KIND, "msgs": msgs})
+        for msg in out:
+            if "partial" not in msg:
                 self._engine_send(msg)
 
     def _engine_send(self, msg: dict[str, Any]) -> None:

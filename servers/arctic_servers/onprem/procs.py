@@ -38,7 +38,7 @@ from typing import Any
 from ..protocol.errors import ProtocolError
 from .ranks import describe_exit
 from .settings import servers_dir, thread_env
-from .worker import ABORT_CMD
+from .worker import ABORT_CMD, merge_stream, unbatch
 
 log = logging.getLogger("arctic_servers.onprem")
 LOG_LINES = 2000
@@ -191,7 +191,7 @@ class WorkerHandle:
                     self._fail_all, f"sent an unreadable reply ({type(exc).__name__}: {exc})"
                 )
                 break
-            self._post(self._deliver, msg)
+            self._post(self._deliver_all, unbatch(msg))
         # EOF: the worker died or closed its end; give the OS a moment to report the exit status
         proc = self.proc
         if proc is not None:
@@ -213,6 +213,10 @@ class WorkerHandle:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing
                 loop.call_soon_threadsafe(fn, *args)
+
+    def _deliver_all(self, msgs: list[dict[str, Any]]) -> None:
+        for msg in msgs:
+            self._deliver(msg)
 
     def _deliver(self, msg: Mapping[str, Any]) -> None:
         kind = msg.get("kind")
@@ -394,12 +398,15 @@ class WorkerHandle:
                 ended = True
                 raise
             while True:
-                item = await queue.get()
-                if item is None:  # the final reply (or the worker's failure)
+                items = [await queue.get()]
+                while items[-1] is not None and not queue.empty():
+                    items.append(queue.get_nowait())  # what piled up: one item (merge_stream)
+                if items[-1] is None:  # the final reply (or the worker's failure)
                     ended = True
-                    yield dict(fut.result())
+                    final = dict(fut.result())
+                    yield merge_stream([*(i for i in items if i is not None), final])
                     return
-                yield item
+                yield merge_stream([i for i in items if i is not None])
         finally:
             self._streams.pop(rid, None)
             self._pending.pop(rid, None)
