@@ -181,13 +181,15 @@ def _start(argv: list[str], tmp: Path, name: str) -> tuple[subprocess.Popen[byte
     return proc, json.loads(ready.read_text())
 
 
-def start(server: str, tmp: Path, threads: int) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def start(
+    server: str, tmp: Path, threads: int, db_dir: Path | None = None
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     if server == "onprem":
         args = f"arctic_servers.onprem serve --threads {threads} --prewarm= --data-dir {tmp}/d"
     else:
         args = (
-            f"arctic_servers.gateway --db {tmp}/gw.sqlite --engine onprem --worker-threads "
-            f"{threads} --answer-mode inline --data-dir {tmp}/gw"
+            f"arctic_servers.gateway --db {db_dir or tmp}/gw.sqlite --engine onprem "
+            f"--worker-threads {threads} --answer-mode inline --data-dir {tmp}/gw"
         )
     argv = [sys.executable, "-m", *args.split(), "--port", "0", "--grpc-port", "0"]
     return _start(argv, tmp, server)
@@ -376,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="N = 1, 4; three paths; on-prem only")
     ap.add_argument("--threads", type=int, default=1, help="threads of each vLLM engine")
     ap.add_argument("--servers", default="", help="comma-separated subset of onprem,inproc,gateway")
+    ap.add_argument(
+        "--gateway-db-dir", type=Path, help="the gateway's SQLite directory (default: a temp dir)"
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--direct", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -405,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers:
             paths = SMOKE_PATHS if args.smoke else PATHS[server]
             proc, info = (
-                start(server, Path(tmp), args.threads) if server != "inproc" else (None, {})
+                start(server, Path(tmp), args.threads, args.gateway_db_dir)
+                if server != "inproc"
+                else (None, {})
             )
             try:
                 rows += asyncio.run(measure(server, info, sizes, paths, args.threads, vllm))
