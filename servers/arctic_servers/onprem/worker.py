@@ -32,8 +32,9 @@ answers several messages, the new tokens of each engine step and then the final 
     worker -> server   {"id": n, "ok": True, "result": {..., "finished": True, "finish_reason"}}
     server -> worker   {"id": m, "cmd": "abort_stream", "args": {"stream": n}}  (the client left)
 
-`abort_stream` (of any batched command, not only a stream; a command still waiting is dropped)
-and `stream_stats` run at once.
+The messages of one engine step travel as one, `{"kind": "batch", "msgs": [...]}` (`send_step`;
+the reader unpacks them, `unbatch`). `abort_stream` (of any batched command, not only a stream;
+a command still waiting is dropped) and `stream_stats` run at once.
 
 This module imports neither the protocol layer nor the SDK: a worker runs in the engines'
 environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`.
