@@ -2,7 +2,8 @@
 """Concurrent sampling benchmark: N single-prompt calls at once against one call of N prompts.
 
     python bench/concurrency.py            # N = 1, 8, 32, 64 on every path and server
-    python bench/concurrency.py --smoke    # N = 1, 4, three paths, on-prem only (CI; < 60 s)
+    python bench/concurrency.py --smoke    # N = 1, 4, three paths, on-prem only (~75 s)
+    python bench/concurrency.py --levels 1,8,32,64 --max-tokens 32 --reps 1   # a smaller run
 
 In one run, on the tiny embedded model with the same token-id prompts and greedy sampling
 (`ignore_eos`, `max_tokens` tokens per prompt), for each N:
@@ -23,9 +24,13 @@ first poll wait, 0.5 s, to every call's latency, which would measure polling, no
 Each sampling sub-job is one vLLM worker with `--threads` threads.
 
 Reported: wall time of the N calls (median of `reps`), ratio to the batched call of the same
-prompts, tokens/s, p50 / p99 per-call latency; batched tokens/s through the server over vLLM
-direct. Targets (printed, not asserted): ratio <= 1.5 at N = 8 and 32, <= 2 at N = 64; batched
-throughput >= 0.95x direct. `uptime` is recorded beside the numbers: the machine is shared.
+prompts, tokens/s, p50 / p99 per-call latency; `peak` and `steps`: the most requests that were
+in the sampler's engine at once while the N calls ran and the engine steps they took (the
+worker's busy-period lines, read with tail-logs: N and about `max_tokens` when the calls share
+the batch, 1 and N x `max_tokens` when they run one after another; the largest over the reps);
+batched tokens/s through the server over vLLM direct. Targets (printed, not asserted): ratio
+<= 1.5 at N = 8 and 32, <= 2 at N = 64; batched throughput >= 0.95x direct. `uptime` is
+recorded beside the numbers: the machine is shared. Measured runs: bench/README.md.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -276,6 +282,29 @@ async def chat_ids(base_url: str, job: str, texts: list[str]) -> list[list[int]]
     return out
 
 
+async def engine_log(client: Any, cursor: int) -> tuple[list[str], int]:
+    """The sampling worker's log lines from `cursor` (tail-logs), and the next cursor."""
+    lines: list[str] = []
+    while True:
+        res = await client.operation(
+            operation_type="tail-logs",
+            sub_job_type="sampling",
+            payload={"cursor": cursor + len(lines), "limit": 1000},
+        )
+        page = res.get("result", res)
+        lines += [str(e) for e in page["entries"]]
+        if page["eof"] or not page["entries"]:
+            return lines, cursor + len(lines)
+
+
+def busy_periods(lines: list[str]) -> list[tuple[int, int, int]]:
+    """(calls, engine steps, most requests in the engine at once) of each busy-period line."""
+    from arctic_servers.onprem.engine_batch import IDLE_MARK
+
+    pat = re.compile(IDLE_MARK + r" (\d+) calls .* in (\d+) engine steps, .* at most (\d+) ")
+    return [(int(m[1]), int(m[2]), int(m[3])) for ln in lines if (m := pat.search(ln))]
+
+
 async def measure(
     server: str,
     info: dict[str, Any],
@@ -325,22 +354,29 @@ async def measure(
         await p.batched(prompts_of(2, 4))  # warm: engine, chat template, tokenizer
         for path in paths:
             await p.single(path, [1, 2, 3], "hi")()
+        _, cursor = await engine_log(client, 0)
         print(f"# {server}: warm in {time.perf_counter() - t0:.1f} s", flush=True)
         for n in sizes["levels"]:
             prompts = prompts_of(n, sizes["prompt_len"])
             for path in paths:
                 ref = chat[:n] if path == "openai-chat" else prompts
-                walls, bwalls, dwalls, lats, toks = [], [], [], [], 0
+                walls, bwalls, dwalls, lats, toks, peak, steps = [], [], [], [], 0, 0, 0
                 for _ in range(sizes["reps"]):
                     if path == paths[0]:  # vLLM direct next to the server's batched call
                         dwalls.append(await asyncio.to_thread(vllm.run, n))
                     b0 = time.perf_counter()
                     await p.batched(ref)
                     bwalls.append(time.perf_counter() - b0)
+                    _, cursor = await engine_log(client, cursor)
                     calls = [p.single(path, prompts[i], texts[i]) for i in range(n)]
                     wall, lat, toks = await timed(calls)
                     walls.append(wall)
                     lats += lat
+                    await asyncio.sleep(0.2)  # the worker logs the busy period once idle
+                    lines, cursor = await engine_log(client, cursor)
+                    periods = busy_periods(lines)
+                    peak = max([peak, *(q for _, _, q in periods)])
+                    steps = max(steps, sum(st for _, st, _ in periods))
                 lats.sort()
                 w, bw = statistics.median(walls), statistics.median(bwalls)
                 d = n * tokens / statistics.median(dwalls) if dwalls else None
@@ -348,6 +384,7 @@ async def measure(
                 row = dict(server=server, path=path, n=n, wall_s=w, batched_s=bw, ratio=w / bw)
                 row.update(tokens=toks, tokens_per_s=toks / w, p50_s=p50, p99_s=p99)
                 row.update(batched_tokens_per_s=n * tokens / bw, direct_tokens_per_s=d)
+                row.update(engine_peak=peak, engine_steps=steps)
                 rows.append({**row, "uptime": uptime()})
                 print(_row(rows[-1]), flush=True)
         await oai.close()
@@ -358,7 +395,8 @@ async def measure(
 
 
 HEAD = f"{'server':8s} {'path':19s} {'N':>3s} {'N calls s':>9s} {'batched s':>9s} {'ratio':>6s} "
-HEAD += f"{'target':>6s} {'tok/s':>8s} {'p50 s':>7s} {'p99 s':>7s}  load avg"
+HEAD += f"{'target':>6s} {'tok/s':>8s} {'p50 s':>7s} {'p99 s':>7s} {'peak':>4s} {'steps':>5s}"
+HEAD += "  load avg"
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -367,7 +405,8 @@ def _row(r: dict[str, Any]) -> str:
     return (
         f"{r['server']:8s} {r['path']:19s} {r['n']:3d} {r['wall_s']:9.3f} "
         f"{r['batched_s']:9.3f} {r['ratio']:6.2f} {mark:>6s} {r['tokens_per_s']:8.0f} "
-        f"{r['p50_s']:7.3f} {r['p99_s']:7.3f}  {r['uptime']}"
+        f"{r['p50_s']:7.3f} {r['p99_s']:7.3f} {r['engine_peak']:4d} {r['engine_steps']:5d}  "
+        f"{r['uptime']}"
     )
 
 
@@ -381,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--gateway-db-dir", type=Path, help="the gateway's SQLite directory (default: a temp dir)"
     )
+    ap.add_argument("--levels", help="comma-separated N to run (default: the run's own)")
+    ap.add_argument("--max-tokens", type=int, help="tokens per prompt (default: the run's own)")
+    ap.add_argument("--reps", type=int, help="repetitions per row (default: the run's own)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--direct", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -391,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     from arctic_servers.onprem.settings import default_cache_dir
 
     sizes = dict(SMOKE if args.smoke else FULL)
+    if args.levels:
+        sizes["levels"] = [int(n) for n in args.levels.split(",")]
+    if args.max_tokens:
+        sizes["max_tokens"] = args.max_tokens
+    if args.reps:
+        sizes["reps"] = args.reps
     servers = [s for s in args.servers.split(",") if s] or list(sizes["servers"])
     model_dir = str(build_tiny_model(default_cache_dir() / "tiny-qwen2-seed0"))
     t0 = time.perf_counter()
