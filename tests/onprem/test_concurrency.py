@@ -2,9 +2,11 @@
 
 - Every sampling path shares the engine's continuous batch: protocol generates (the SDK, its
   calls sequenced: the job is its own), OpenAI completions and chat completions, streamed or not,
-  all sent at once are served together — the worker's busy-period line (`engine batch: ...`,
-  read with tail-logs) shows them in the engine at once, in about as many engine steps as one
-  call's tokens, not one call's steps after another's (no timing is asserted).
+  and `log-probs` / `forward` targeted at the sampler, all sent at once are served together —
+  the worker's busy-period line (`engine batch: ...`, read with tail-logs) counts every one of
+  them and shows them in the engine at once, in about as many engine steps as one call's tokens,
+  not one call's steps after another's (no timing is asserted); the scores match those of the
+  same rows scored alone (1e-4).
 - A weight sync under concurrency: 12 generates, a sync-weights and 12 more generates submitted
   at once (sequenced). The sync waits for the first 12 (they report the old `weight_version`),
   the last 12 wait for the sync (the new one), and every sample equals the greedy reference of
@@ -20,6 +22,7 @@ import asyncio
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 
 from arctic_servers.onprem.engine_batch import IDLE_MARK
@@ -82,8 +85,14 @@ def _tokens(gen: Any) -> list[list[int]]:
     return [list(r["samples"][0]["token_ids"]) for r in gen["results"]]
 
 
-async def _every_path_at_once(client: Any, oai: Any, job: str) -> None:
+SCORE = {"input_ids": [[3, 14, 15, 92, 65, 35, 89, 79]], "attention_mask": [[1] * 8]}
+
+
+async def _every_path_at_once(client: Any, oai: Any, job: str, scored: Any) -> None:
+    from arctic_sdk import CallOptions
+
     extra = {"ignore_eos": True}
+    at_sampler = CallOptions(sub_job_id=f"{job}:sampling:0")
 
     async def stream() -> int:
         n = 0
@@ -119,17 +128,22 @@ async def _every_path_at_once(client: Any, oai: Any, job: str) -> None:
         ),
         stream(),
         stream(),
+        client.log_probs(**SCORE, options=at_sampler),
+        client.forward({"kwargs": SCORE}, options=at_sampler),
     ]
     out = await asyncio.gather(*calls)
     assert all(len(t) == BURST for g in out[:4] for t in _tokens(g))
     assert all(len(c.choices[0].model_extra["token_ids"]) == BURST for c in out[4:10])
-    assert out[10:] == [BURST, BURST]
+    assert out[10:12] == [BURST, BURST]
+    for res in out[12:]:  # scored inside the batch: the log-probs of the rows scored alone
+        got = np.asarray(res["outputs"]["logprobs_shifted"])
+        np.testing.assert_allclose(got, scored, atol=1e-4)  # fp32: the batch may move last bits
 
 
 async def test_every_path_shares_the_batch_and_a_sync_never_mixes_versions(
     onprem: ServerInfo,
 ) -> None:
-    from arctic_sdk import AsyncClient
+    from arctic_sdk import AsyncClient, CallOptions
 
     async with AsyncClient(onprem.base_url, timeout=600) as client:
         await client.create_job(**JOB)
@@ -142,14 +156,19 @@ async def test_every_path_shares_the_batch_and_a_sync_never_mixes_versions(
             # warm: the first OpenAI call of a model loads its tokenizer in the server
             await client.generate(prompts=PROMPTS[:1], sampling_params=GREEDY)
             await oai.completions.create(model=job, prompt="Hi", max_tokens=1)
+            alone = await client.log_probs(
+                **SCORE, options=CallOptions(sub_job_id=f"{job}:sampling:0")
+            )
+            scored = np.asarray(alone["outputs"]["logprobs_shifted"])
+            assert scored.shape == (1, 8) and (scored[0, :7] < 0).all()
             seen = len(await _logs(client))
 
-            # 1. protocol, OpenAI completions, chat, streams: 12 calls at once
-            await _every_path_at_once(client, oai, job)
+            # 1. protocol, OpenAI completions, chat, streams, sampler scoring: 14 calls at once
+            await _every_path_at_once(client, oai, job, scored)
             await oai.close()
             periods = _busy_periods((await _logs(client))[seen:])
             print(f"busy periods (calls, requests, steps, peak): {periods}")
-            assert sum(p[0] for p in periods) == 12
+            assert sum(p[0] for p in periods) == 14  # scoring too goes through the batch
             assert max(p[3] for p in periods) >= 6  # one after another: never more than 1
             assert sum(p[2] for p in periods) <= 4 * BURST  # one after another: 12 * BURST
 
