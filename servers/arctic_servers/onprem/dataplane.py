@@ -130,7 +130,7 @@ class DataPlane(OnpremBase):
                 if method == "shm":
                     path = shm_dir / f"arctic-{job.job_id}-{uuid.uuid4().hex[:8]}.safetensors"
                     exp = await self._call(src, "export_weights", path=str(path))
-                    load = {"path": str(path)}
+                    load: dict[str, Any] = {"path": str(path)}
                 elif method == "safetensors":
                     exp = await self._call(src, "export_weights")
                     load = {"blob": exp.pop("blob")}

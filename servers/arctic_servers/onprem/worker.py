@@ -155,7 +155,7 @@ def merge_stream(items: list[dict[str, Any]]) -> dict[str, Any]:
     out["token_ids"] = [t for it in items for t in it.get("token_ids") or []]
     out["text"] = "".join(str(it.get("text") or "") for it in items)
     lps = [it.get("logprobs") for it in items]
-    out["logprobs"] = None if any(lp is None for lp in lps) else [x for lp in lps for x in lp]
+    out["logprobs"] = None if any(lp is None for lp in lps) else [x for lp in lps for x in lp or []]
     return out
 
 
