@@ -57,7 +57,7 @@ _LOGPROB_OPS = frozenset({M.FORWARD_BACKWARD, M.FORWARD, M.LOG_PROBS, M.OPERATIO
 
 
 class _NoWaitSequencer(Sequencer):
-    async def wait_turn(self, job_id: str, seq: int) -> None:
+    async def wait_turn(self, job_id: str, seq: int, concurrent: bool = False) -> None:
         return None
 
 

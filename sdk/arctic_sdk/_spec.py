@@ -74,6 +74,7 @@ class MethodInfo:
     response_type: str  # full proto name of the logical result ("" for raw downloads)
     inline_preferred: bool
     protocol: bool  # answered by the protocol layer, not the servicer
+    concurrent: bool  # reads the weights, changes nothing: consecutive sequenced calls run at once
     grpc_shape: GrpcShape
     job_scoped: bool  # the route starts with /{job_id}
     path_params: tuple[str, ...]

@@ -109,3 +109,49 @@ def test_the_journal_keeps_the_newest_finished_calls() -> None:
         call(host, chan, i, f"r{i}/add", "add", x=i)
     drain(host)
     assert list(host.journal) == ["r2/add", "r3/add"]  # journal_max 2
+
+
+def test_the_worker_host_batches_generates_and_pauses_them_for_a_weight_load() -> None:
+    """The gateway's worker host schedules a sampler as the on-prem worker does (the same
+    `placement`): generates join the engine's batch; a weight load waits until the batch is empty
+    and the generates sent after it wait for it; a cancelled generate leaves the engine."""
+    from ..onprem.test_worker_batch import ToyEngine
+
+    engine = ToyEngine()
+    host = WorkerHost({"sub_job_id": "j:sampling:0"})
+    host.engine = engine
+    rec = Recorder()
+    chan = Channel(rec)  # type: ignore[arg-type]
+    loop = threading.Thread(target=host.run, daemon=True)
+    loop.start()
+    gen = {"prompts": [[1]], "sampling_params": {"max_tokens": 30}}
+    for i in range(4):
+        host.dispatch(chan, {"op": "call", "id": i, "key": f"b{i}", "cmd": "generate", "args": gen})
+    load = {"op": "call", "id": 10, "key": "load", "cmd": "load_weights"}
+    host.dispatch(chan, {**load, "args": {"weight_version": 1}})
+    for i in range(4):
+        short = {**gen, "sampling_params": {"max_tokens": 5}}
+        host.dispatch(
+            chan, {"op": "call", "id": 20 + i, "key": f"a{i}", "cmd": "generate", "args": short}
+        )
+    long = {"prompts": [[1]], "sampling_params": {"max_tokens": 10**6}}
+    host.dispatch(chan, {"op": "call", "id": 30, "key": "long", "cmd": "generate", "args": long})
+    deadline = time.monotonic() + 10
+    while len(rec.sent) < 9 or engine.steps < 45:
+        assert time.monotonic() < deadline, rec.sent
+        time.sleep(0.01)
+    assert host.cancel("long") == {"cancelled": False, "state": "running"}
+    while len(rec.sent) < 10:
+        assert time.monotonic() < deadline, rec.sent
+        time.sleep(0.01)
+    host.queue.put(None)
+    loop.join(5)
+    by_id = {m["id"]: m for m in rec.sent}
+    assert engine.loads_saw == [0] and by_id[10]["result"] == {"loaded": 1}
+    for i in range(4):
+        before = by_id[i]["result"]
+        assert before["weight_version"] == 0 and set(before["tokens"]) == {0}
+        after = by_id[20 + i]["result"]
+        assert after["weight_version"] == 1 and set(after["tokens"]) == {1}
+    assert engine.peak >= 4  # the first four ran together
+    assert by_id[30]["error"]["code"] == "request_cancelled" and not engine.reqs

@@ -31,13 +31,21 @@ openai = pytest.importorskip("openai")
 TOKEN, OTHER = "pat-1", "pat-2"  # the harness's tokens: pat-1 in clear, pat-2 as its digest
 MESSAGES = [{"role": "user", "content": "Say something."}]
 GEN_LATENCY_S = 0.05  # each fake generate call takes this long: a stream's chunks spread out
+SAMPLING_BOUND = 2  # the gateway's limits.max_sampling_requests_per_job in this module
 
 
 @pytest.fixture(scope="module")
 def fake_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     g = Gateway(
         tmp_path_factory.mktemp("gw-openai"),
-        args=("--gpus", "4", "--fake-latency", f"generate={GEN_LATENCY_S}"),
+        args=(
+            "--gpus",
+            "4",
+            "--fake-latency",
+            f"generate={GEN_LATENCY_S}",
+            "--max-sampling-requests-per-job",
+            str(SAMPLING_BOUND),
+        ),
     )
     g.start()
     try:
@@ -47,7 +55,8 @@ def fake_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         c2.wait_job(other)
         c.s.close()
         c2.s.close()
-        yield {"v1": g.base_url + "/v1", "base": g.base_url, "job": job, "other": other}
+        yield {"v1": g.base_url + "/v1", "base": g.base_url, "prefix": g.prefix_url, "job": job,
+               "other": other}  # fmt: skip
     finally:
         g.cleanup()
 
@@ -232,6 +241,51 @@ def test_async_client_completions_stream(fake_gw: dict[str, Any]) -> None:
     assert len(streamed) == 9
 
 
+def test_sampling_backpressure_429_with_retry_after(fake_gw: dict[str, Any]) -> None:
+    """Two long streams hold the job's two sampling slots: a completion past the bound is 429
+    `rate_limited` with Retry-After (the openai client's RateLimitError); with its retries on,
+    the client waits it out and the same completion succeeds once a stream has ended."""
+    import asyncio
+
+    async def go() -> tuple[Any, Any]:
+        strict = openai.AsyncOpenAI(base_url=fake_gw["v1"], api_key=TOKEN, max_retries=0)
+        patient = openai.AsyncOpenAI(base_url=fake_gw["v1"], api_key=TOKEN, max_retries=5)
+        started = [asyncio.Event(), asyncio.Event()]
+
+        async def long_stream(k: int) -> int:
+            n = 0
+            stream = await strict.completions.create(
+                model=fake_gw["job"], prompt="Hi", max_tokens=64, stream=True, seed=k,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            async for c in stream:
+                n += len((c.choices[0].model_extra.get("token_ids") or []) if c.choices else [])
+                started[k].set()
+            return n
+
+        streams = [asyncio.create_task(long_stream(k)) for k in (0, 1)]
+        await asyncio.gather(*(e.wait() for e in started))
+        try:
+            await strict.completions.create(model=fake_gw["job"], prompt="Hi", max_tokens=2)
+            refused: Any = None
+        except openai.RateLimitError as exc:
+            refused = exc
+        waited = await patient.completions.create(model=fake_gw["job"], prompt="Hi", max_tokens=2)
+        assert await asyncio.gather(*streams) == [64, 64]
+        await strict.close()
+        await patient.close()
+        return refused, waited
+
+    refused, waited = asyncio.run(go())
+    assert refused is not None, "a completion past the bound was admitted"
+    assert refused.status_code == 429 and refused.response.headers["retry-after"] == "1"
+    assert refused.body["code"] == "rate_limited"
+    assert "max_sampling_requests_per_job" in refused.body["message"]
+    assert len(waited.choices[0].model_extra["token_ids"]) == 2
+    caps = requests.get(fake_gw["prefix"] + "/capabilities", timeout=10).json()
+    assert caps["limits"]["max_sampling_requests_per_job"] == SAMPLING_BOUND
+
+
 # LiteLLM's own imports warn (pydantic ReadOnly TypedDicts, deprecations): not ours to fix
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -295,7 +349,7 @@ def real_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         c = Client(g.prefix_url, token=TOKEN, timeout=300)
         job = c.create_job({"job_type": "sampling", "model_name": "tiny"})
         c.wait_job(job, timeout=600)
-        yield {"v1": g.base_url + "/v1", "job": job, "client": c}
+        yield {"v1": g.base_url + "/v1", "base": g.base_url, "job": job, "client": c}
         c.call(M.CANCEL_JOB, job_id=job)
         c.s.close()
     finally:
@@ -377,3 +431,60 @@ def test_real_sampler_disconnect_aborts(real_gw: dict[str, Any]) -> None:
         real_gw["v1"], real_gw["job"], TOKEN, lambda: _tail(real_gw)
     )
     print(f"gateway: client left after {got} chunks; {line}")
+
+
+@pytest.mark.slow
+def test_real_sampler_serves_concurrent_calls_in_one_batch(real_gw: dict[str, Any]) -> None:
+    """Protocol generates (the SDK through the gateway's request queue) and OpenAI completions,
+    whole and streamed, sent at once share the vLLM engine's batch in the gateway's worker: its
+    busy-period line shows them in the engine together (engine steps, not timing)."""
+    import asyncio
+    import re
+
+    from arctic_sdk import AsyncClient
+    from arctic_servers.onprem.engine_batch import IDLE_MARK
+
+    tokens, job = 96, real_gw["job"]
+    busy = re.compile(IDLE_MARK + r" (\d+) calls .* in (\d+) engine steps, .* at most (\d+) ")
+
+    async def go() -> None:
+        oai = openai.AsyncOpenAI(base_url=real_gw["v1"], api_key=TOKEN, max_retries=0)
+        extra = {"ignore_eos": True}
+
+        async def stream() -> int:
+            n = 0
+            s = await oai.completions.create(
+                model=job, prompt="Once", max_tokens=tokens, stream=True, extra_body=extra
+            )
+            async for c in s:
+                if c.choices:
+                    n += len(c.choices[0].model_extra.get("token_ids") or [])
+            return n
+
+        await oai.completions.create(model=job, prompt="Hi", max_tokens=1)  # loads the tokenizer
+        async with AsyncClient(real_gw["base"], token=TOKEN, job_id=job, timeout=300) as client:
+            sp = {"max_tokens": tokens, "ignore_eos": True}
+            out = await asyncio.gather(
+                *(client.generate(prompts=[[5 + i, 6, 7]], sampling_params=sp) for i in range(4)),
+                *(
+                    oai.completions.create(
+                        model=job, prompt=f"Say {i}", max_tokens=tokens, extra_body=extra
+                    )
+                    for i in range(4)
+                ),
+                stream(),
+                stream(),
+            )
+        await oai.close()
+        assert all(len(g["results"][0]["samples"][0]["token_ids"]) == tokens for g in out[:4])
+        assert all(len(c.choices[0].model_extra["token_ids"]) == tokens for c in out[4:8])
+        assert out[8:] == [tokens, tokens]
+
+    seen = len(_tail(real_gw))
+    asyncio.run(go())
+    periods = [tuple(int(x) for x in m.groups()) for ln in _tail(real_gw)[seen:]
+               if (m := busy.search(ln))]  # fmt: skip
+    print(f"gateway busy periods (calls, steps, peak): {periods}")
+    assert sum(p[0] for p in periods) >= 10  # the ten calls (and the warm-up one)
+    assert max(p[2] for p in periods) >= 5  # one after another: never more than 1
+    assert sum(p[1] for p in periods) <= 4 * tokens + 1  # one after another: 10 * tokens

@@ -98,6 +98,7 @@ class Method:
     response_type: str
     inline_preferred: bool
     protocol: bool
+    concurrent: bool
     grpc_shape: str  # _spec.GrpcShape member name
     job_scoped: bool
     path_params: tuple[str, ...]
@@ -301,6 +302,7 @@ def _method(
         response_type=response_type,
         inline_preferred=op.inline_preferred,
         protocol=op.protocol,
+        concurrent=op.concurrent,
         grpc_shape=shape,
         job_scoped=op.http_path.startswith("/{job_id}"),
         path_params=tuple(re.findall(r"{(\w+)}", op.http_path)),

@@ -60,6 +60,7 @@ def _method_const(m: Method) -> list[str]:
         f"    response_type={s(m.response_type)},",
         f"    inline_preferred={m.inline_preferred},",
         f"    protocol={m.protocol},",
+        f"    concurrent={m.concurrent},",
         f"    grpc_shape=GrpcShape.{m.grpc_shape},",
         f"    job_scoped={m.job_scoped},",
         f"    path_params={params},",

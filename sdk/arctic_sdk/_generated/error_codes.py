@@ -83,9 +83,10 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     """The body's `Content-Type` is not the one the route takes."""
     RATE_LIMITED = "rate_limited"
-    """Too many requests in flight for this token, or incomplete chunk groups past the job's or the
-    server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when
-    queued.
+    """Too many requests in flight for this token (`details.queue_position` when queued), too many
+    sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,
+    `details.queued`), or incomplete chunk groups past the job's or the server's chunk budget
+    (`details.budget`); honour `Retry-After`.
     """
     INTERNAL = "internal"
     """A server fault. The message says what failed."""
@@ -412,9 +413,10 @@ ERRORS: Final[Mapping[str, ErrorInfo]] = MappingProxyType(
             user_fault=False,
             retryable=True,
             doc=(
-                "Too many requests in flight for this token, or incomplete chunk groups past the job's or the\n"
-                "server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when\n"
-                "queued."
+                "Too many requests in flight for this token (`details.queue_position` when queued), too many\n"
+                "sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,\n"
+                "`details.queued`), or incomplete chunk groups past the job's or the server's chunk budget\n"
+                "(`details.budget`); honour `Retry-After`."
             ),
         ),
         ErrorCode.INTERNAL: ErrorInfo(

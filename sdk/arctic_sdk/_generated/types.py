@@ -632,6 +632,11 @@ class Limits(TypedDict, total=False):
     max_sub_jobs: int
     """Sub-jobs one CreateJob may configure."""
 
+    max_sampling_requests_per_job: int
+    """Sampling requests (generate, OpenAI completions) one job may have queued or running; past it
+    a call is refused with 429 `rate_limited` and `Retry-After`. 0 = no bound.
+    """
+
 
 class Tensor(TypedDict, total=False):
     """Documents a DSSST1 tensor inside a body or result. Over HTTP JSON bodies it is not used (tensors

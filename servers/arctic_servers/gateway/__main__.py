@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.config import ProtocolLimits
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
 
 MiB = 1024 * 1024
@@ -80,7 +81,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from ..protocol.config import ProtocolLimits
     from .server import start_gateway
     from .settings import GatewaySettings, load_tokens
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import jobs as pj
@@ -86,19 +87,28 @@ class GatewayBase(JobControl[Job]):
         key = f"{ctx.request_id}/{sub.sub_job_id}/{cmd}" if ctx.request_id else None
         if ctx.recovered and key is not None:
             return await client.collect(key)
+        direct = key is None  # outside the request queue (an OpenAI route): nothing collects it
+        if key is None:
+            key = f"direct-{uuid.uuid4().hex}/{sub.sub_job_id}/{cmd}"
         meta = {
             "request_id": ctx.request_id,
             "idempotency_key": ctx.idempotency_key,
             "seq": ctx.seq,
             "op": ctx.method.name,
         }
-        active = self._active.setdefault(ctx.request_id or "", []) if key else None
-        if active is not None and key is not None:
+        active = self._active.setdefault(ctx.request_id, []) if ctx.request_id else None
+        if active is not None:
             active.append((client, key))
         try:
             return await client.call(cmd, args, key=key, meta=meta)
+        except asyncio.CancelledError:
+            if direct:  # its HTTP client left: a sampler drops it from the engine's batch (a
+                # queued request's task is also cancelled at a hand-off: its call must go on)
+                task = asyncio.get_running_loop().create_task(client.cancel(key))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            raise
         finally:
-            if active is not None and key is not None:
+            if active is not None:
                 active.remove((client, key))
                 if not active:
                     self._active.pop(ctx.request_id or "", None)
@@ -106,7 +116,8 @@ class GatewayBase(JobControl[Job]):
     async def cancel_running(self, ctx: CallContext, request_id: str) -> bool:
         """CancelRequest of a running request: the worker drops it if it has not started it,
         else stops at its engine's next safe point (the fake engine has one between latency
-        slices; DeepSpeed and vLLM calls finish). True = the request ends by itself."""
+        slices; a vLLM sampler aborts it in its batch; DeepSpeed calls finish). True = the
+        request ends by itself."""
         calls = list(self._active.get(request_id, ()))
         if not calls:
             return False

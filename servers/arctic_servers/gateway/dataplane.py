@@ -72,7 +72,8 @@ class DataPlane(GatewayBase):
         version = sub.weight_version
         args = self.profile.generate_args(body, sub)
         res = dict(await self.call(ctx, sub, M.GENERATE.python_name, **args))
-        res["weight_version"] = version
+        # the sampler's own version of the weights that ran it (a sync in between cannot skew it)
+        res["weight_version"] = int(res.get("weight_version", version))
         return res
 
     async def generate_stream(
@@ -89,7 +90,7 @@ class DataPlane(GatewayBase):
         client = await self.jobs.client(sub)
         stream_args = {"prompt": args["prompts"][0], "sampling_params": args["sampling_params"]}
         async for item in client.stream(stream_args, meta={"op": ctx.method.name}):
-            yield {**item, "weight_version": version}
+            yield {"weight_version": version, **item}
 
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self.job(ctx)
@@ -104,7 +105,7 @@ class DataPlane(GatewayBase):
         rid = ctx.request_id or uuid.uuid4().hex
         async with self.sync_lock(job):
             gate = self.gate(job)
-            gate.clear()  # new generates wait; those already sent finish first (FIFO workers)
+            gate.clear()  # new generates wait; the sampler finishes those sent before it swaps
             path = shm / f"arctic-{job.job_id}-{rid[:12]}.safetensors" if method == "shm" else None
             try:
                 if rid not in job.pending_syncs:
@@ -117,6 +118,7 @@ class DataPlane(GatewayBase):
                 else:
                     exp = dict(await self.call(ctx, src, "export_weights"))
                     load = {"blob": exp.pop("blob")}
+                load["weight_version"] = version  # what the targets' results report once loaded
                 await asyncio.gather(*(self.call(ctx, t, "load_weights", **load) for t in targets))
             finally:
                 if path is not None:

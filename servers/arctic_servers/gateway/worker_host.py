@@ -15,17 +15,20 @@ a restart — connects with the authkey from the spec (`multiprocessing.connecti
                                                                    step, then {id, ok, result}
                        {"op": "abort_stream", key}              -> (no answer) ends that stream
 
-Commands run one at a time on the main thread, in arrival order (`op_<cmd>` of the engine: the
-on-prem engines' command set, or the fake engine's). Every call with a `key` is journaled in
-memory before it runs and keeps its answer afterwards, so a gateway that restarts collects the
-answer of a call it sent before it died, and a call whose key the worker has seen is never run
-twice. A worker that dies takes its journal with it; its sub-job has then failed anyway.
+Commands run on the main thread (`op_<cmd>` of the engine: the on-prem engines' command set, or
+the fake engine's), scheduled as the on-prem worker's serve loop does (`onprem/worker.py`
+`placement`): a vLLM sampler's generates, streams and scoring join its engine's continuous batch
+as they arrive (`submit`; the thread alternates between one engine step and the queue), and
+every other command runs alone, in arrival order, once the requests before it have finished —
+batched commands that arrive after it wait behind it (a weight load pauses new generates).
+Every call with a `key` is journaled in memory before it runs and keeps its answer afterwards,
+so a gateway that restarts collects the answer of a call it sent before it died, and a call
+whose key the worker has seen is never run twice. A worker that dies takes its journal with it;
+its sub-job has then failed anyway. `cancel` of a call in the engine's batch aborts its requests.
 
-Streams (engines with `stream_start` / `pump`, the on-prem vLLM sampler: `onprem/sampling.py`):
-one sample whose new tokens go to the gateway after every engine step. Streams are not journaled
-(a stream cut by a gateway restart is not collected). While streams run, the main thread
-alternates between one engine step and the queue: a new stream joins the running batch, an
-abort runs at once, and every other command waits until the streams have ended.
+Streams (the on-prem vLLM sampler: `onprem/sampling.py`): one sample whose new tokens go to the
+gateway after every engine step. Streams are not journaled (a stream cut by a gateway restart is
+not collected); an abort ends one at once.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
+
+from ..onprem.worker import BATCH_KIND, busy, placement, submits
 
 JOURNAL_MAX = 1024  # finished calls kept for collection after a gateway restart
 
@@ -128,8 +133,8 @@ class WorkerHost:
         self.current: Entry | None = None
         self.anon = 0
         self.stream_entries: dict[str, Entry] = {}  # stream key -> its entry (until it ends)
-        self.stream_ids: dict[int, Entry] = {}  # the engine's id of a running stream -> entry
-        self.stream_count = 0
+        self.submitted: dict[int, Entry] = {}  # engine batch id -> its entry (stream or call)
+        self.submit_count = 0
 
     # ------------------------------------------------------------------ connections
 
@@ -243,7 +248,9 @@ class WorkerHost:
                 self._finish(e, self._cancelled(e))
                 return {"cancelled": True, "state": "cancelled"}
             e.cancel.set()  # the engine stops at its next safe point, if it has one
-            return {"cancelled": False, "state": e.state}
+        if e.state == "running" and submits(self.engine, e.cmd):  # in the engine's batch
+            self.queue.put(Entry(f"abort-{key}", "abort", {"key": key}, {}, kind="abort"))
+        return {"cancelled": False, "state": e.state}
 
     @staticmethod
     def _cancelled(e: Entry) -> dict[str, Any]:
@@ -279,95 +286,130 @@ class WorkerHost:
     # ------------------------------------------------------------------ execution
 
     def run(self) -> None:
+        """The engine's thread: the onprem `worker.serve` loop's scheduling (`placement`) over
+        this host's queue. Batched commands (the vLLM sampler's generates, streams and scoring)
+        join the engine's batch as they arrive; the rest run one at a time, the engine idle."""
         pump = getattr(self.engine, "pump", None)
-        streaming = getattr(self.engine, "streaming", None)
         deferred: collections.deque[Entry] = collections.deque()
         while True:
-            busy = bool(pump is not None and streaming is not None and streaming())
-            queued = False
-            if busy and pump is not None:
+            while deferred and placement(self.engine, _cmd(deferred[0]), waiting=False) != "defer":
+                self._dispatch(deferred.popleft())
+            if pump is not None and busy(self.engine):
                 try:
                     e = self.queue.get_nowait()
                 except queue.Empty:
-                    pump(self._stream_send)  # one engine step: the streams' new tokens
+                    self._step(pump)  # one engine step: what it produced
                     continue
-            elif deferred:
-                e, queued = deferred.popleft(), True
             else:
                 e = self.queue.get()
             if e is None:
                 return
             if e.kind == "abort":
-                self._abort_stream(str(e.args["key"]))
+                self._abort(str(e.args["key"]))
                 continue
-            joins = e.kind == "stream" and not deferred  # a new stream joins the running batch
-            if not queued and (busy or deferred) and not joins:
-                deferred.append(e)  # after the running streams, in arrival order
+            if placement(self.engine, _cmd(e), waiting=bool(deferred)) == "defer":
+                deferred.append(e)  # after the requests in the engine, in arrival order
                 continue
-            if e.kind == "stream":
-                self._start_stream(e)
-                continue
-            with self.lock:
-                if e.state != "queued":
-                    continue  # cancelled while queued
-                e.state = "running"
-                self.current = e
-            reply = self.execute(e)
-            with self.lock:
-                self.current = None
-                self._finish(e, reply)
+            self._dispatch(e)
 
-    def _start_stream(self, e: Entry) -> None:
-        start = getattr(self.engine, "stream_start", None)
-        if e.cancel.is_set():  # aborted before it started
-            reply: dict[str, Any] = {"ok": True, "result": {"token_ids": [], "finished": True,
-                                                           "finish_reason": "abort"}}  # fmt: skip
-        elif self.engine is None or start is None:
-            what = type(self.engine).__name__ if self.engine is not None else "no engine"
-            reply = {"ok": False, "error": {"code": "unimplemented",
-                                            "message": f"{what} does not stream"}}  # fmt: skip
+    def _dispatch(self, e: Entry) -> None:
+        if submits(self.engine, _cmd(e)):
+            self._submit(e)
+            return
+        with self.lock:
+            if e.state != "queued":
+                return  # cancelled while queued
+            e.state = "running"
+            self.current = e
+        reply = self.execute(e)
+        with self.lock:
+            self.current = None
+            self._finish(e, reply)
+
+    def _submit(self, e: Entry) -> None:
+        """Add the entry's command to the engine's batch (`engine.submit`)."""
+        stream = e.kind == "stream"
+        reply: dict[str, Any]
+        if e.state != "queued":
+            return  # a call cancelled while it waited
+        if stream and e.cancel.is_set():  # aborted before it started
+            reply = {"ok": True, "result": {"token_ids": [], "finished": True,
+                                            "finish_reason": "abort"}}  # fmt: skip
         else:
-            self.stream_count += 1
-            sid = self.stream_count
+            self.submit_count += 1
+            sid = self.submit_count
             try:
-                start(sid, **e.args)
+                done = self.engine.submit(sid, _cmd(e), e.args)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:
-                reply = {"ok": False, "error": error_body(exc, "stream")}
+                reply = {"ok": False, "error": error_body(exc, _cmd(e))}
             else:
-                e.state = "running"
-                self.stream_ids[sid] = e
-                return
-        with self.lock:
-            self.stream_entries.pop(e.key, None)
-            self._finish_stream(e, reply)
+                if done is None:
+                    e.state = "running"
+                    self.submitted[sid] = e
+                    return
+                reply = {"ok": True, "result": done}
+        self._end(e, reply)
 
-    def _abort_stream(self, key: str) -> None:
+    def _end(self, e: Entry, reply: dict[str, Any]) -> None:
         with self.lock:
-            e = self.stream_entries.get(key)
-        if e is None:
+            if e.kind == "stream":
+                self.stream_entries.pop(e.key, None)
+                self._finish_stream(e, reply)
+            else:
+                self._finish(e, reply)
+
+    def _abort(self, key: str) -> None:
+        """End the command `key` (a stream the client left, a cancelled call) in the engine."""
+        with self.lock:
+            e = self.stream_entries.get(key) or self.journal.get(key)
+        if e is None or e.state == "done":
             return  # ended already
         e.cancel.set()
-        sid = next((i for i, x in self.stream_ids.items() if x is e), None)
+        sid = next((i for i, x in self.submitted.items() if x is e), None)
         if sid is not None:
-            for msg in self.engine.stream_abort(sid):
-                self._stream_send(msg)
+            for msg in self.engine.abort(sid):
+                self._engine_send(msg)
 
-    def _stream_send(self, msg: dict[str, Any]) -> None:
-        """A message of the engine's `pump` / `stream_abort`, keyed by the engine's stream id."""
+    def _step(self, pump: Any) -> None:
+        """One engine step: its stream partials go out as one message per connection (like
+        `onprem.worker.send_step`), then what finished."""
+        out: list[dict[str, Any]] = []
+        pump(out.append)
+        by_chan: dict[int, tuple[Channel, list[dict[str, Any]]]] = {}
+        for msg in out:
+            e = self.submitted.get(int(msg.get("id") or 0))
+            if e is None or "partial" not in msg:
+                continue
+            for chan, mid in e.waiters:
+                by_chan.setdefault(id(chan), (chan, []))[1].append(
+                    {"id": mid, "partial": msg["partial"]}
+                )
+        for chan, msgs in by_chan.values():
+            chan.send(msgs[0] if len(msgs) == 1 else {"kind": BATCH_KIND, "msgs": msgs})
+        for msg in out:
+            if "partial" not in msg:
+                self._engine_send(msg)
+
+    def _engine_send(self, msg: dict[str, Any]) -> None:
+        """A message of the engine's `pump` / `abort`, keyed by its batch id."""
         sid = int(msg.get("id") or 0)
-        e = self.stream_ids.get(sid)
+        e = self.submitted.get(sid)
         if e is None:
             return
         if "partial" in msg:
             for chan, mid in list(e.waiters):
                 chan.send({"id": mid, "partial": msg["partial"]})
             return
-        del self.stream_ids[sid]
-        with self.lock:
-            self.stream_entries.pop(e.key, None)
-            self._finish_stream(e, {k: v for k, v in msg.items() if k != "id"})
+        del self.submitted[sid]
+        reply = {k: v for k, v in msg.items() if k != "id"}
+        if not reply.get("ok") and (reply.get("error") or {}).get("code") == "request_cancelled":
+            rid = e.meta.get("request_id") or e.key
+            err = {"code": "request_cancelled", "message": f"request {rid} was cancelled while "
+                   "it ran", "details": {"request_id": rid}}  # fmt: skip
+            reply = {"ok": False, "error": err}
+        self._end(e, reply)
 
     @staticmethod
     def _finish_stream(e: Entry, reply: dict[str, Any]) -> None:
@@ -391,6 +433,10 @@ class WorkerHost:
             raise
         except BaseException as exc:
             return {"ok": False, "error": error_body(exc, e.cmd)}
+
+
+def _cmd(e: Entry) -> str:
+    return "generate_stream" if e.kind == "stream" else e.cmd
 
 
 def remove_shm_buffers() -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+from ..onprem.worker import merge_stream, unbatch
 from ..protocol import faultpoints
 from ..protocol.errors import ProtocolError
 
@@ -96,7 +97,7 @@ class WorkerClient:
             except Exception as exc:
                 log.warning("worker %s sent an unreadable answer: %s", self.sub_job_id, exc)
                 continue
-            self._post(self._deliver, msg)
+            self._post(self._deliver_all, unbatch(msg))
         self._post(self._lost, conn)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
@@ -104,6 +105,10 @@ class WorkerClient:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(fn, *args)
+
+    def _deliver_all(self, msgs: list[dict[str, Any]]) -> None:
+        for msg in msgs:
+            self._deliver(msg)
 
     def _deliver(self, msg: dict[str, Any]) -> None:
         if "partial" in msg:  # a stream's new tokens
@@ -245,7 +250,7 @@ class WorkerClient:
     async def stream(
         self, args: dict[str, Any], *, meta: Any = None
     ) -> AsyncIterator[dict[str, Any]]:
-        """One streamed sample (`args`: the engine's `stream_start` arguments): each message
+        """One streamed sample (`args`: the engine's `generate_stream` arguments): each message
         the worker sends for it, the final result last. Leaving early aborts it there."""
         assert self._loop is not None
         mid, key = next(self._ids), f"stream-{uuid.uuid4().hex}"
@@ -263,12 +268,15 @@ class WorkerClient:
                 ended = True
                 raise
             while True:
-                item = await queue.get()
-                if item is None:  # the final answer, or the worker's failure
+                items = [await queue.get()]
+                while items[-1] is not None and not queue.empty():
+                    items.append(queue.get_nowait())  # what piled up: one item (merge_stream)
+                if items[-1] is None:  # the final answer, or the worker's failure
                     ended = True
-                    yield dict(fut.result())
+                    final = dict(fut.result())
+                    yield merge_stream([*(i for i in items if i is not None), final])
                     return
-                yield item
+                yield merge_stream([i for i in items if i is not None])
         finally:
             self._streams.pop(mid, None)
             self._pending.pop(mid, None)

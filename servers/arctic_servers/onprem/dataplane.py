@@ -72,7 +72,8 @@ class DataPlane(OnpremBase):
                 strict=bool(body.get("strict")),
             )
         )
-        res["weight_version"] = version
+        # the sampler's own version of the weights that ran it (a sync in between cannot skew it)
+        res["weight_version"] = int(res.get("weight_version", version))
         return res
 
     async def generate_stream(
@@ -81,7 +82,7 @@ class DataPlane(OnpremBase):
         """One sample of `body["prompts"][0]`, token by token (the OpenAI routes' streams): the
         same checks, weight-sync gate and `weight_version` as `generate`; each item is the new
         tokens of one engine step, the last has `finished`. Leaving early aborts the request."""
-        from .worker import ABORT_CMD, STREAM_CMD
+        from .worker import STREAM_CMD
 
         self.check_request(ctx, body)
         job, sub = await self._begin(ctx)
@@ -92,10 +93,8 @@ class DataPlane(OnpremBase):
             raise ProtocolError("unavailable", f"sub-job {sub.sub_job_id} has no worker yet")
         version = sub.weight_version
         sp = dict(body.get("sampling_params") or {})
-        async for item in sub.worker.stream(
-            STREAM_CMD, ABORT_CMD, prompt=prompts[0], sampling_params=sp
-        ):
-            yield {**item, "weight_version": version}
+        async for item in sub.worker.stream(STREAM_CMD, prompt=prompts[0], sampling_params=sp):
+            yield {"weight_version": version, **item}
 
     def _check_sync(self, job: Job, body: Mapping[str, Any], path: str) -> None:
         checks.one_of(body, "method", SYNC_METHODS, path)
@@ -122,14 +121,16 @@ class DataPlane(OnpremBase):
             cuda_ipc=body.get("cuda_ipc"),
         )
         async with job.sync_lock:
-            job.gate.clear()  # new generates wait; those already sent finish first (FIFO workers)
+            # new generates wait here; the sampler finishes those already sent before it swaps
+            job.gate.clear()
+            version = job.weight_version + 1  # what the targets' results report once loaded
             t0 = time.perf_counter()
             path: Path | None = None
             try:
                 if method == "shm":
                     path = shm_dir / f"arctic-{job.job_id}-{uuid.uuid4().hex[:8]}.safetensors"
                     exp = await self._call(src, "export_weights", path=str(path))
-                    load = {"path": str(path)}
+                    load: dict[str, Any] = {"path": str(path)}
                 elif method == "safetensors":
                     exp = await self._call(src, "export_weights")
                     load = {"blob": exp.pop("blob")}
@@ -138,15 +139,16 @@ class DataPlane(OnpremBase):
                     load = {"method": method, "handles": exp.pop("handles")}
                     if method == "nccl":
                         return await self._sync_nccl(job, src, targets, exp, load, t0)
+                load["weight_version"] = version
                 await asyncio.gather(*(self._call(t, "load_weights", **load) for t in targets))
+                job.weight_version = version
+                for t in targets:
+                    t.weight_version = version
             finally:
                 if path is not None:
                     with contextlib.suppress(OSError):
                         path.unlink()
                 job.gate.set()
-            job.weight_version += 1
-            for t in targets:
-                t.weight_version = job.weight_version
             return {
                 "weight_version": job.weight_version,
                 "method": method,
@@ -171,7 +173,12 @@ class DataPlane(OnpremBase):
             await asyncio.gather(
                 self._call(src, "nccl_broadcast", host="127.0.0.1", port=port),
                 self._call(
-                    t, "load_weights", method="nccl", handles=load["handles"], nccl_port=port
+                    t,
+                    "load_weights",
+                    method="nccl",
+                    handles=load["handles"],
+                    nccl_port=port,
+                    weight_version=job.weight_version + 1,
                 ),
             )
             t.weight_version = job.weight_version + 1

@@ -12,7 +12,8 @@ loses one of its ranks says so first (`{"kind": "failed"}`): the reason then nam
 `call` awaits a command's one reply; `stream` iterates over a streaming command's messages (the
 worker's `partial` messages, then its final result) as they arrive. Leaving a stream early
 (the consumer stops iterating, or its task is cancelled because the HTTP client went away) sends
-the worker the abort command, which removes the request from the engine.
+the worker the abort command, which removes the request from the engine; so does a cancelled
+`call` on a sampler (a whole generate whose client went away, a cancelled request).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import itertools
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -36,6 +38,7 @@ from typing import Any
 from ..protocol.errors import ProtocolError
 from .ranks import describe_exit
 from .settings import servers_dir, thread_env
+from .worker import ABORT_CMD, merge_stream, unbatch
 
 log = logging.getLogger("arctic_servers.onprem")
 LOG_LINES = 2000
@@ -72,6 +75,7 @@ class WorkerHandle:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[dict[str, Any] | None]] = {}
         self._send_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue[tuple[Any, asyncio.Future[None] | None]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_reported = False
 
@@ -187,7 +191,7 @@ class WorkerHandle:
                     self._fail_all, f"sent an unreadable reply ({type(exc).__name__}: {exc})"
                 )
                 break
-            self._post(self._deliver, msg)
+            self._post(self._deliver_all, unbatch(msg))
         # EOF: the worker died or closed its end; give the OS a moment to report the exit status
         proc = self.proc
         if proc is not None:
@@ -209,6 +213,10 @@ class WorkerHandle:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing
                 loop.call_soon_threadsafe(fn, *args)
+
+    def _deliver_all(self, msgs: list[dict[str, Any]]) -> None:
+        for msg in msgs:
+            self._deliver(msg)
 
     def _deliver(self, msg: Mapping[str, Any]) -> None:
         kind = msg.get("kind")
@@ -306,10 +314,35 @@ class WorkerHandle:
             raise ProtocolError("unavailable", f"sub-job {self.sub_job_id} is not started")
         return self._loop
 
+    def _queue_send(self, msg: Mapping[str, Any]) -> asyncio.Future[None]:
+        """Queue `msg` for the sender thread (a large body does not block the event loop):
+        messages reach the worker in the order they were queued. The future: sent, or why not."""
+        loop = self._started_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if self._outbox is None:
+            self._outbox = queue.SimpleQueue()
+            threading.Thread(target=self._sender, daemon=True, name=f"tx-{self.engine}").start()
+        self._outbox.put((msg, fut))
+        return fut
+
+    def _sender(self) -> None:
+        box = self._outbox
+        assert box is not None
+        while True:
+            msg, fut = box.get()
+            if msg is None:
+                return
+            err: BaseException | None = None
+            try:
+                self._send(msg)
+            except (OSError, ValueError) as exc:
+                err = exc
+            self._post(_settle, fut, err)
+
     async def _request(self, rid: int, cmd: str, args: Mapping[str, Any]) -> None:
         """Send command `rid`; a failed send is the sub-job's failure (a ProtocolError)."""
         try:
-            await asyncio.to_thread(self._send, {"id": rid, "cmd": cmd, "args": args})
+            await self._queue_send({"id": rid, "cmd": cmd, "args": args})
         except (OSError, ValueError) as exc:
             if self.failure is not None:
                 raise self.error() from None
@@ -330,11 +363,26 @@ class WorkerHandle:
         except ProtocolError:
             self._pending.pop(rid, None)
             raise
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # the caller went away: a sampler drops the command (out of its engine's batch)
+            self._pending.pop(rid, None)
+            if self.engine == "vllm":
+                self._abort(rid)
+            raise
 
-    async def stream(self, cmd: str, abort_cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
+    def _abort(self, rid: int) -> None:
+        """Tell the worker to drop command `rid` (its reply, and the abort's, are not read)."""
+        if self.failure is None and self._conn is not None and self._loop is not None:
+            fut = self._queue_send(
+                {"id": next(self._ids), "cmd": ABORT_CMD, "args": {"stream": rid}}
+            )
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def stream(self, cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
         """Run the streaming command `cmd`: each message the worker sends for it, the final
-        result last. Leaving early sends `abort_cmd` (`{"stream": id}`) to the worker."""
+        result last. Leaving early sends the worker's abort command (`{"stream": id}`)."""
         loop = self._started_loop()
         rid = next(self._ids)
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -350,19 +398,20 @@ class WorkerHandle:
                 ended = True
                 raise
             while True:
-                item = await queue.get()
-                if item is None:  # the final reply (or the worker's failure)
+                items = [await queue.get()]
+                while items[-1] is not None and not queue.empty():
+                    items.append(queue.get_nowait())  # what piled up: one item (merge_stream)
+                if items[-1] is None:  # the final reply (or the worker's failure)
                     ended = True
-                    yield dict(fut.result())
+                    final = dict(fut.result())
+                    yield merge_stream([*(i for i in items if i is not None), final])
                     return
-                yield item
+                yield merge_stream([i for i in items if i is not None])
         finally:
             self._streams.pop(rid, None)
             self._pending.pop(rid, None)
-            if not ended and self.failure is None and self._conn is not None:
-                # the consumer left: stop the engine's work on it (the abort's reply is dropped)
-                with contextlib.suppress(OSError, ValueError):
-                    self._send({"id": next(self._ids), "cmd": abort_cmd, "args": {"stream": rid}})
+            if not ended:
+                self._abort(rid)  # the consumer left: stop the engine's work on it
 
     async def stop(self, *, reason: str = "stopped", grace: float = 5.0) -> None:
         """Ask the worker to exit, then terminate / kill its process group."""
@@ -388,6 +437,17 @@ class WorkerHandle:
             os.killpg(proc.pid, signal.SIGKILL)  # helpers left in the group
         if self.failure is None:
             self.failure = f"{self.role} worker {reason}"
+        if self._outbox is not None:
+            self._outbox.put((None, None))  # ends the sender thread
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.close()
+
+
+def _settle(fut: asyncio.Future[None] | None, err: BaseException | None) -> None:
+    if fut is None or fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)

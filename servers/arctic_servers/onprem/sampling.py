@@ -6,15 +6,14 @@ the KV cache sized by `VLLM_CPU_KVCACHE_SPACE`. Weight pushes go through the wor
 (`reload_weights`, ENGINE_NOTES §3b), and every push is followed by `reset_prefix_cache()` so
 no KV computed with the old weights is reused (ENGINE_NOTES pitfall 7).
 
-Streaming (`generate_stream`, one sample per request): the request is added to the engine
-(`LLMEngine.add_request` with `RequestOutputKind.DELTA`) and the worker's serve loop calls
-`pump` between reads of its pipe; each `pump` is one `LLMEngine.step()` and sends, per streamed
-request that got tokens, a `{"id", "partial": {token_ids, logprobs, text, at}}` message with
-the new tokens only, then the final `{"id", "ok": True, "result": {..., "finished": True,
-finish_reason, stop_reason}}`. Concurrent streams share the engine's batch. `abort_stream`
-removes a request from the engine (`LLMEngine.abort_request`), so a client that went away stops
-costing engine steps. While streams run, the other commands wait (the serve loop defers them):
-`LLM.generate` drives the same engine until it has no unfinished request.
+Every sampling command (`generate`, `generate_stream`, and `log_probs` / `forward` scoring)
+goes to the engine as requests the moment the worker reads it: `submit` prepares its vLLM inputs
+and params (the code below; the scorers' in `vllm_scoring.py`) and hands them to the one
+submission path, `engine_batch.py`; the worker's serve loop pumps the engine (`pump`: one
+`LLMEngine.step()`), so concurrent calls share the continuous batch. Other commands (weight
+loads, cache resets, sleep / wake) wait until the batch is empty (the serve loop defers them),
+and every result carries the `weight_version` of the weights that produced it (set by
+`load_weights`).
 """
 
 from __future__ import annotations
@@ -22,26 +21,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from .engine_batch import EngineBatch, Finish
 from .vllm_scoring import VllmScoring
 from .worker import WorkerError
 
 EXT_CLS = "arctic_servers.onprem.vllm_ext.OnpremWorkerExtension"
 MAX_LOGPROBS = 20
-
-
-@dataclass
-class _Stream:
-    """A streamed request: the pipe message id that started it, and what it has produced."""
-
-    msg_id: int
-    engine_id: str
-    max_tokens: int
-    logprobs: bool
-    produced: int = 0
-    started: float = 0.0
+BATCHED = "_batch_"  # `_batch_<cmd>`: a command that runs in the engine's continuous batch
 
 
 def set_vllm_env(cuda: bool) -> None:
@@ -118,9 +106,9 @@ class SamplingEngine(VllmScoring):
         self.max_model_len = int(mc.max_model_len)
         self.vocab_size = int(mc.get_vocab_size())
         self.sleeping = False
-        self.streams: dict[str, _Stream] = {}  # engine request id -> stream
-        self.stream_counts = {"started": 0, "finished": 0, "aborted": 0}
+        self.weight_version = 0  # of the weights loaded (`load_weights`); results report it
         self._warm_up()
+        self.batch = EngineBatch(self.llm.llm_engine)
 
     def _warm_up(self) -> None:
         """One tiny generate at start-up: the first call pays seconds of one-time set-up."""
@@ -144,8 +132,43 @@ class SamplingEngine(VllmScoring):
         }
 
     def close(self) -> None:
-        for engine_id in list(self.streams):
-            self.stream_abort_engine_id(engine_id)
+        self.batch.abort_all()
+
+    # -- the continuous batch (the worker's serve loop) ----------------------------------------
+
+    def submits(self, cmd: str) -> bool:
+        """Whether `cmd` runs in the engine's batch (`_batch_<cmd>`: its requests) rather than
+        as `op_<cmd>`: generate, generate_stream, log_probs and forward."""
+        return callable(getattr(self, BATCHED + cmd, None))
+
+    def submit(self, msg_id: int, cmd: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Add command `msg_id` to the engine (None: `pump` sends its messages), or its result
+        when it needs no engine step. Raises WorkerError for input the engine cannot take."""
+        if self.sleeping:
+            raise WorkerError(
+                "unavailable", "the sampler is asleep (sleep-inference); wake it first"
+            )
+        if not self.submits(cmd):
+            raise WorkerError("unimplemented", f"{cmd!r} does not run in the engine's batch")
+        requests: Callable[..., tuple[list[Any], list[Any], Finish | None]]
+        requests = getattr(self, BATCHED + cmd)
+        inputs, params, finish = requests(**args)
+        if not inputs and finish is not None:  # nothing to score: answered at once
+            return finish([])
+        self.batch.add(msg_id, cmd, inputs, params, finish, version=self.weight_version)
+        return None
+
+    def busy(self) -> bool:
+        return self.batch.busy()
+
+    def pump(self, send: Callable[[dict[str, Any]], None]) -> None:
+        self.batch.pump(send)
+
+    def abort(self, msg_id: int) -> list[dict[str, Any]]:
+        return self.batch.abort(msg_id)
+
+    def op_stream_stats(self) -> dict[str, Any]:
+        return self.batch.stats()
 
     # -- generate ----------------------------------------------------------------------------
 
@@ -217,13 +240,9 @@ class SamplingEngine(VllmScoring):
             out.append(TokensPrompt(prompt_token_ids=ids))
         return out
 
-    def op_generate(
+    def _batch_generate(
         self, prompts: Sequence[Any], sampling_params: Mapping[str, Any], strict: bool = False
-    ) -> dict[str, Any]:
-        if self.sleeping:
-            raise WorkerError(
-                "unavailable", "the sampler is asleep (sleep-inference); wake it first"
-            )
+    ) -> tuple[list[Any], list[Any], Finish]:
         params = self._sampling_params(sampling_params or {}, strict)
         inputs = self._prompts(prompts)
         # clamp max_tokens per prompt so a long prompt is not an engine error
@@ -236,10 +255,14 @@ class SamplingEngine(VllmScoring):
                 per_prompt.append(p2)
             else:
                 per_prompt.append(params)
-        try:
-            outs = self.llm.generate(inputs, per_prompt, use_tqdm=False)
-        except ValueError as exc:
-            raise WorkerError("invalid_argument", f"generate: {exc}") from None
+        version = self.weight_version
+
+        def finish(outs: list[Any]) -> dict[str, Any]:
+            return {**self._generate_result(outs, params), "weight_version": version}
+
+        return inputs, per_prompt, finish
+
+    def _generate_result(self, outs: Sequence[Any], params: Any) -> dict[str, Any]:
         want_lp, top_k = params.logprobs is not None, int(params.logprobs or 0)
         results = []
         for ro in outs:
@@ -269,20 +292,10 @@ class SamplingEngine(VllmScoring):
 
     # -- streaming ---------------------------------------------------------------------------
 
-    def streaming(self) -> bool:
-        """Whether streamed requests are in the engine (the serve loop then pumps it)."""
-        return bool(self.streams)
-
-    def stream_start(
-        self, msg_id: int, prompt: Sequence[Any], sampling_params: Mapping[str, Any]
-    ) -> None:
-        """Add one streamed sample of `prompt` to the engine; `pump` sends its tokens."""
-        from vllm.sampling_params import RequestOutputKind
-
-        if self.sleeping:
-            raise WorkerError(
-                "unavailable", "the sampler is asleep (sleep-inference); wake it first"
-            )
+    def _batch_generate_stream(
+        self, prompt: Sequence[Any], sampling_params: Mapping[str, Any]
+    ) -> tuple[list[Any], list[Any], None]:
+        """One streamed sample of `prompt` (no `finish`: `pump` sends its tokens step by step)."""
         sp = dict(sampling_params or {})
         if int(sp.get("n") or 1) != 1:
             raise WorkerError(
@@ -296,90 +309,7 @@ class SamplingEngine(VllmScoring):
         room = self.max_model_len - len(inp["prompt_token_ids"])
         if params.max_tokens is None or params.max_tokens > room:
             params.max_tokens = room
-        params.output_kind = RequestOutputKind.DELTA
-        engine_id = f"arctic-stream-{msg_id}"
-        try:
-            self.llm.llm_engine.add_request(engine_id, inp, params)
-        except ValueError as exc:
-            raise WorkerError("invalid_argument", f"generate_stream: {exc}") from None
-        self.streams[engine_id] = _Stream(
-            msg_id, engine_id, int(params.max_tokens), params.logprobs is not None,
-            started=time.time(),
-        )  # fmt: skip
-        self.stream_counts["started"] += 1
-
-    def stream_abort(self, msg_id: int) -> list[dict[str, Any]]:
-        """Abort the stream that message `msg_id` started: the messages that end it."""
-        return self.stream_abort_engine_id(f"arctic-stream-{int(msg_id)}")
-
-    def stream_abort_engine_id(self, engine_id: str) -> list[dict[str, Any]]:
-        st = self.streams.pop(engine_id, None)
-        if st is None:
-            return []  # finished already
-        self.llm.llm_engine.abort_request([engine_id])
-        self.stream_counts["aborted"] += 1
-        print(
-            f"generate_stream {engine_id}: aborted after {st.produced} of {st.max_tokens} "
-            f"tokens; {len(self.streams)} streams running, "
-            f"{self.llm.llm_engine.get_num_unfinished_requests()} requests in the engine",
-            flush=True,
-        )
-        result: dict[str, Any] = {
-            "token_ids": [],
-            "logprobs": [] if st.logprobs else None,
-            "text": "",
-            "at": time.time(),
-            "finished": True,
-            "finish_reason": "abort",
-            "stop_reason": None,
-        }
-        return [{"id": st.msg_id, "ok": True, "result": result}]
-
-    def pump(self, send: Callable[[dict[str, Any]], None]) -> None:
-        """One engine step: each streamed request's new tokens, and the final messages."""
-        try:
-            outs = self.llm.llm_engine.step()
-        except Exception as exc:
-            err = {"code": "internal", "message": f"generate_stream: engine step failed: {exc}"}
-            for st in list(self.streams.values()):
-                send({"id": st.msg_id, "ok": False, "error": err})
-                self.stream_abort_engine_id(st.engine_id)
-            return
-        now = time.time()
-        for ro in outs:
-            found = self.streams.get(str(ro.request_id))
-            if found is None or not isinstance(ro.outputs, list) or not ro.outputs:
-                continue
-            st, co = found, ro.outputs[0]
-            toks = [int(t) for t in co.token_ids]
-            st.produced += len(toks)
-            part: dict[str, Any] = {"token_ids": toks, "text": co.text, "at": now}
-            lps: Any = co.logprobs
-            part["logprobs"] = (
-                [float(lps[j][t].logprob) for j, t in enumerate(toks)]
-                if st.logprobs and lps is not None
-                else None
-            )
-            if not ro.finished:
-                if toks:
-                    send({"id": st.msg_id, "partial": part})
-                continue
-            del self.streams[st.engine_id]
-            self.stream_counts["finished"] += 1
-            part.update(
-                finished=True,
-                finish_reason=co.finish_reason or "length",
-                stop_reason=co.stop_reason if isinstance(co.stop_reason, str | int) else None,
-            )
-            send({"id": st.msg_id, "ok": True, "result": part})
-
-    def op_stream_stats(self) -> dict[str, Any]:
-        """Streams running / started / finished / aborted, and the engine's unfinished requests."""
-        return {
-            "running": len(self.streams),
-            **self.stream_counts,
-            "engine_unfinished": int(self.llm.llm_engine.get_num_unfinished_requests()),
-        }
+        return [inp], [params], None
 
     # -- weights, cache, lifecycle -------------------------------------------------------------
 
@@ -390,7 +320,10 @@ class SamplingEngine(VllmScoring):
         method: str = "shm",
         handles: Any = None,
         nccl_port: int = 0,
+        weight_version: int | None = None,
     ) -> dict[str, Any]:
+        """Swap the weights (the serve loop runs this only while no request is in the engine);
+        `weight_version`: what results report from now on."""
         t = time.perf_counter()
         if method == "nccl" and nccl_port:  # pragma: no cover - GPU only
             self.llm.collective_rpc("arctic_nccl_init", args=("127.0.0.1", nccl_port, 2, 1))
@@ -403,6 +336,8 @@ class SamplingEngine(VllmScoring):
         else:
             res = self.llm.collective_rpc("arctic_reload_weights_from_bytes", args=(blob,))[0]
         reset = bool(self.llm.reset_prefix_cache())
+        if weight_version is not None:
+            self.weight_version = int(weight_version)
         return {
             "num_tensors": int(res.get("n", 0)),
             "seconds": time.perf_counter() - t,

@@ -1,31 +1,43 @@
 """Scoring on a vLLM sub-job: `forward` and `log-probs` targeted at a sampler (PROTOCOL.md §3.4).
 
-The prompt log-probs come from vLLM (`prompt_logprobs=0`, one `generate` of one token per row);
-a forward's loss is then computed from them by the trainer's own loss code (`losses.py`), so a
-vLLM sub-job answers the same loss and metrics as a trainer would for the same log-probs.
+The prompt log-probs come from vLLM (`prompt_logprobs=0`, one request of one token per row),
+added to the engine's continuous batch like every other sampling command (`engine_batch.py`:
+each `_batch_<cmd>` returns the requests and the `finish` that turns their outputs into the
+result); a forward's loss is then computed from them by the trainer's own loss code
+(`losses.py`), so a vLLM sub-job answers the same loss and metrics as a trainer would for the
+same log-probs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from .engine_batch import Finish
 from .worker import WorkerError
 
 
+def _mask_of(kw: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(kw["input_ids"]).astype(np.int64)
+    mask = kw.get("attention_mask")
+    m = np.ones(ids.shape, np.int64) if mask is None else (np.asarray(mask) != 0).astype(np.int64)
+    return ids, m
+
+
 class VllmScoring:
-    """The scoring half of `SamplingEngine` (which holds `llm`)."""
+    """The scoring half of `SamplingEngine`: the requests of `forward` / `log_probs`."""
 
-    llm: Any
-
-    def _score(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _score_requests(
+        self, ids: np.ndarray, mask: np.ndarray
+    ) -> tuple[list[Any], list[Any], Callable[[Sequence[Any]], np.ndarray]]:
+        """Prompt log-prob requests for the rows of `ids` (the columns `mask` keeps), and what
+        makes the shifted log-probs array of their outputs."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         b, s = ids.shape
-        out = np.zeros((b, s), np.float32)
         rows, where = [], []
         for r in range(b):
             cols = np.nonzero(mask[r])[0]
@@ -33,36 +45,26 @@ class VllmScoring:
                 continue
             rows.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids[r, cols]]))
             where.append((r, cols))
-        if not rows:
+
+        def fill(outs: Sequence[Any]) -> np.ndarray:
+            out = np.zeros((b, s), np.float32)
+            for ro, (r, cols) in zip(outs, where, strict=True):
+                plp = ro.prompt_logprobs
+                toks = ro.prompt_token_ids
+                for j in range(1, len(cols)):
+                    if cols[j] != cols[j - 1] + 1:
+                        continue  # a hole in the mask: not a prediction of adjacent columns
+                    out[r, cols[j - 1]] = plp[j][toks[j]].logprob
             return out
-        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        for ro, (r, cols) in zip(self.llm.generate(rows, sp, use_tqdm=False), where, strict=True):
-            plp = ro.prompt_logprobs
-            toks = ro.prompt_token_ids
-            for j in range(1, len(cols)):
-                if cols[j] != cols[j - 1] + 1:
-                    continue  # a hole in the mask: not a prediction of adjacent columns
-                out[r, cols[j - 1]] = plp[j][toks[j]].logprob
-        return out
 
-    def _score_body(self, kw: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.asarray(kw["input_ids"]).astype(np.int64)
-        mask = kw.get("attention_mask")
-        m = (
-            np.ones(ids.shape, np.int64)
-            if mask is None
-            else (np.asarray(mask) != 0).astype(np.int64)
-        )
-        return self._score(ids, m), m
+        params = [SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0) for _ in rows]
+        return rows, params, fill
 
-    def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _batch_forward(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any], Finish]:
         """Forward on a vLLM sub-job: its prompt log-probs, and the loss of `processing` (default
         cross_entropy) computed from them by the trainer's loss code. What vLLM's scoring
         cannot honour (entropy, a temperature, labels or position ids) is refused."""
-        import torch
-
         from ..protocol.errors import ProtocolError
-        from . import losses
         from .checks import vllm_forward
 
         try:
@@ -70,35 +72,46 @@ class VllmScoring:
         except ProtocolError as exc:
             raise WorkerError(exc.code, exc.message, **exc.details) from None
         proc = {k: v for k, v in (body.get("processing") or {}).items() if k != "post"}
-        kw = body["kwargs"]
-        lp, m = self._score_body(kw)
-        ctx = {
-            k: torch.as_tensor(np.asarray(v))
-            for k, v in (body.get("context") or {}).items()
-            if v is not None
-        }
-        res = losses.compute_loss(
-            torch.from_numpy(lp),
-            input_ids=torch.as_tensor(np.asarray(kw["input_ids"]).astype(np.int64)),
-            attention_mask=torch.from_numpy(m),
-            context=ctx,
-            processing=proc,
-        )
-        return {
-            "loss": float(res.metrics["loss"]),
-            "metrics": dict(res.metrics),
-            "outputs": {"logprobs_shifted": lp},
-        }
+        ids, m = _mask_of(body["kwargs"])
+        context = dict(body.get("context") or {})
+        rows, params, fill = self._score_requests(ids, m)
 
-    def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        def finish(outs: list[Any]) -> dict[str, Any]:
+            import torch
+
+            from . import losses
+
+            lp = fill(outs)
+            ctx = {k: torch.as_tensor(np.asarray(v)) for k, v in context.items() if v is not None}
+            res = losses.compute_loss(
+                torch.from_numpy(lp),
+                input_ids=torch.as_tensor(ids),
+                attention_mask=torch.from_numpy(m),
+                context=ctx,
+                processing=proc,
+            )
+            return {
+                "loss": float(res.metrics["loss"]),
+                "metrics": dict(res.metrics),
+                "outputs": {"logprobs_shifted": lp},
+            }
+
+        return rows, params, finish
+
+    def _batch_log_probs(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any], Finish]:
         if body.get("entropy"):
             raise WorkerError(
                 "unsupported_option", "a vLLM sub-job does not compute entropy", options=["entropy"]
             )
-        lp, m = self._score_body(body)
-        n = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum())
-        return {
-            "loss": 0.0,
-            "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": int(m.shape[0])},
-            "outputs": {"logprobs_shifted": lp},
-        }
+        ids, m = _mask_of(body)
+        rows, params, fill = self._score_requests(ids, m)
+        n, rows_in = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum()), int(m.shape[0])
+
+        def finish(outs: list[Any]) -> dict[str, Any]:
+            return {
+                "loss": 0.0,
+                "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": rows_in},
+                "outputs": {"logprobs_shifted": fill(outs)},
+            }
+
+        return rows, params, finish

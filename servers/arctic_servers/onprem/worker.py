@@ -14,20 +14,27 @@ outside the process tree can reach it). The protocol:
 A multi-rank trainer (`n_gpus` > 1: this worker is rank 0, `dp_training.py`) that loses one of
 its ranks sends `{"kind": "failed", "reason": "lost rank r of W (pid ...) ..."}` and exits.
 
-Errors are the spec's error body (`code`, `message`, `details`). Commands run one at a time, in
-arrival order, on the main thread. End of input (the server went away) ends the worker.
+Errors are the spec's error body (`code`, `message`, `details`). End of input (the server went
+away) ends the worker.
 
-Streaming (sampling engines with `stream_start` / `pump`): `generate_stream` answers several
-messages, the new tokens of each engine step and then the final reply:
+A sampling engine (vLLM: `submits` / `submit` / `busy` / `pump` / `abort`) runs its commands
+in its continuous batch: `generate`, `generate_stream`, `log_probs` and `forward` are added to the
+engine as soon as they are read, and while requests are in the engine the loop alternates
+between one engine step (`pump`, which sends what the step finished) and what arrived on the
+pipe. Every other command runs on the main thread, one at a time, in arrival order, and only
+while the engine is idle: it waits (deferred) until the requests before it have finished, and
+the batched commands that arrive after it wait behind it — so a weight load pauses new
+generates, swaps once the batch has drained, and resumes them (`placement`). `generate_stream`
+answers several messages, the new tokens of each engine step and then the final reply:
 
     server -> worker   {"id": n, "cmd": "generate_stream", "args": {"prompt", "sampling_params"}}
     worker -> server   {"id": n, "partial": {"token_ids", "logprobs", "text", "at"}}   (0 or more)
     worker -> server   {"id": n, "ok": True, "result": {..., "finished": True, "finish_reason"}}
     server -> worker   {"id": m, "cmd": "abort_stream", "args": {"stream": n}}  (the client left)
 
-While streams run, the loop alternates between one engine step (`pump`) and what arrived on the
-pipe: another `generate_stream` joins the running batch, `abort_stream` and `stream_stats` run at
-once, and every other command waits until the streams have ended (in arrival order, after them).
+The messages of one engine step travel as one, `{"kind": "batch", "msgs": [...]}` (`send_step`;
+the reader unpacks them, `unbatch`). `abort_stream` (of any batched command, not only a stream;
+a command still waiting is dropped) and `stream_stats` run at once.
 
 This module imports neither the protocol layer nor the SDK: a worker runs in the engines'
 environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`.
@@ -115,20 +122,75 @@ def build_engine(role: str, spec: dict[str, Any]) -> Any:
 
 
 STREAM_CMD = "generate_stream"  # a command answered by partial messages, then its reply
-ABORT_CMD = "abort_stream"  # ends a stream early (its final reply: finish_reason "abort")
-IMMEDIATE_CMDS = frozenset({ABORT_CMD, "stream_stats"})  # not deferred behind running streams
+ABORT_CMD = "abort_stream"  # ends a batched command early (a stream's final: finish "abort")
+IMMEDIATE_CMDS = frozenset({ABORT_CMD, "stream_stats"})  # never deferred
+
+
+BATCH_KIND = "batch"  # {"kind": "batch", "msgs": [...]}: the messages of one engine step
+
+
+def send_step(pump: Any, send: Any) -> None:
+    """One engine step; its messages (a partial per stream, finished replies) in one pipe
+    message, so N streams cost the engine's thread one send a step, not N."""
+    out: list[dict[str, Any]] = []
+    pump(out.append)
+    if len(out) == 1:
+        send(out[0])
+    elif out:
+        send({"kind": BATCH_KIND, "msgs": out})
+
+
+def unbatch(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages a pipe message carries (`send_step`)."""
+    return list(msg["msgs"]) if msg.get("kind") == BATCH_KIND else [msg]
+
+
+def merge_stream(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive messages of one stream (partials; the final result may be last) as one: all
+    their tokens, log-probs and text, the last one's other fields. A consumer that fell behind
+    the engine (a busy server, a slow client) sends one chunk for what piled up, not one each."""
+    if len(items) == 1:
+        return items[0]
+    out = dict(items[-1])
+    out["token_ids"] = [t for it in items for t in it.get("token_ids") or []]
+    out["text"] = "".join(str(it.get("text") or "") for it in items)
+    lps = [it.get("logprobs") for it in items]
+    out["logprobs"] = None if any(lp is None for lp in lps) else [x for lp in lps for x in lp or []]
+    return out
+
+
+def submits(engine: Any, cmd: Any) -> bool:
+    """Whether `cmd` joins the engine's continuous batch (`engine.submit`)."""
+    fn = getattr(engine, "submits", None)
+    return bool(fn is not None and isinstance(cmd, str) and fn(cmd))
+
+
+def busy(engine: Any) -> bool:
+    fn = getattr(engine, "busy", None)
+    return bool(fn is not None and fn())
+
+
+def placement(engine: Any, cmd: Any, *, waiting: bool) -> str:
+    """Where a command goes now: "submit" (into the engine's batch), "run" (at once, the engine
+    being idle) or "defer" (after the requests in the engine, or behind the commands already
+    waiting: `waiting`). Shared by this serve loop and the gateway's worker host."""
+    if waiting:
+        return "defer"
+    if submits(engine, cmd):
+        return "submit"
+    return "defer" if busy(engine) else "run"
 
 
 def run_command(engine: Any, msg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run one command; the messages that answer it (none for a stream that started)."""
+    """Run one command; the messages that answer it (none for one the engine batch took)."""
     cmd, mid = msg.get("cmd"), msg.get("id")
     args = msg.get("args") or {}
     try:
-        if cmd == STREAM_CMD and hasattr(engine, "stream_start"):
-            engine.stream_start(int(mid or 0), **args)
-            return []
-        if cmd == ABORT_CMD and hasattr(engine, "stream_abort"):
-            ended = engine.stream_abort(int(args.get("stream") or 0))
+        if submits(engine, cmd):
+            done = engine.submit(int(mid or 0), cmd, args)
+            return [] if done is None else [{"id": mid, "ok": True, "result": done}]
+        if cmd == ABORT_CMD and hasattr(engine, "abort"):
+            ended = engine.abort(int(args.get("stream") or 0))
             return [*ended, {"id": mid, "ok": True, "result": {"aborted": bool(ended)}}]
         fn = getattr(engine, f"op_{cmd}", None)
         if fn is None:
@@ -140,22 +202,33 @@ def run_command(engine: Any, msg: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"id": mid, "ok": False, "error": error_body(exc, str(cmd))}]
 
 
+def _drop_deferred(deferred: collections.deque[dict[str, Any]], msg: dict[str, Any]) -> bool:
+    """An abort of a command still waiting: it never runs (its caller has gone)."""
+    if msg.get("cmd") != ABORT_CMD:
+        return False
+    target = int((msg.get("args") or {}).get("stream") or 0)
+    for m in deferred:
+        if int(m.get("id") or 0) == target:
+            deferred.remove(m)
+            return True
+    return False
+
+
 def serve(conn: Connection, engine: Any) -> None:
     pump = getattr(engine, "pump", None)
-    streaming = getattr(engine, "streaming", None)
     deferred: collections.deque[dict[str, Any]] = collections.deque()
     while True:
-        busy = bool(pump is not None and streaming is not None and streaming())
-        if busy and pump is not None and not conn.poll(0):
-            pump(conn.send)  # one engine step: the streams' new tokens
+        # the waiting commands whose turn has come, oldest first
+        while deferred and placement(engine, deferred[0].get("cmd"), waiting=False) != "defer":
+            for reply in run_command(engine, deferred.popleft()):
+                conn.send(reply)
+        if pump is not None and busy(engine) and not conn.poll(0):
+            send_step(pump, conn.send)  # one engine step: what it produced
             continue
-        if not busy and deferred:
-            msg, queued = deferred.popleft(), True
-        else:
-            try:
-                msg, queued = conn.recv(), False
-            except (EOFError, OSError):
-                return
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
         cmd = msg.get("cmd")
         if cmd == "shutdown":
             try:
@@ -163,10 +236,11 @@ def serve(conn: Connection, engine: Any) -> None:
             finally:
                 conn.send({"id": msg.get("id"), "ok": True, "result": None})
             return
-        # behind running streams or deferred commands, a command waits its turn; a new stream
-        # joins the running batch (unless commands wait before it), aborts run at once
-        joins = cmd == STREAM_CMD and not deferred
-        if not queued and (busy or deferred) and cmd not in IMMEDIATE_CMDS and not joins:
+        if cmd in IMMEDIATE_CMDS:
+            if _drop_deferred(deferred, msg):
+                conn.send({"id": msg.get("id"), "ok": True, "result": {"aborted": True}})
+                continue
+        elif placement(engine, cmd, waiting=bool(deferred)) == "defer":
             deferred.append(msg)
             continue
         for reply in run_command(engine, msg):

@@ -8,6 +8,11 @@ group of tokens the sampler produced since the last chunk, then `data: [DONE]`; 
 `stream_options.include_usage` a final usage chunk. With `n > 1` the samples stream
 concurrently, each chunk naming its choice `index`.
 
+Every completion, streamed or not, holds one of its job's sampling slots while it runs
+(`Sampler.admit`: the server's `limits.max_sampling_requests_per_job`, shared with protocol
+`generate` calls); past the bound it is answered 429 `rate_limited` with `Retry-After` before
+anything is generated.
+
 `add_openai_routes(app, resolver, tokens=..., token_sha256=...)` mounts the routes; with tokens
 (in clear, or as sha256 hex digests as the gateway keeps them), every route asks for
 `Authorization: Bearer <token>` (401 otherwise) and the token is passed to the resolver.
@@ -131,7 +136,11 @@ class OpenAIRoutes:
                     type="server_error" if status >= 500 else "invalid_request_error",
                     code=code,
                 )
-                return web.json_response(err.body(), status=status)
+                headers = {}
+                retry = (getattr(exc, "details", None) or {}).get("retry_after_s")
+                if status in (429, 503) and retry is not None:  # the clients wait this long
+                    headers["Retry-After"] = str(max(0, int(retry)))
+                return web.json_response(err.body(), status=status, headers=headers)
 
         return handler
 
@@ -171,9 +180,10 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = chat_request(body, sampler)
-        if req.stream:
-            return await self._stream(request, sampler, req, chat=True)
-        results, version = await sampler.generate(req.prompts, req.params)
+        with sampler.admit():
+            if req.stream:
+                return await self._stream(request, sampler, req, chat=True)
+            results, version = await sampler.generate(req.prompts, req.params)
         samples = results[0]
         choices = []
         for i, s in enumerate(samples):
@@ -198,9 +208,10 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = completion_request(body, sampler)
-        if req.stream:
-            return await self._stream(request, sampler, req, chat=False)
-        results, version = await sampler.generate(req.prompts, req.params)
+        with sampler.admit():
+            if req.stream:
+                return await self._stream(request, sampler, req, chat=False)
+            results, version = await sampler.generate(req.prompts, req.params)
         choices: list[dict[str, Any]] = []
         n_tokens = 0
         for pi, samples in enumerate(results):

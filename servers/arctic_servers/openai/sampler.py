@@ -13,6 +13,7 @@ Sampling parameters use vLLM's names (`training.proto` `SamplingParams`): `n`, `
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -146,6 +147,11 @@ class Sampler(Protocol):
         index: int = 0,
     ) -> AsyncIterator[StreamEvent]:
         """One sample (the `index`-th of the request), tokens yielded as they are produced."""
+        ...
+
+    def admit(self) -> AbstractContextManager[None]:
+        """One sampling request of the job for the duration of the block: the server's bound on
+        queued sampling work (raises its 429 `rate_limited` past it, before anything is sent)."""
         ...
 
 

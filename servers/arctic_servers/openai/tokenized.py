@@ -19,9 +19,11 @@ and then streamed in one event (`NOT_INCREMENTAL`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +186,9 @@ class TokenizedSampler:
     ) -> dict[str, Any]:
         raise NotImplementedError
 
+    def admit(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     async def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -218,6 +223,12 @@ class ServicerSampler(TokenizedSampler):
     def _ctx(self) -> Any:
         """The `CallContext` of a generate call on the sampling sub-job."""
         raise NotImplementedError
+
+    def admit(self) -> AbstractContextManager[None]:
+        """The server's bound on the job's queued sampling requests (`protocol/sampling_queue`),
+        the same one its protocol `generate` calls count against."""
+        core = getattr(self.servicer, "core", None)
+        return contextlib.nullcontext() if core is None else core.sampling.hold(self.job_id)
 
     async def _generate(
         self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]

@@ -44,6 +44,9 @@ class ProtocolLimits:
     body_read_timeout_seconds: float = 300.0
     # Sub-jobs one CreateJob may configure.
     max_sub_jobs: int = 16
+    # Sampling requests (generate, OpenAI completions) one job may have queued or running; past
+    # it a call is refused with 429 `rate_limited` and `Retry-After` (0 = no bound).
+    max_sampling_requests_per_job: int = 256
 
 
 @dataclass(frozen=True)

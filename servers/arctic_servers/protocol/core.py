@@ -199,7 +199,14 @@ class ProtocolCore(Durable, Polls):
             return Outcome(200, method, raw=await self._invoke(method, ctx, body))
         if self.requests.durable and ctx_frame is None:
             ctx_frame = dssst1.dumps(body)
-        return await self._submit(call, ctx, body, kind, identity, body_hash, group, ctx_frame)
+        try:
+            return await self._submit(call, ctx, body, kind, identity, body_hash, group, ctx_frame)
+        except ProtocolError as exc:
+            if group and exc.code == "rate_limited":
+                # refused before it was recorded: the client's retry (the same chunk again) must
+                # start the group afresh, not find it completed with no request
+                self.groups.reset(ctx.job_id, group)
+            raise
 
     def _group_request(self, job_id: str, group_id: str) -> RequestRecord | None:
         """The request a completed chunk group led to (also when it is keyed by its key)."""

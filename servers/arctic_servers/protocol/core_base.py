@@ -21,6 +21,7 @@ from .config import ProtocolConfig, token_digest
 from .context import CallContext
 from .errors import ProtocolError
 from .jobs import config_keys_json
+from .sampling_queue import SamplingQueue
 from .sequencer import Sequencer
 from .stores import (
     ChunkStore,
@@ -68,6 +69,8 @@ class CoreBase:
         self._started: set[tuple[str, str]] = set()
         self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
         self._durations: dict[str, float] = {}  # token hash -> mean request seconds (EWMA)
+        self.sampling = SamplingQueue(limits.max_sampling_requests_per_job)
+        self._sampling_held: dict[tuple[str, str], float] = {}  # request -> admitted at
         self.draining = False  # refuse new work (503) while a server shuts down
         self._drain_event: asyncio.Event | None = None
         self._handing_off = False
@@ -158,6 +161,7 @@ class CoreBase:
                 "header_read_timeout_seconds": int(lim.header_read_timeout_seconds),
                 "body_read_timeout_seconds": int(lim.body_read_timeout_seconds),
                 "max_sub_jobs": lim.max_sub_jobs,
+                "max_sampling_requests_per_job": lim.max_sampling_requests_per_job,
             },
             "server": c.server,
             "server_version": c.server_version,

@@ -20,6 +20,7 @@ from .calls import IncomingCall, Outcome
 from .context import CallContext
 from .core_base import CoreBase
 from .errors import ProtocolError
+from .sampling_queue import counts
 from .stores import RequestRecord
 
 log = logging.getLogger("arctic_servers.protocol")
@@ -79,6 +80,7 @@ class Execution(CoreBase):
                 )
         token_hash = hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16]
         self._admit(token_hash)
+        admitted = self.sampling.acquire(job_id) if counts(method) else None
         rec = RequestRecord(
             job_id=job_id,
             request_id=uuid.uuid4().hex,
@@ -91,7 +93,14 @@ class Execution(CoreBase):
             body_frame=body_frame,
             sub_job_id=ctx.sub_job_id or "",
         )
-        self.requests.create(rec)  # recorded before anything executes
+        try:
+            self.requests.create(rec)  # recorded before anything executes
+        except BaseException:
+            if admitted is not None:
+                self.sampling.release(job_id, admitted)
+            raise
+        if admitted is not None:  # released when the request ends (`_run`)
+            self._sampling_held[(job_id, rec.request_id)] = admitted
         if group:
             self.groups.bind_request(job_id, group, rec.request_id)
         faultpoints.hit("request_recorded")
@@ -139,7 +148,9 @@ class Execution(CoreBase):
         t0 = time.monotonic()
         try:
             if rec.seq is not None and not ctx.recovered:
-                await seq.wait_turn(rec.job_id, rec.seq)
+                await seq.wait_turn(rec.job_id, rec.seq, method.concurrent)
+            elif rec.seq is not None:
+                await seq.mark_started(rec.job_id, rec.seq, method.concurrent)
             self._started.add(key)
             if rec.status != "running":
                 rec.status = "running"
@@ -186,6 +197,9 @@ class Execution(CoreBase):
         old = self._durations.get(rec.token_hash)
         took = time.monotonic() - t0
         self._durations[rec.token_hash] = took if old is None else 0.8 * old + 0.2 * took
+        admitted = self._sampling_held.pop(key, None)
+        if admitted is not None:
+            self.sampling.release(rec.job_id, admitted)
         if rec.seq is not None:
             await seq.mark_done(rec.job_id, rec.seq)
         self._tasks.pop(key, None)

@@ -35,6 +35,10 @@ def add_limit_arguments(ap: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-sub-jobs", type=int, default=_D.max_sub_jobs,
                    help="sub-jobs one CreateJob may configure")  # fmt: skip
+    g.add_argument("--max-sampling-requests-per-job", type=int,
+                   default=_D.max_sampling_requests_per_job,
+                   help="sampling requests a job may have queued or running; past it 429 "
+                   "(0 = no bound)")  # fmt: skip
 
 
 def limits_from_args(
@@ -49,6 +53,7 @@ def limits_from_args(
         max_open_chunk_bytes=args.chunk_budget_mib * MiB,
         chunk_group_ttl_seconds=args.chunk_group_ttl,
         max_sub_jobs=args.max_sub_jobs,
+        max_sampling_requests_per_job=args.max_sampling_requests_per_job,
         max_inline_result_bytes=args.max_inline_result_kib * 1024,
         # result_chunk events smaller than the inline limit: a paged result has several
         result_chunk_bytes=min(_D.result_chunk_bytes, max(1024, args.max_inline_result_kib * 512)),

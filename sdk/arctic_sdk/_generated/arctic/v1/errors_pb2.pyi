@@ -97,9 +97,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     ERROR_CODE_UNSUPPORTED_MEDIA_TYPE: _ErrorCode.ValueType  # 26
     """The body's `Content-Type` is not the one the route takes."""
     ERROR_CODE_RATE_LIMITED: _ErrorCode.ValueType  # 27
-    """Too many requests in flight for this token, or incomplete chunk groups past the job's or the
-    server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when
-    queued.
+    """Too many requests in flight for this token (`details.queue_position` when queued), too many
+    sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,
+    `details.queued`), or incomplete chunk groups past the job's or the server's chunk budget
+    (`details.budget`); honour `Retry-After`.
     """
     ERROR_CODE_INTERNAL: _ErrorCode.ValueType  # 28
     """A server fault. The message says what failed."""
@@ -264,9 +265,10 @@ ERROR_CODE_BODY_TOO_LARGE: ErrorCode.ValueType  # 25
 ERROR_CODE_UNSUPPORTED_MEDIA_TYPE: ErrorCode.ValueType  # 26
 """The body's `Content-Type` is not the one the route takes."""
 ERROR_CODE_RATE_LIMITED: ErrorCode.ValueType  # 27
-"""Too many requests in flight for this token, or incomplete chunk groups past the job's or the
-server's chunk budget (`details.budget`); honour `Retry-After`; `details.queue_position` when
-queued.
+"""Too many requests in flight for this token (`details.queue_position` when queued), too many
+sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,
+`details.queued`), or incomplete chunk groups past the job's or the server's chunk budget
+(`details.budget`); honour `Retry-After`.
 """
 ERROR_CODE_INTERNAL: ErrorCode.ValueType  # 28
 """A server fault. The message says what failed."""

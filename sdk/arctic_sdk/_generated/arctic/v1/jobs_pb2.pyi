@@ -946,6 +946,7 @@ class Limits(_message.Message):
     HEADER_READ_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     BODY_READ_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     MAX_SUB_JOBS_FIELD_NUMBER: _builtins.int
+    MAX_SAMPLING_REQUESTS_PER_JOB_FIELD_NUMBER: _builtins.int
     max_body_bytes: _builtins.int
     max_chunk_bytes: _builtins.int
     max_header_bytes: _builtins.int
@@ -977,6 +978,10 @@ class Limits(_message.Message):
     body_read_timeout_seconds: _builtins.int
     max_sub_jobs: _builtins.int
     """Sub-jobs one CreateJob may configure."""
+    max_sampling_requests_per_job: _builtins.int
+    """Sampling requests (generate, OpenAI completions) one job may have queued or running; past it
+    a call is refused with 429 `rate_limited` and `Retry-After`. 0 = no bound.
+    """
     def __init__(
         self,
         *,
@@ -997,10 +1002,11 @@ class Limits(_message.Message):
         header_read_timeout_seconds: _builtins.int = ...,
         body_read_timeout_seconds: _builtins.int = ...,
         max_sub_jobs: _builtins.int = ...,
+        max_sampling_requests_per_job: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_read_timeout_seconds", b"body_read_timeout_seconds", "chunk_group_ttl_seconds", b"chunk_group_ttl_seconds", "header_read_timeout_seconds", b"header_read_timeout_seconds", "max_body_bytes", b"max_body_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_chunks", b"max_chunks", "max_depth", b"max_depth", "max_frame_bytes", b"max_frame_bytes", "max_grpc_message_bytes", b"max_grpc_message_bytes", "max_header_bytes", b"max_header_bytes", "max_inline_result_bytes", b"max_inline_result_bytes", "max_open_chunk_bytes", b"max_open_chunk_bytes", "max_open_chunk_bytes_per_job", b"max_open_chunk_bytes_per_job", "max_sub_jobs", b"max_sub_jobs", "max_tensors", b"max_tensors", "retention_seconds", b"retention_seconds", "sequence_gap_timeout_seconds", b"sequence_gap_timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_read_timeout_seconds", b"body_read_timeout_seconds", "chunk_group_ttl_seconds", b"chunk_group_ttl_seconds", "header_read_timeout_seconds", b"header_read_timeout_seconds", "max_body_bytes", b"max_body_bytes", "max_chunk_bytes", b"max_chunk_bytes", "max_chunks", b"max_chunks", "max_depth", b"max_depth", "max_frame_bytes", b"max_frame_bytes", "max_grpc_message_bytes", b"max_grpc_message_bytes", "max_header_bytes", b"max_header_bytes", "max_inline_result_bytes", b"max_inline_result_bytes", "max_open_chunk_bytes", b"max_open_chunk_bytes", "max_open_chunk_bytes_per_job", b"max_open_chunk_bytes_per_job", "max_sampling_requests_per_job", b"max_sampling_requests_per_job", "max_sub_jobs", b"max_sub_jobs", "max_tensors", b"max_tensors", "retention_seconds", b"retention_seconds", "sequence_gap_timeout_seconds", b"sequence_gap_timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -165,6 +165,7 @@ class OpOptions(_message.Message):
     RESPONSE_TYPE_FIELD_NUMBER: _builtins.int
     INLINE_PREFERRED_FIELD_NUMBER: _builtins.int
     PROTOCOL_FIELD_NUMBER: _builtins.int
+    CONCURRENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Canonical op name, kebab-case; the last path segment of the route for data-plane ops."""
     http_method: _builtins.str
@@ -190,6 +191,11 @@ class OpOptions(_message.Message):
     """True when the protocol layer itself answers the op (polls, capabilities, request
     cancellation) rather than the server's business logic.
     """
+    concurrent: _builtins.bool
+    """True when the op reads the job's weights and changes nothing (generate, log-probs, forward):
+    sequenced calls of such ops with consecutive numbers run at once (PROTOCOL.md §7.2), so the
+    sampling calls of many agents share the engine's continuous batch.
+    """
     @_builtins.property
     def aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Legacy method names framework adapters call; client-side aliases only."""
@@ -210,10 +216,11 @@ class OpOptions(_message.Message):
         response_type: _builtins.str = ...,
         inline_preferred: _builtins.bool = ...,
         protocol: _builtins.bool = ...,
+        concurrent: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "body", b"body", "fallback", b"fallback", "http_method", b"http_method", "http_path", b"http_path", "idempotency", b"idempotency", "inline_preferred", b"inline_preferred", "name", b"name", "operation_type", b"operation_type", "protocol", b"protocol", "request_type", b"request_type", "response_type", b"response_type", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "body", b"body", "concurrent", b"concurrent", "fallback", b"fallback", "http_method", b"http_method", "http_path", b"http_path", "idempotency", b"idempotency", "inline_preferred", b"inline_preferred", "name", b"name", "operation_type", b"operation_type", "protocol", b"protocol", "request_type", b"request_type", "response_type", b"response_type", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""Concurrent sampling benchmark: N single-prompt calls at once against one call of N prompts.
+
+    python bench/concurrency.py            # N = 1, 8, 32, 64 on every path and server
+    python bench/concurrency.py --smoke    # N = 1, 4, three paths, on-prem only (~75 s)
+    python bench/concurrency.py --levels 1,8,32,64 --max-tokens 32 --reps 1   # a smaller run
+
+In one run, on the tiny embedded model with the same token-id prompts and greedy sampling
+(`ignore_eos`, `max_tokens` tokens per prompt), for each N:
+
+- `vllm direct`: `vllm.LLM.generate` of the N prompts in a process of its own, same engine
+  arguments and threads as the servers' sampling workers, run right before each batched call
+  (pairs measured side by side in time: the throughput reference);
+- `batched`: one protocol `generate` of the N prompts through the server (HTTP, `AsyncClient`);
+- each path with N single-prompt calls at once: protocol `generate` over HTTP (the job's own
+  client: its calls are sequenced), gRPC and in-process (`AsyncClient`), and the OpenAI routes
+  (`/v1/completions`, `/v1/chat/completions`, streamed `/v1/completions`; the `openai` client).
+  Chat prompts are the chat template's rendering of short messages; their batched reference is
+  one generate of exactly those token ids (`/tokenize`).
+
+Servers: the on-prem server, an in-process on-prem servicer (`transport="inproc"`), and the
+gateway with on-prem workers (`--answer-mode inline`: the deployed polled mode adds the SDK's
+first poll wait, 0.5 s, to every call's latency, which would measure polling, not batching).
+Each sampling sub-job is one vLLM worker with `--threads` threads.
+
+Reported: wall time of the N calls (median of `reps`), ratio to the batched call of the same
+prompts, tokens/s, p50 / p99 per-call latency; `peak` and `steps`: the most requests that were
+in the sampler's engine at once while the N calls ran and the engine steps they took (the
+worker's busy-period lines, read with tail-logs: N and about `max_tokens` when the calls share
+the batch, 1 and N x `max_tokens` when they run one after another; the largest over the reps);
+batched tokens/s through the server over vLLM direct. Targets (printed, not asserted): ratio
+<= 1.5 at N = 8 and 32, <= 2 at N = 64; batched throughput >= 0.95x direct. `uptime` is
+recorded beside the numbers: the machine is shared. Measured runs: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "servers"), str(ROOT / "sdk"), str(ROOT)]
+
+TOKEN = "bench-concurrency"
+FULL: dict[str, Any] = {"levels": [1, 8, 32, 64], "max_tokens": 64, "prompt_len": 16, "reps": 3}
+FULL["servers"] = ["onprem", "inproc", "gateway"]
+SMOKE = {"levels": [1, 4], "max_tokens": 8, "prompt_len": 8, "reps": 1, "servers": ["onprem"]}
+PROTOCOL = ["protocol-http", "protocol-grpc"]
+SERVER_PATHS = [*PROTOCOL, "openai-completions", "openai-chat", "openai-stream"]
+PATHS = {"onprem": SERVER_PATHS, "inproc": ["protocol-inproc"], "gateway": SERVER_PATHS}
+SMOKE_PATHS = ["protocol-http", "openai-completions", "openai-stream"]
+TARGETS = {8: 1.5, 32: 1.5, 64: 2.0}
+
+
+def uptime() -> str:
+    """The load averages (1, 5, 15 min), as `uptime` prints them."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def prompts_of(n: int, length: int) -> list[list[int]]:
+    return [[(17 * i + 31 * j) % 400 + 10 for j in range(length)] for i in range(n)]
+
+
+def greedy(max_tokens: int) -> dict[str, Any]:
+    return {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
+
+
+# --------------------------------------------------------------------------- vLLM direct
+
+
+def direct(spec: dict[str, Any]) -> None:
+    """The `--direct` process: one `vllm.LLM`; each line N on stdin -> the seconds of one
+    `generate` of the N prompts (so its runs interleave with the servers' batched calls)."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from arctic_servers.onprem.sampling import EXT_CLS, set_vllm_env
+
+    set_vllm_env(cuda=False)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=spec["model_dir"],
+        tokenizer=spec["model_dir"],
+        dtype="float32",
+        seed=0,
+        worker_extension_cls=EXT_CLS,
+        enable_prefix_caching=True,
+        max_num_seqs=64,
+        enforce_eager=True,
+    )
+    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
+    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], params, use_tqdm=False)  # warm-up
+    print("READY", flush=True)
+    for line in sys.stdin:
+        n = int(line)
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts_of(n, spec["prompt_len"])]
+        llm.reset_prefix_cache()
+        t = time.perf_counter()
+        llm.generate(inputs, params, use_tqdm=False)
+        print(f"DIRECT {time.perf_counter() - t}", flush=True)
+
+
+class Direct:
+    """The `--direct` process, from this side: `run(n)` -> seconds."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:3])}
+        n = str(spec["threads"])
+        env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, TOKENIZERS_PARALLELISM="false")
+        argv = [sys.executable, __file__, "--direct", json.dumps(spec)]
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.ready = False
+
+    def _line(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        raise RuntimeError(f"vLLM direct ended ({self.proc.wait()})")
+
+    def wait_ready(self) -> None:
+        if not self.ready:
+            self._line("READY")
+            self.ready = True
+
+    def run(self, n: int) -> float:
+        self.wait_ready()
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return float(self._line("DIRECT "))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _start(argv: list[str], tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    ready = tmp / f"{name}.ready.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path[:3]),
+        "ARCTIC_GATEWAY_TOKENS": TOKEN,
+    }
+    env.pop("PYTHONWARNINGS", None)
+    with (tmp / f"{name}.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [*argv, "--ready-file", str(ready)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 180
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError((tmp / f"{name}.log").read_text(errors="replace")[-3000:])
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())
+
+
+def start(
+    server: str, tmp: Path, threads: int, db_dir: Path | None = None
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    if server == "onprem":
+        args = f"arctic_servers.onprem serve --threads {threads} --prewarm= --data-dir {tmp}/d"
+    else:
+        args = (
+            f"arctic_servers.gateway --db {db_dir or tmp}/gw.sqlite --engine onprem "
+            f"--worker-threads {threads} --answer-mode inline --data-dir {tmp}/gw"
+        )
+    argv = [sys.executable, "-m", *args.split(), "--port", "0", "--grpc-port", "0"]
+    return _start(argv, tmp, server)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, 9)  # workers left in its session
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+async def timed(calls: list[Callable[[], Awaitable[int]]]) -> tuple[float, list[float], int]:
+    """Run the calls at once: (wall s, per-call latencies, tokens produced)."""
+    lat: list[float] = []
+
+    async def one(call: Callable[[], Awaitable[int]]) -> int:
+        t = time.perf_counter()
+        n = await call()
+        lat.append(time.perf_counter() - t)
+        return n
+
+    t0 = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(one(c) for c in calls)))
+    return time.perf_counter() - t0, lat, tokens
+
+
+class Paths:
+    """One server's clients: a batched generate, and one single-prompt call per path."""
+
+    def __init__(self, client: Any, others: dict[str, Any], oai: Any, job: str, tokens: int):
+        self.client, self.others, self.oai, self.job, self.tokens = client, others, oai, job, tokens
+
+    async def batched(self, prompts: list[list[int]]) -> int:
+        res = await self.client.generate(prompts=prompts, sampling_params=greedy(self.tokens))
+        return sum(len(r["samples"][0]["token_ids"]) for r in res["results"])
+
+    def single(self, path: str, prompt: list[int], text: str) -> Callable[[], Awaitable[int]]:
+        sp, extra = greedy(self.tokens), {"ignore_eos": True}
+        kw = {"model": self.job, "max_tokens": self.tokens, "temperature": 0.0, "extra_body": extra}
+
+        async def protocol() -> int:
+            c = self.client if path == "protocol-http" else self.others[path]
+            res = await c.generate(prompts=[prompt], sampling_params=sp)
+            return len(res["results"][0]["samples"][0]["token_ids"])
+
+        async def completion() -> int:
+            res = await self.oai.completions.create(prompt=prompt, **kw)
+            return len(res.choices[0].model_extra["token_ids"])
+
+        async def chat() -> int:
+            res = await self.oai.chat.completions.create(
+                messages=[{"role": "user", "content": text}], **kw
+            )
+            return len(res.choices[0].model_extra["token_ids"])
+
+        async def stream() -> int:
+            n = 0
+            async for c in await self.oai.completions.create(prompt=prompt, stream=True, **kw):
+                if c.choices:
+                    n += len(c.choices[0].model_extra.get("token_ids") or [])
+            return n
+
+        return {"openai-completions": completion, "openai-chat": chat, "openai-stream": stream}.get(
+            path, protocol
+        )
+
+
+async def chat_ids(base_url: str, job: str, texts: list[str]) -> list[list[int]]:
+    import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+        for t in texts:
+            body = {"model": job, "messages": [{"role": "user", "content": t}]}
+            async with s.post(base_url + "/tokenize", json=body) as r:
+                out.append(list((await r.json())["tokens"]))
+    return out
+
+
+async def engine_log(client: Any, cursor: int) -> tuple[list[str], int]:
+    """The sampling worker's log lines from `cursor` (tail-logs), and the next cursor."""
+    lines: list[str] = []
+    while True:
+        res = await client.operation(
+            operation_type="tail-logs",
+            sub_job_type="sampling",
+            payload={"cursor": cursor + len(lines), "limit": 1000},
+        )
+        page = res.get("result", res)
+        lines += [str(e) for e in page["entries"]]
+        if page["eof"] or not page["entries"]:
+            return lines, cursor + len(lines)
+
+
+def busy_periods(lines: list[str]) -> list[tuple[int, int, int]]:
+    """(calls, engine steps, most requests in the engine at once) of each busy-period line."""
+    from arctic_servers.onprem.engine_batch import IDLE_MARK
+
+    pat = re.compile(IDLE_MARK + r" (\d+) calls .* in (\d+) engine steps, .* at most (\d+) ")
+    return [(int(m[1]), int(m[2]), int(m[3])) for ln in lines if (m := pat.search(ln))]
+
+
+async def measure(
+    server: str,
+    info: dict[str, Any],
+    sizes: dict[str, Any],
+    paths: list[str],
+    threads: int,
+    vllm: Direct,
+) -> list[dict[str, Any]]:
+    """The server's rows. vLLM direct runs beside each batched call (the pair's ratio is the
+    throughput comparison), and may finish starting while the server's job starts."""
+    import openai
+
+    from arctic_sdk import AsyncClient
+
+    tokens, rows = sizes["max_tokens"], []
+    kw: dict[str, Any] = {"token": TOKEN, "timeout": 900}
+    if server == "inproc":
+        from arctic_servers.onprem.servicer import OnpremServicer
+        from arctic_servers.onprem.settings import ServerSettings, ThreadPlan
+
+        settings = ServerSettings(threads=ThreadPlan.parse(str(threads)), prewarm=())
+        client = AsyncClient(transport="inproc", servicer=OnpremServicer(settings), **kw)
+    else:
+        client = AsyncClient(info["base_url"], **kw)
+    async with client:
+        t0 = time.perf_counter()
+        await client.create_job(sub_job_configs=[{"job_type": "sampling", "dtype": "float32"}])
+        await asyncio.to_thread(vllm.wait_ready)
+        await client.wait_until_running(timeout=900)
+        print(f"# {server}: sampling job running in {time.perf_counter() - t0:.1f} s", flush=True)
+        job = str(client.job_id)
+        others: dict[str, Any] = {}
+        if "protocol-grpc" in paths:
+            others["protocol-grpc"] = AsyncClient(
+                info["base_url"],
+                transport="grpc",
+                job_id=job,
+                grpc_target=info["grpc_target"],
+                **kw,
+            )
+        others["protocol-inproc"] = client
+        base = info.get("base_url", "")
+        oai = openai.AsyncOpenAI(base_url=base + "/v1", api_key=TOKEN, max_retries=0, timeout=900)
+        p = Paths(client, others, oai, job, tokens)
+        texts = [f"Tell me about item {i}." for i in range(max(sizes["levels"]))]
+        chat = await chat_ids(base, job, texts) if "openai-chat" in paths else []
+        await p.batched(prompts_of(2, 4))  # warm: engine, chat template, tokenizer
+        for path in paths:
+            await p.single(path, [1, 2, 3], "hi")()
+        _, cursor = await engine_log(client, 0)
+        print(f"# {server}: warm in {time.perf_counter() - t0:.1f} s", flush=True)
+        for n in sizes["levels"]:
+            prompts = prompts_of(n, sizes["prompt_len"])
+            for path in paths:
+                ref = chat[:n] if path == "openai-chat" else prompts
+                walls, bwalls, dwalls, lats, toks, peak, steps = [], [], [], [], 0, 0, 0
+                for _ in range(sizes["reps"]):
+                    if path == paths[0]:  # vLLM direct next to the server's batched call
+                        dwalls.append(await asyncio.to_thread(vllm.run, n))
+                    b0 = time.perf_counter()
+                    await p.batched(ref)
+                    bwalls.append(time.perf_counter() - b0)
+                    _, cursor = await engine_log(client, cursor)
+                    calls = [p.single(path, prompts[i], texts[i]) for i in range(n)]
+                    wall, lat, toks = await timed(calls)
+                    walls.append(wall)
+                    lats += lat
+                    await asyncio.sleep(0.2)  # the worker logs the busy period once idle
+                    lines, cursor = await engine_log(client, cursor)
+                    periods = busy_periods(lines)
+                    peak = max([peak, *(q for _, _, q in periods)])
+                    steps = max(steps, sum(st for _, st, _ in periods))
+                lats.sort()
+                w, bw = statistics.median(walls), statistics.median(bwalls)
+                d = n * tokens / statistics.median(dwalls) if dwalls else None
+                p50, p99 = lats[len(lats) // 2], lats[min(len(lats) - 1, int(0.99 * len(lats)))]
+                row = dict(server=server, path=path, n=n, wall_s=w, batched_s=bw, ratio=w / bw)
+                row.update(tokens=toks, tokens_per_s=toks / w, p50_s=p50, p99_s=p99)
+                row.update(batched_tokens_per_s=n * tokens / bw, direct_tokens_per_s=d)
+                row.update(engine_peak=peak, engine_steps=steps)
+                rows.append({**row, "uptime": uptime()})
+                print(_row(rows[-1]), flush=True)
+        await oai.close()
+        if "protocol-grpc" in others:
+            await others["protocol-grpc"].close()
+        await client.cancel_job()
+    return rows
+
+
+HEAD = f"{'server':8s} {'path':19s} {'N':>3s} {'N calls s':>9s} {'batched s':>9s} {'ratio':>6s} "
+HEAD += f"{'target':>6s} {'tok/s':>8s} {'p50 s':>7s} {'p99 s':>7s} {'peak':>4s} {'steps':>5s}"
+HEAD += "  load avg"
+
+
+def _row(r: dict[str, Any]) -> str:
+    t = TARGETS.get(r["n"])
+    mark = "" if t is None else ("ok" if r["ratio"] <= t else "MISS")
+    return (
+        f"{r['server']:8s} {r['path']:19s} {r['n']:3d} {r['wall_s']:9.3f} "
+        f"{r['batched_s']:9.3f} {r['ratio']:6.2f} {mark:>6s} {r['tokens_per_s']:8.0f} "
+        f"{r['p50_s']:7.3f} {r['p99_s']:7.3f} {r['engine_peak']:4d} {r['engine_steps']:5d}  "
+        f"{r['uptime']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--smoke", action="store_true", help="N = 1, 4; three paths; on-prem only")
+    ap.add_argument("--threads", type=int, default=1, help="threads of each vLLM engine")
+    ap.add_argument("--servers", default="", help="comma-separated subset of onprem,inproc,gateway")
+    ap.add_argument(
+        "--gateway-db-dir", type=Path, help="the gateway's SQLite directory (default: a temp dir)"
+    )
+    ap.add_argument("--levels", help="comma-separated N to run (default: the run's own)")
+    ap.add_argument("--max-tokens", type=int, help="tokens per prompt (default: the run's own)")
+    ap.add_argument("--reps", type=int, help="repetitions per row (default: the run's own)")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--direct", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.direct:
+        direct(json.loads(args.direct))
+        return 0
+    from arctic_servers.engines.tiny_model import build_tiny_model
+    from arctic_servers.onprem.settings import default_cache_dir
+
+    sizes = dict(SMOKE if args.smoke else FULL)
+    if args.levels:
+        sizes["levels"] = [int(n) for n in args.levels.split(",")]
+    if args.max_tokens:
+        sizes["max_tokens"] = args.max_tokens
+    if args.reps:
+        sizes["reps"] = args.reps
+    servers = [s for s in args.servers.split(",") if s] or list(sizes["servers"])
+    model_dir = str(build_tiny_model(default_cache_dir() / "tiny-qwen2-seed0"))
+    t0 = time.perf_counter()
+    print(
+        f"# concurrency benchmark ({'smoke' if args.smoke else 'full'}): "
+        f"{sizes['max_tokens']} tokens per prompt, {args.threads} thread(s) per engine; "
+        f"load average at start {uptime()}"
+    )
+    spec = {**sizes, "model_dir": model_dir, "threads": args.threads}
+    spec.pop("servers")
+    vllm = Direct(spec)
+    if not args.smoke:
+        vllm.wait_ready()  # started alone on the machine (the smoke overlaps it with a job's)
+    rows: list[dict[str, Any]] = []
+    print(HEAD, flush=True)
+    with tempfile.TemporaryDirectory(prefix="arctic-bench-conc-") as tmp:
+        for server in servers:
+            paths = SMOKE_PATHS if args.smoke else PATHS[server]
+            proc, info = (
+                start(server, Path(tmp), args.threads, args.gateway_db_dir)
+                if server != "inproc"
+                else (None, {})
+            )
+            try:
+                rows += asyncio.run(measure(server, info, sizes, paths, args.threads, vllm))
+            finally:
+                t1 = time.perf_counter()
+                if proc is not None:
+                    stop(proc)
+                print(f"# {server}: stopped in {time.perf_counter() - t1:.1f} s", flush=True)
+    vllm.close()
+    print(f"\n{'server':8s} {'N':>3s} {'batched tok/s':>13s} {'direct tok/s':>12s} {'ratio':>6s}")
+    for r in rows:
+        d = r["direct_tokens_per_s"]
+        if d is None:
+            continue
+        mark = "" if args.smoke else ("ok" if r["batched_tokens_per_s"] >= 0.95 * d else "MISS")
+        print(
+            f"{r['server']:8s} {r['n']:3d} {r['batched_tokens_per_s']:13.0f} {d:12.0f} "
+            f"{r['batched_tokens_per_s'] / d:6.2f} {mark}"
+        )
+    print(
+        f"targets: N calls within 1.5x (N=8, 32) / 2x (N=64) of one batched call; batched "
+        f">= 0.95x vLLM direct (reported, not asserted); load average at end {uptime()}; "
+        f"total {time.perf_counter() - t0:.0f} s"
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"sizes": sizes, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
