@@ -37,8 +37,9 @@ def test_named_config_architecture_and_init(built: dict[str, Path]) -> None:
     assert cfg["hidden_size"] == c.hidden_size and cfg["head_dim"] >= 64  # vLLM CPU attention
     w = load_file(str(d / "model.safetensors"))
     assert len([k for k in w if k.endswith("mlp.up_proj.weight")]) == 4
-    assert abs(float(w["model.layers.3.mlp.up_proj.weight"].std()) - 0.02) < 0.002
-    assert abs(float(w["lm_head.weight"].std()) - 0.02) < 0.002
+    assert abs(float(w["model.layers.3.mlp.up_proj.weight"].std()) - c.init_std) < 0.005
+    assert abs(float(w["lm_head.weight"].std()) - c.init_std) < 0.005
+    assert cfg["initializer_range"] == c.init_std
     assert not np.any(w["model.layers.0.self_attn.q_proj.bias"])
     # same tokenizer files as the default model
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
@@ -69,3 +70,19 @@ def test_server_resolves_named_configs(
     with pytest.raises(ProtocolError) as err:
         resolve_model("tiny-9l", s)
     assert err.value.code == "invalid_argument" and "tiny-4l" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"num_heads": 4}, "num_heads x head_dim = 256 must equal hidden_size 128"),
+        ({"num_kv_heads": 3, "num_heads": 2}, "multiple of num_kv_heads"),
+        ({"init": "xavier"}, "init 'xavier'"),
+    ],
+)
+def test_refuses_configs_vllm_would_compute_differently(
+    monkeypatch: pytest.MonkeyPatch, bad: dict[str, object], match: str
+) -> None:
+    monkeypatch.setitem(tm.CONFIGS, "bad", tm.TinyConfig("bad", **bad))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=match):
+        tm.build_files(config="bad")
