@@ -170,7 +170,7 @@ async def run_grpo(
     return res
 
 
-def training_job(seed: int, lr: float, model: str = "") -> dict[str, Any]:
+def training_job(seed: int, lr: float, model: str = "tiny") -> dict[str, Any]:
     return {
         "sub_job_configs": [
             {
@@ -198,7 +198,7 @@ async def run_job(
     lr: float,
     progress: bool = True,
     log: Any = None,
-    model: str = "",
+    model: str = "tiny",
 ) -> RunResult:
     """Create a job on the server at `base_url`, run GRPO in it, cancel it."""
     from arctic_sdk import AsyncClient
@@ -332,8 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--model",
-        default="",
-        help="model directory on the server (default: the embedded tiny model)",
+        default="tiny",
+        help="model on the server (default 'tiny': the on-prem server's embedded tiny model; "
+        "the fake gateway takes any name)",
     )
     return asyncio.run(amain(ap.parse_args(argv)))
 

@@ -54,6 +54,17 @@ else
   export ARCTIC_ONPREM_TESTS=1
 fi
 
+step "wheel: a fresh venv with the built wheel, as users install (tools/check_wheel.py)"
+# The README quick start, the conformance runner against `python -m conformance serve` (HTTP and
+# gRPC), --help of the README's entry points and mypy, run from the installed wheel; the engine
+# check runs against the engines installed above in .venv (a second engines install would cost
+# minutes and GBs: the plain-pip engines install is recorded in servers/ENGINE_NOTES.md §7).
+if [ "${ARCTIC_SKIP_ENGINES:-0}" = 1 ]; then
+  "$PY" tools/check_wheel.py
+else
+  "$PY" tools/check_wheel.py --engines-python "$PY"
+fi
+
 step "pytest"
 set +e
 "$PY" -m pytest -q -p no:cacheprovider --timeout=900 "$@"

@@ -47,6 +47,11 @@ FAULTS: dict[str, str] = {
     "restart_not_required": "a chunk of an unknown group other than 0 is cached, not 409",
     "too_many_chunks_unchecked": "total_chunks is not checked against max_chunks",
     "unknown_fields_ignored": "unknown JSON / body fields are ignored instead of refused",
+    "loss_fields_ignored": "a field the chosen loss does not read is ignored instead of refused",
+    "cross_entropy_weights_ignored": "cross_entropy ignores context.weights",
+    "forward_loss_zero": "forward without loss_fn answers loss 0 instead of cross-entropy's",
+    "top_logprobs_dropped": "generate answers the sampled log-probs only, never the top k",
+    "sampler_load_keeps_weight_version": "a checkpoint loaded into a sampler keeps weight_version",
 }
 _LOGPROB_OPS = frozenset({M.FORWARD_BACKWARD, M.FORWARD, M.LOG_PROBS, M.OPERATION})
 
@@ -83,7 +88,10 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
             validate(method, body)
         except ProtocolError as exc:
             if on("unknown_fields_ignored") and "unknown_fields" in exc.details:
-                return
+                # a server that drops unknown fields still checks the rest of the body
+                return validate(method, _known_only(method, body))
+            if on("loss_fields_ignored") and "unread_fields" in exc.details:
+                return None
             if on("internal_error_on_bad_dtype") and exc.code == "dtype_mismatch":
                 raise RuntimeError(f"cannot cast {exc.details.get('field')}") from None
             raise
@@ -101,7 +109,24 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
             if on("seed_ignored"):
                 params.pop("seed", None)
             body = {**body, "sampling_params": params}
+        proc = body.get("processing") or {} if isinstance(body, dict) else {}
+        default_loss = (proc.get("loss_fn") or "cross_entropy") == "cross_entropy"
+        weights = (body.get("context") or {}).get("weights") if isinstance(body, dict) else None
+        ce = method in (M.FORWARD_BACKWARD, M.FORWARD) and default_loss and weights is not None
+        if ce and on("cross_entropy_weights_ignored"):
+            body = {**body, "context": {**body["context"], "weights": None}}
         result = await invoke(method, ctx, body)
+        if method is M.FORWARD and on("forward_loss_zero") and not proc.get("loss_fn"):
+            result["loss"] = result["metrics"]["loss"] = 0.0
+        if method is M.GENERATE and on("top_logprobs_dropped"):
+            for completion in result.get("results") or []:
+                for sample in completion.get("samples") or []:
+                    sample.pop("top_logprobs", None)
+        if method is M.LOAD_CHECKPOINT and on("sampler_load_keeps_weight_version"):
+            job = servicer.jobs.jobs.get(ctx.job_id or "")
+            target = job.find_sub_job(str(body.get("target_sub_job_id") or "")) if job else None
+            if job is not None and target is not None and target.role != "training":
+                job.weight_version -= 1
         if method in _LOGPROB_OPS:
             for outputs in _outputs(result):
                 _mutate_outputs(outputs, on)
@@ -265,3 +290,30 @@ def _cache_first(groups: Any, job_id: str, frame: Any) -> ChunkStep:
             "total_chunks": desc.total_chunks,
         }
     )
+
+
+def _known_only(method: Any, body: Any) -> Any:
+    """A copy of `body` without the keys its request message does not have (what a server that
+    ignores unknown fields goes on with)."""
+    from google.protobuf import descriptor_pool
+
+    def keep(desc: Any, value: Any) -> Any:
+        if not isinstance(value, dict) or desc.full_name.startswith("google.protobuf."):
+            return value
+        out = {}
+        for k, v in value.items():
+            fd = desc.fields_by_name.get(k) if isinstance(k, str) else None
+            if fd is None:
+                continue
+            mt = fd.message_type
+            if mt is None or mt.GetOptions().map_entry:
+                out[k] = v
+            elif fd.is_repeated and isinstance(v, list):
+                out[k] = [keep(mt, x) for x in v]
+            else:
+                out[k] = keep(mt, v)
+        return out
+
+    if not method.request_type:
+        return body
+    return keep(descriptor_pool.Default().FindMessageTypeByName(method.request_type), body)

@@ -122,6 +122,8 @@ def load(jobs: JobManager, job: Job, token: str | None, body: Mapping[str, Any])
             )
     assert target is not None
     target.model_step = ckpt.model_step
+    if target.role != "training":  # a sampler's weights changed: generates say so
+        job.weight_version += 1
     if target.role == "training" and ckpt.checkpoint_type == "resumable":
         job.global_step, job.lr = ckpt.global_step, ckpt.lr
         job.grad.clear()

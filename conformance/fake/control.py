@@ -1,4 +1,8 @@
-"""Control-plane bodies of the fake gateway: CreateJob configs, checked."""
+"""Control-plane bodies of the fake gateway: CreateJob configs, checked.
+
+The standard config keys get the checks every server shares (`protocol.sub_job_config`), so the
+fake refuses exactly what the on-prem server refuses, with the same codes.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, role_of
+from arctic_servers.protocol.sub_job_config import check_standard_keys
 
 from .jobs import Job, JobManager, SubJob
 
@@ -15,17 +20,6 @@ DTYPES = ("", "float32", "bfloat16", "float16")
 
 def _bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
     return ProtocolError(code, f"field {path}: {message}", field=path, **details)
-
-
-def _pos_int(cfg: Mapping[str, Any], key: str, path: str, default: int) -> int:
-    v = cfg.get(key)
-    if v is None:
-        return default
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)  # JSON numbers inside a Struct arrive as floats over gRPC
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise _bad(f"{path}.{key}", f"{v!r} is not an integer >= 1", expected="an integer >= 1")
-    return v
 
 
 def sub_jobs_of(body: Mapping[str, Any], max_total_gpus: int) -> list[SubJob]:
@@ -64,25 +58,13 @@ def sub_jobs_of(body: Mapping[str, Any], max_total_gpus: int) -> list[SubJob]:
         conf: dict[str, Any] = dict(cfg.get(own) or {})
         known = TRAINING_KEYS if role == "training" else INFERENCE_KEYS
         unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
-        n_gpus = _pos_int(conf, "n_gpus", f"{path}.{own}", 1)
+        n_gpus = check_standard_keys(conf, role, f"{path}.{own}")
         if n_gpus > max_total_gpus:
             raise _bad(
                 f"{path}.{own}.n_gpus",
                 f"{n_gpus} exceeds the server's max_total_gpus {max_total_gpus}",
                 expected=f"<= {max_total_gpus}",
             )
-        _pos_int(conf, "max_seq_len", f"{path}.{own}", 0)
-        opt = conf.get("optimizer")
-        if opt is not None:
-            lr = opt.get("lr") if isinstance(opt, Mapping) else None
-            if not isinstance(opt, Mapping) or (
-                lr is not None and (not isinstance(lr, int | float) or lr <= 0)
-            ):
-                raise _bad(
-                    f"{path}.{own}.optimizer",
-                    "must be an object with lr > 0",
-                    expected='{"name": ..., "lr": > 0}',
-                )
         out.append(SubJob("", role, 0, str(model), n_gpus, conf))
     if unsupported:
         raise ProtocolError(

@@ -44,6 +44,18 @@ def token_logprob(token: Any, position: Any, prev: Any, step: int) -> Any:
     return -(k + 1) / 16.0
 
 
+_INV31 = pow(31, -1, 97)
+
+
+def top_logprobs(prev: int, position: int, step: int, k: int) -> dict[str, list[Any]]:
+    """NUMERICS.md §5: the k most likely tokens at a position, most likely first. Residue r of
+    `31 t + 13 prev + 17 p + 7 s` (mod 97) has log-prob `-(r + 1) / 16`; the token of residue
+    r = 0, 1, ..., k - 1 is the smallest id with it, `(r - 13 prev - 17 p - 7 s) / 31` mod 97."""
+    c = 13 * int(prev) + 17 * int(position) + 7 * int(step)
+    ids = [((r - c) * _INV31) % 97 for r in range(k)]
+    return {"token_ids": ids, "logprobs": [-(r + 1) / 16.0 for r in range(k)]}
+
+
 def token_entropy(prev: Any, position: Any, step: int) -> Any:
     """NUMERICS.md §2: `(((7 prev + 3 p + 5 s) mod 64) + 1) / 32`, always > 0."""
     k = (np.asarray(prev, np.int64) * 7 + np.asarray(position, np.int64) * 3 + step * 5) % 64
@@ -155,8 +167,8 @@ def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResu
     adv = np.zeros_like(lp) if x.advantages is None else x.advantages
     metrics: dict[str, Any] = {}
     ratio = np.exp(lp - old)
-    if spec.loss_fn == "cross_entropy":
-        per = -lp
+    if spec.loss_fn == "cross_entropy":  # per-token weights, absent = 1
+        per = -lp if x.weights is None else -x.weights * lp
     elif spec.loss_fn == "weighted_logprob":
         assert x.weights is not None
         per = -x.weights * lp
@@ -172,9 +184,10 @@ def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResu
         metrics["clip_fraction"] = _mean((ratio < lo) | (ratio > hi), on)
     if spec.loss_fn in ADVANTAGE_LOSSES:
         metrics["approx_kl"] = _mean(old - lp, on)
-    if spec.kl_coeff > 0 and x.ref_shifted is not None:
+    if x.ref_shifted is not None:  # reported whenever given; a penalty when kl_coeff > 0
         kl = kl_term(lp, token_aligned(x.ref_shifted), spec.kl_type)
-        per = per + spec.kl_coeff * kl
+        if spec.kl_coeff > 0:
+            per = per + spec.kl_coeff * kl
         metrics["kl"] = _mean(kl, on)
     if spec.needs_entropy:
         ent = token_aligned(shifted_entropy(b, step))
@@ -248,16 +261,35 @@ def generation_seed(seed: int, sample_idx: int, weight_version: int, prompt: Seq
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-def token_stream(
+#: The ids generation draws from: printable ASCII bytes 32..126 as tokenizer ids (byte + 3).
+PRINTABLE_IDS = tuple(range(35, 130))
+
+
+def draws(
     seed: int, sample_idx: int, weight_version: int, prompt: Sequence[int], count: int
 ) -> list[int]:
-    """`count` sampled token ids: printable ASCII bytes 32..126, as tokenizer ids (byte + 3)."""
+    """The SplitMix64 outputs `z_1 .. z_count` of one sample (NUMERICS.md §5)."""
     state = generation_seed(seed, sample_idx, weight_version, prompt)
     out = []
     for _ in range(count):
         state, z = splitmix64(state)
-        out.append(32 + z % 95 + 3)
+        out.append(z)
     return out
+
+
+def token_stream(
+    seed: int, sample_idx: int, weight_version: int, prompt: Sequence[int], count: int
+) -> list[int]:
+    """`count` sampled token ids: printable ASCII bytes 32..126, as tokenizer ids (byte + 3)."""
+    return [PRINTABLE_IDS[z % 95] for z in draws(seed, sample_idx, weight_version, prompt, count)]
+
+
+def min_p_candidates(prev: int, position: int, step: int, min_p: float) -> tuple[int, ...]:
+    """NUMERICS.md §5: the printable ids whose log-prob is at least the best one's plus
+    `ln(min_p)` (probability >= min_p x the most likely one's), ascending."""
+    lps = token_logprob(np.asarray(PRINTABLE_IDS), position, prev, step)
+    keep = lps >= float(lps.max()) + math.log(min_p)
+    return tuple(t for t, k in zip(PRINTABLE_IDS, keep.tolist(), strict=True) if k)
 
 
 __all__ = [
@@ -266,6 +298,7 @@ __all__ = [
     "IGNORE_INDEX",
     "KL_TYPES",
     "LOSS_FNS",
+    "PRINTABLE_IDS",
     "Batch",
     "LossInputs",
     "LossResult",
@@ -273,13 +306,16 @@ __all__ = [
     "LossSpec",
     "compute_loss",
     "default_positions",
+    "draws",
     "generation_seed",
     "grad_norm",
     "make_batch",
+    "min_p_candidates",
     "shifted_entropy",
     "shifted_logprobs",
     "splitmix64",
     "token_entropy",
     "token_logprob",
     "token_stream",
+    "top_logprobs",
 ]

@@ -1,4 +1,8 @@
-"""The fake sampler: `generate` bodies checked and answered with NUMERICS.md §5 samples."""
+"""The fake sampler: `generate` bodies checked and answered with NUMERICS.md §5 samples.
+
+The sampling parameters get the servers' shared checks (`arctic_servers.onprem.checks`) first,
+so the fake refuses what the on-prem server refuses; the fake adds its own resource limits.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,20 @@ from typing import Any
 
 import numpy as np
 
+from arctic_servers.onprem import checks
+from arctic_servers.protocol import fields
 from arctic_servers.protocol.errors import ProtocolError
 
 from . import tokenizer
-from .numerics import token_logprob, token_stream
+from .numerics import (
+    PRINTABLE_IDS,
+    draws,
+    min_p_candidates,
+    token_logprob,
+    top_logprobs,
+)
 
 DEFAULT_MAX_TOKENS = 16
-MAX_LOGPROBS = 20
 MAX_N = 1024
 # Tokens one request may ask for (prompts x n x max_tokens): the fake stays fast.
 MAX_REQUEST_TOKENS = 1 << 20
@@ -41,7 +52,10 @@ class Params:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     greedy: bool = False
+    min_p: float = 0.0
+    include_stop_str: bool = False
 
 
 def _bad(path: str, message: str, **details: Any) -> ProtocolError:
@@ -54,15 +68,17 @@ def _int(sp: Mapping[str, Any], name: str) -> int | None:
 
 
 def parse_params(body: Mapping[str, Any]) -> Params:
+    """Sampling params: the servers' shared checks, the fake's limits, the defaults applied."""
+    checks.sampling_params(body)
     sp: Mapping[str, Any] = body.get("sampling_params") or {}
     p = Params()
     n = _int(sp, "n")
     if n is not None:
-        if not 1 <= n <= MAX_N:
+        if n > MAX_N:
             raise _bad("sampling_params.n", f"{n} is not in [1, {MAX_N}]", expected=f"1..{MAX_N}")
         p.n = n
     mt = _int(sp, "max_tokens")
-    if mt is not None and not 0 <= mt <= MAX_REQUEST_TOKENS:
+    if mt is not None and mt > MAX_REQUEST_TOKENS:
         raise _bad(
             "sampling_params.max_tokens",
             f"{mt} is not in [0, {MAX_REQUEST_TOKENS}]",
@@ -70,30 +86,15 @@ def parse_params(body: Mapping[str, Any]) -> Params:
         )
     p.max_tokens = mt or DEFAULT_MAX_TOKENS
     p.min_tokens = _int(sp, "min_tokens") or 0
-    if p.min_tokens < 0 or p.min_tokens > p.max_tokens:
-        raise _bad(
-            "sampling_params.min_tokens",
-            f"{p.min_tokens} is not in [0, max_tokens]",
-            expected=f"0 <= min_tokens <= {p.max_tokens}",
-        )
     p.stop = [str(s) for s in sp.get("stop") or []]
-    for i, s in enumerate(p.stop):
-        if s == "":
-            raise _bad(f"sampling_params.stop[{i}]", "an empty stop string", expected="non-empty")
     p.stop_token_ids = [int(t) for t in sp.get("stop_token_ids") or []]
     p.seed = _int(sp, "seed")
     p.logprobs = _int(sp, "logprobs")
-    if p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS:
-        raise _bad(
-            "sampling_params.logprobs",
-            f"{p.logprobs} is not in [0, {MAX_LOGPROBS}]",
-            expected=f"0..{MAX_LOGPROBS}",
-        )
+    p.prompt_logprobs = _int(sp, "prompt_logprobs")
     temp = sp.get("temperature")
-    if temp is not None:
-        if float(temp) < 0:
-            raise _bad("sampling_params.temperature", f"{temp} is negative", expected=">= 0")
-        p.greedy = float(temp) == 0.0
+    p.greedy = temp is not None and float(temp) == 0.0
+    p.min_p = fields.min_p(sp) or 0.0
+    p.include_stop_str = bool(sp.get("include_stop_str_in_output"))
     if body.get("strict"):
         bad = [
             f"sampling_params.{k}={sp.get(k)!r}"
@@ -163,6 +164,18 @@ def draw_seed() -> int:
     return secrets.randbits(63)
 
 
+def next_token(
+    z: int, prompt: Sequence[int], tokens: Sequence[int], p: Params, model_step: int
+) -> int:
+    """NUMERICS.md §5: the token draw `z` picks after `prompt + tokens`: a printable id, among
+    those at least `min_p` times as likely as the best one when `min_p` is set."""
+    cands = PRINTABLE_IDS
+    if p.min_p > 0:
+        prev = tokens[-1] if tokens else prompt[-1]
+        cands = min_p_candidates(prev, len(prompt) + len(tokens), model_step, p.min_p)
+    return cands[z % len(cands)]
+
+
 def sample(
     prompt: Sequence[int],
     idx: int,
@@ -177,23 +190,25 @@ def sample(
     if max_seq_len:
         budget = min(budget, max_seq_len - len(prompt))
     s_seed, s_idx = (0, 0) if p.greedy else (seed, idx)
-    stream = token_stream(s_seed, s_idx, weight_version, prompt, budget)
     tokens: list[int] = []
     text_end: int | None = None
     finish, stop_reason = "length", ""
-    for t in stream:
+    for z in draws(s_seed, s_idx, weight_version, prompt, budget):
+        t = next_token(z, prompt, tokens, p, model_step)
         tokens.append(t)
         if len(tokens) < p.min_tokens:
             continue
         if t in p.stop_token_ids:
             finish = "stop"
-            text_end = len(tokenizer.decode(tokens[:-1]))
+            if not p.include_stop_str:
+                text_end = len(tokenizer.decode(tokens[:-1]))
             break
         text = tokenizer.decode(tokens)
         hits = [(text.find(s), s) for s in p.stop if s in text]
         if hits:
             at, stop_reason = min(hits)
-            finish, text_end = "stop", at
+            finish = "stop"
+            text_end = at + len(stop_reason) if p.include_stop_str else at
             break
     text = tokenizer.decode(tokens)
     out: dict[str, Any] = {
@@ -210,4 +225,39 @@ def sample(
             float(token_logprob(full[n0 + j], n0 + j, full[n0 + j - 1], model_step))
             for j in range(len(tokens))
         ]
+        if p.logprobs > 0:
+            out["top_logprobs"] = [
+                top_logprobs(full[n0 + j - 1], n0 + j, model_step, p.logprobs)
+                for j in range(len(tokens))
+            ]
+    return out
+
+
+def completions(
+    prompts: Sequence[Sequence[int]],
+    p: Params,
+    seed: int,
+    weight_version: int,
+    model_step: int,
+    max_seq_len: int = 0,
+) -> list[dict[str, Any]]:
+    """`GenerateResult.results`: per prompt its ids, `n` samples and, when asked, the prompt's
+    log-probs (NUMERICS.md §5)."""
+    out = []
+    for ids in prompts:
+        samples = [
+            sample(ids, k, p, seed, weight_version, model_step, max_seq_len) for k in range(p.n)
+        ]
+        c: dict[str, Any] = {"prompt_token_ids": list(ids), "samples": samples}
+        if p.prompt_logprobs is not None:
+            c["prompt_logprobs"] = [0.0] + [
+                float(token_logprob(ids[i], i, ids[i - 1], model_step)) for i in range(1, len(ids))
+            ]
+            if p.prompt_logprobs > 0:
+                empty: dict[str, Any] = {"token_ids": [], "logprobs": []}
+                c["prompt_top_logprobs"] = [empty] + [
+                    top_logprobs(ids[i - 1], i, model_step, p.prompt_logprobs)
+                    for i in range(1, len(ids))
+                ]
+        out.append(c)
     return out

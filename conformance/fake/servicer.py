@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._generated import methods as M
+from arctic_servers.onprem import checks
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
@@ -69,11 +70,11 @@ class FakeServicer(JobControl[Job]):
             return
         sub = self.target(job, ctx)
         if m is M.FORWARD_BACKWARD or m is M.FORWARD:
-            training.parse_train(body, self.vocab_size, need_loss=m is M.FORWARD_BACKWARD)
+            training.parse_train(body, self.vocab_size)
+            if m is M.FORWARD and sub.role == "sampling":  # a vLLM sampler's scoring, as on-prem
+                checks.vllm_forward(body)
         elif m is M.LOG_PROBS:
-            training.check_tokens(
-                body["input_ids"], body.get("attention_mask"), "", self.vocab_size
-            )
+            training.check_tokens(body["input_ids"], body.get("attention_mask"), self.vocab_size)
         elif m is M.GENERATE:
             sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
         elif m is M.STEP:
@@ -120,9 +121,8 @@ class FakeServicer(JobControl[Job]):
 
     async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub, _ = await self._begin(ctx)
-        call = training.parse_train(body, self.vocab_size, need_loss=True)
+        call = training.parse_train(body, self.vocab_size)
         result, lr = training.run(call, sub.model_step, forward=False)
-        assert lr is not None
         for t, g in lr.grad.items():
             job.grad[t] = job.grad.get(t, 0.0) + g
         job.accum_loss += lr.loss
@@ -170,15 +170,9 @@ class FakeServicer(JobControl[Job]):
         prompts = sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
         seed = p.seed if p.seed is not None else sampling.draw_seed()
         entry.update(seed=seed, weight_version=job.weight_version)
-        results = []
-        for ids in prompts:
-            samples = [
-                sampling.sample(
-                    ids, k, p, seed, job.weight_version, sub.model_step, sub.max_seq_len
-                )
-                for k in range(p.n)
-            ]
-            results.append({"prompt_token_ids": ids, "samples": samples})
+        results = sampling.completions(
+            prompts, p, seed, job.weight_version, sub.model_step, sub.max_seq_len
+        )
         return {"results": results, "weight_version": job.weight_version}
 
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
@@ -274,7 +268,7 @@ class FakeServicer(JobControl[Job]):
 def forward_result(
     svc: FakeServicer, job: Job, sub: SubJob, body: dict[str, Any]
 ) -> dict[str, Any]:
-    call = training.parse_train(body, svc.vocab_size, need_loss=False)
+    call = training.parse_train(body, svc.vocab_size)
     result, _ = training.run(call, sub.model_step, forward=True)
     result["metrics"]["global_step"] = job.global_step
     return result

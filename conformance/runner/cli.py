@@ -46,8 +46,12 @@ def run_suite(
     known_failing: Sequence[str] = (),
     all_ids: Sequence[str] | None = None,
     on_result: Any = None,
+    fail_fast: bool = False,
 ) -> Report:
-    """Run `cases` against `cfg.target` (cases in order; the shared job is created once)."""
+    """Run `cases` against `cfg.target` (cases in order; the shared job is created once).
+
+    `on_result(result, index, total)` is called as each case finishes; `fail_fast` stops after
+    the first result that fails the run (the cases left are counted in `report.not_run`)."""
     session = Session(cfg)
     report = Report(cfg.transport, session.prefix, [])
     known = [k for k in known_failing]
@@ -62,12 +66,15 @@ def run_suite(
     report.capabilities = session.capabilities
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="conformance") as pool:
         try:
-            for case in cases:
+            for index, case in enumerate(cases, 1):
                 result = CaseRun(session, case, pool).run()
                 result = _known(result, known)
                 report.results.append(result)
                 if on_result is not None:
-                    on_result(result)
+                    on_result(result, index, len(cases))
+                if fail_fast and report.blocking():
+                    report.not_run = len(cases) - index
+                    break
         finally:
             report.cleanup_problems = session.cleanup()
             session.close()
@@ -85,16 +92,26 @@ def _known(result: CaseResult, known: Sequence[str]) -> CaseResult:
     return result
 
 
+EPILOG = """\
+the fake gateway (the reference server) runs with:
+  python -m conformance serve [--token T] [--port 0] ...   (python -m conformance serve --help)
+it prints its prefix URL, to pass as --target.
+
+Each case is printed to stderr as it finishes; the table and the failures follow at the end.
+"""
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m conformance",
         description="Run the arctic.v1 conformance suite against a server (conformance/README.md).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
         "--target",
-        required=True,
         help="the server's prefix URL, {base}/api/v2/databases/DB/schemas/S/ENDPOINT "
-        "(a bare http://host:port gets a default prefix)",
+        "(a bare http://host:port gets a default prefix); required unless --list",
     )
     ap.add_argument("--transport", choices=("http", "grpc"), default="http")
     ap.add_argument(
@@ -144,7 +161,16 @@ def parser() -> argparse.ArgumentParser:
         "--no-admin", action="store_true", help="never use the fake gateway's /_admin API"
     )
     ap.add_argument("--cases", type=Path, help="a directory of case files (default: built in)")
-    ap.add_argument("--vectors", type=Path, help="the golden vectors (default: tests/vectors)")
+    ap.add_argument(
+        "--vectors",
+        type=Path,
+        help="the golden vectors (default: the installed copy, or tests/vectors of a checkout)",
+    )
+    ap.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop at the first case that fails the run (required failure, error, stale entry)",
+    )
     ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
     ap.add_argument("-v", "--verbose", action="store_true", help="also list skipped cases")
     return ap
@@ -169,9 +195,37 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     )
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+def progress_printer(stream: TextIO, verbose: bool = False) -> Any:
+    """An `on_result` that prints one line per finished case (skipped ones with -v only)."""
+
+    def show(result: CaseResult, index: int, total: int) -> None:
+        if result.outcome == "skip" and not verbose:
+            return
+        width = len(str(total))
+        line = f"[{index:>{width}}/{total}] {result.outcome:<5} {result.case.id} "
+        line += f"({result.duration:.2f} s)"
+        if result.outcome != "pass" and result.difference:
+            line += f": {_short(result.difference)}"
+        stream.write(line + "\n")
+        stream.flush()
+
+    return show
+
+
+def _short(text: str, width: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     out = out or sys.stdout
-    args = parser().parse_args(argv)
+    err = err or sys.stderr
+    ap = parser()
+    args = ap.parse_args(argv)
+    if not args.target and not args.list:
+        ap.error("the following arguments are required: --target")
     try:
         cases = load_cases(args.cases, args.vectors)
     except CaseDataError as exc:
@@ -184,7 +238,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 0
     known = read_known_failing(args.known_failing) if args.known_failing else []
     report = run_suite(
-        config_from(args), selected, known_failing=known, all_ids=[c.id for c in cases]
+        config_from(args),
+        selected,
+        known_failing=known,
+        all_ids=[c.id for c in cases],
+        on_result=progress_printer(err, args.verbose),
+        fail_fast=args.fail_fast,
     )
     print_report(report, out, verbose=args.verbose)
     if args.junit:

@@ -30,6 +30,7 @@ class Report:
     cleanup_problems: list[str] = field(default_factory=list)
     setup_error: str | None = None
     capabilities: dict[str, Any] = field(default_factory=dict)
+    not_run: int = 0  # cases left when --fail-fast stopped the run
 
     @property
     def ran(self) -> list[CaseResult]:
@@ -98,6 +99,8 @@ def print_report(report: Report, out: TextIO, *, verbose: bool = False) -> None:
         f"{c['error']} errors, {c['xfail']} known failures, {c['xpass']} stale known "
         f"failures, {c['skip']} skipped\n"
     )
+    if report.not_run:
+        out.write(f"stopped at the first failure (--fail-fast): {report.not_run} cases not run\n")
     if not report.ran and not report.setup_error:
         out.write("no case ran: the run fails\n")
 
@@ -161,6 +164,7 @@ def as_json(report: Report) -> dict[str, Any]:
         "exit_code": report.exit_code(),
         "setup_error": report.setup_error,
         "counts": dict(report.counts()),
+        "not_run": report.not_run,
         "stale_entries": report.stale_entries,
         "cleanup_problems": report.cleanup_problems,
         "server": {

@@ -14,16 +14,18 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 import dssst1
 from arctic_sdk._generated import methods as M
 
-from .grpc_wire import GrpcWire
 from .http_wire import HttpWire
 from .wire import Call, Reply
+
+if TYPE_CHECKING:  # grpc is imported only for --transport grpc: HTTP runs without it
+    from .grpc_wire import GrpcWire
 
 DEFAULT_PREFIX = "/api/v2/databases/conformance/schemas/conformance/cortex-training"
 DEFAULT_JOB_CONFIG: dict[str, Any] = {
@@ -41,7 +43,23 @@ _LIMIT = re.compile(r"^limit:(\w+)(<=|>=|==)(\d+)$")
 
 
 class SetupError(Exception):
-    """The run cannot go on (no capabilities, no job)."""
+    """The run cannot go on (no capabilities, no job, no grpc for --transport grpc)."""
+
+
+GRPC_MISSING = (
+    "--transport grpc needs the grpc package (grpcio), which is not installed in this "
+    'environment: pip install "arctic-sdk[grpc]" (the HTTP suite runs without it)'
+)
+
+
+def _grpc_wire_class() -> type[GrpcWire]:
+    try:
+        from .grpc_wire import GrpcWire
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "grpc":
+            raise
+        raise SetupError(f"{GRPC_MISSING} [{exc}]") from exc
+    return GrpcWire
 
 
 @dataclass
@@ -93,6 +111,7 @@ class Session:
     # ------------------------------------------------------------------ setup
 
     def start(self) -> None:
+        grpc_wire = _grpc_wire_class() if self.cfg.transport == "grpc" else None
         reply = self.http.send(Call(M.GET_CAPABILITIES, timeout=self.cfg.timeout))[0]
         if reply.is_error or not isinstance(reply.body, Mapping):
             raise SetupError(
@@ -129,8 +148,8 @@ class Session:
                 self.capacity = dict(cap.body)
                 if cap.body.get("has_reservation") and int(cap.body.get("max_total_gpus") or 0):
                     f.add("capacity")
-        if self.cfg.transport == "grpc":
-            self.wire = GrpcWire(self._grpc_target(feats), timeout=self.cfg.timeout)
+        if grpc_wire is not None:
+            self.wire = grpc_wire(self._grpc_target(feats), timeout=self.cfg.timeout)
 
     def _grpc_target(self, feats: Mapping[str, Any]) -> str:
         if self.cfg.grpc_target:

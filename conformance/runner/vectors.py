@@ -32,8 +32,14 @@ import dssst1
 from arctic_sdk._generated import methods as M
 
 from .model import Case, Step
+from .values import CaseDataError
 
-DEFAULT_VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
+# An installed runner reads the copy its wheel carries (hatch_build.py); a checkout, tests/vectors.
+PACKAGED_VECTORS = Path(__file__).resolve().parents[1] / "vectors"
+CHECKOUT_VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
+DEFAULT_VECTORS = (
+    PACKAGED_VECTORS if (PACKAGED_VECTORS / "index.json").exists() else CHECKOUT_VECTORS
+)
 NOT_SENDABLE = {
     "env-result-chunk-events": "a list of result_chunk events: only a server sends those",
     "env-result-chunk-events-no-sha": "a list of result_chunk events: only a server sends those",
@@ -94,8 +100,11 @@ def vector_cases(
     area: str, vectors_dir: Path | None, defaults: Mapping[str, Any], source: str
 ) -> list[Case]:
     root = vectors_dir or DEFAULT_VECTORS
-    if not (root / "index.json").exists():
-        return []
+    if not (root / "index.json").exists():  # never a silently smaller suite
+        raise CaseDataError(
+            f"{source}: the golden vectors are not at {root} (no index.json); "
+            "pass --vectors DIR (tests/vectors of a checkout)"
+        )
     out = []
     for v in load_index(root):
         if v["id"] in NOT_SENDABLE:

@@ -17,6 +17,7 @@ configuration is `ArcticConfig` (see `arctic_sdk.config`). The wire specificatio
 
 __version__ = "0.1.0"
 
+from . import errors, types
 from ._client_base import CallOptions
 from ._generated.client import AsyncClient, Client
 from ._generated.error_codes import ErrorCode
@@ -28,73 +29,32 @@ from .config import (
     PollConfig,
     RetryConfig,
 )
-from .errors import (
-    ArcticConnectionError,
-    ArcticError,
-    ArcticTimeoutError,
-    AuthenticationError,
-    BadRequestError,
-    ChunkGroupConflictError,
-    ChunkGroupError,
-    ChunkGroupMissingChunksError,
-    ChunkGroupRestartRequiredError,
-    ConflictError,
-    InternalServerError,
-    InvalidArgumentError,
-    NotFoundError,
-    OutcomeUnknownError,
-    PayloadTooLargeError,
-    RateLimitError,
-    RequestCancelledError,
-    RequestFailedError,
-    ServerError,
-    ServerTimeoutError,
-    ServiceUnavailableError,
-    TransientError,
-    UnimplementedError,
-    UserError,
-)
+from .errors import *  # noqa: F403  (every error class: one per stable code)
+from .types import KlType, LossAggMode, LossFn, SamplingParams
 
 __all__ = [
     "ArcticConfig",
-    "ArcticConnectionError",
-    "ArcticError",
-    "ArcticTimeoutError",
     "AsyncClient",
-    "AuthenticationError",
-    "BadRequestError",
     "CallOptions",
-    "ChunkGroupConflictError",
-    "ChunkGroupError",
-    "ChunkGroupMissingChunksError",
-    "ChunkGroupRestartRequiredError",
     "Client",
-    "ConflictError",
     "CortexConfig",
     "ErrorCode",
     "GrpcConfig",
     "InprocConfig",
-    "InternalServerError",
-    "InvalidArgumentError",
-    "NotFoundError",
-    "OutcomeUnknownError",
-    "PayloadTooLargeError",
+    "KlType",
+    "LossAggMode",
+    "LossFn",
     "PollConfig",
-    "RateLimitError",
-    "RequestCancelledError",
-    "RequestFailedError",
     "RetryConfig",
-    "ServerError",
-    "ServerTimeoutError",
-    "ServiceUnavailableError",
-    "TransientError",
-    "UnimplementedError",
-    "UserError",
+    "SamplingParams",
     "__version__",
+    "errors",
+    "types",
 ]
+__all__ += errors.__all__
 
 for _name in __all__:
     _obj = globals()[_name]
-    if isinstance(_obj, type):
+    if isinstance(_obj, type) and _obj.__module__.startswith(__name__):
         _obj.__module__ = __name__
 del _name, _obj

@@ -1,16 +1,21 @@
 """The one body checker, shared by the SDK (before sending) and the servers (on arrival).
 
 It walks a body — a JSON object or a decoded DSSST1 value — against the op's `request_type`
-message and its `(arctic.v1.field)` options (PROTOCOL.md §2): value types, enum names, required
-fields, tensor dtypes and symbolic shapes; `google.protobuf.Struct` and `Value` fields pass
+message and its `(arctic.v1.field)` options (PROTOCOL.md §2): value types, enum names, the
+values a string field takes, required fields, tensor dtypes and symbolic shapes, and the
+per-loss fields of forward-backward / forward (a field `processing.loss_fn` does not read is
+refused, never ignored; PROTOCOL.md §9); `google.protobuf.Struct` and `Value` fields pass
 through. The first hard problem raises `BodyError` (code, field, message, details); unknown
-fields are collected over the whole body and returned, so each side reports all of them in one
-error of its own type.
+fields (each with the fields expected at its place and a "did you mean"), missing fields and
+fields the loss does not read are collected over the whole body, and `leftover_error` turns them
+into the one error each side raises in its own type — unknown fields first, so a misspelt
+`kwargz` is named as such rather than reported as a missing `kwargs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +30,8 @@ _STRUCT = "google.protobuf.Struct"
 _VALUE = "google.protobuf.Value"
 # Messages of knobs: a server reports their unknown keys as `unsupported_option`, not bad fields.
 OPTION_MESSAGES = frozenset({training_pb2.LossConfig.DESCRIPTOR.full_name})
+# The field whose value selects the loss that the `(arctic.v1.field).losses` options refer to.
+LOSS_SELECTOR = "processing.loss_fn"
 
 _NUMPY_DTYPE_NAMES = {
     "float64": "F64",
@@ -56,18 +63,37 @@ def dtype_name(value: Any) -> str | None:
 class BodyError(Exception):
     """The first hard problem of a body: a spec error code, the field's path, what was wrong."""
 
-    def __init__(self, code: str, path: str, message: str, **details: Any) -> None:
+    def __init__(
+        self, code: str, path: str, message: str, *, whole: bool = False, **details: Any
+    ) -> None:
         super().__init__(message)
         self.code, self.path, self.message, self.details = code, path, message, details
+        self.whole = whole  # the message names its fields itself
+
+    @property
+    def text(self) -> str:
+        """The error message: `field {path}: {message}` unless the message names its fields."""
+        return self.message if self.whole else f"field {self.path}: {self.message}"
 
 
 @dataclass
 class Leftovers:
-    """What a walk collects instead of raising: unknown fields, and unknown knobs of
-    `OPTION_MESSAGES` (when the walk keeps them apart)."""
+    """What a walk collects instead of raising: unknown fields (with the fields expected at
+    their place), unknown knobs of `OPTION_MESSAGES` (when the walk keeps them apart), missing
+    required fields, and fields the chosen loss does not read."""
 
     unknown: list[str] = field(default_factory=list)
     unsupported: list[str] = field(default_factory=list)
+    expected: dict[str, list[str]] = field(default_factory=dict)  # unknown path -> siblings
+    missing: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # "path: why"
+    loss_fn: str = ""
+
+
+def closest(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate `name` is most likely a misspelling of, if one is close enough."""
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return found[0] if found else None
 
 
 def check_body(
@@ -80,15 +106,86 @@ def check_body(
     """
     w = _Walker(options_apart=options_apart, synonyms=synonyms)
     w.message(desc, body, "")
+    if w.restricted:
+        w.selected = w.selected or _default_at(desc, LOSS_SELECTOR)
+        w.loss_rules()
     return w.found
 
 
-def unknown_fields_message(desc: Descriptor, unknown: list[str]) -> str:
-    """The text of the one error naming every unknown field of a body."""
-    return (
-        f"unknown field(s) {', '.join(unknown)} in {desc.name}; expected only "
-        f"{', '.join(f.name for f in desc.fields)}"
-    )
+def _default_at(desc: Descriptor, path: str) -> str:
+    """The `(arctic.v1.field).default_value` of the field at dotted `path` under `desc`."""
+    fd: FieldDescriptor | None = None
+    cur: Descriptor | None = desc
+    for name in path.split("."):
+        fd = cur.fields_by_name.get(name) if cur is not None else None
+        if fd is None:
+            return ""
+        cur = fd.message_type
+    return str(_field_opts(fd).default_value) if fd is not None else ""
+
+
+def _unknown_text(found: Leftovers, paths: list[str]) -> str:
+    parts = []
+    for path in paths:
+        parent, _, name = path.rpartition(".")
+        siblings = found.expected.get(path, [])
+        near = closest(name.split("[")[0], siblings)
+        text = path
+        if near:
+            text += f" (did you mean {_join(parent, near)}?)"
+        text += f"; expected there: {', '.join(siblings) or 'nothing'}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _suggestions(found: Leftovers, paths: list[str]) -> dict[str, str]:
+    out = {}
+    for path in paths:
+        parent, _, name = path.rpartition(".")
+        near = closest(name, found.expected.get(path, []))
+        if near:
+            out[path] = _join(parent, near)
+    return out
+
+
+def leftover_error(desc: Descriptor, found: Leftovers) -> BodyError | None:
+    """The one error of a walk's leftovers, or None: unknown fields (all named, each with the
+    fields expected at its place and a "did you mean"), then unknown knobs (`unsupported_option`),
+    then missing required fields, then fields the chosen loss does not read."""
+    if found.unknown:
+        return BodyError(
+            "invalid_argument",
+            found.unknown[0],
+            f"unknown field(s) in {desc.name}: {_unknown_text(found, found.unknown)}",
+            whole=True,
+            unknown_fields=list(found.unknown),
+            expected_fields={p: found.expected.get(p, []) for p in found.unknown},
+            did_you_mean=_suggestions(found, found.unknown),
+        )
+    if found.unsupported:
+        return BodyError(
+            "unsupported_option",
+            found.unsupported[0],
+            f"unknown option(s) {_unknown_text(found, found.unsupported)}; they cannot be honoured",
+            whole=True,
+            options=list(found.unsupported),
+            expected_fields={p: found.expected.get(p, []) for p in found.unsupported},
+            did_you_mean=_suggestions(found, found.unsupported),
+        )
+    if found.missing:
+        return BodyError("missing_field", found.missing[0], "is required")
+    if found.unread:
+        paths = [u.split(":", 1)[0] for u in found.unread]
+        return BodyError(
+            "invalid_argument",
+            paths[0],
+            f"field(s) not read by loss_fn {found.loss_fn!r}, refused rather than ignored: "
+            + "; ".join(found.unread),
+            whole=True,
+            loss_fn=found.loss_fn,
+            unread_fields=paths,
+        )
+    return None
 
 
 def _field_opts(fd: FieldDescriptor) -> options_pb2.FieldOptions:
@@ -131,6 +228,9 @@ class _Walker:
         self.options_apart, self.synonyms = options_apart, synonyms
         self.dims: dict[str, tuple[int, str]] = {}  # symbol -> (size, field that fixed it)
         self.found = Leftovers()
+        self.present: set[str] = set()  # paths of the fields set
+        self.restricted: list[tuple[str, tuple[str, ...], str]] = []  # (path, losses, requires)
+        self.selected = ""  # the value (or default) of LOSS_SELECTOR
 
     def message(self, desc: Descriptor, value: Any, path: str) -> None:
         if not isinstance(value, Mapping):
@@ -143,13 +243,32 @@ class _Walker:
         for key in value:
             if not isinstance(key, str) or key not in fields:
                 unknown.append(_join(path, str(key)))
+                self.found.expected[unknown[-1]] = [f.name for f in desc.fields]
         for fd in desc.fields:
             fpath = _join(path, fd.name)
+            opts = _field_opts(fd)
             if fd.name not in value or value[fd.name] is None:
-                if _field_opts(fd).required:
-                    raise BodyError("missing_field", fpath, "is required")
+                if opts.required:
+                    self.found.missing.append(fpath)
+                if opts.default_value and fpath == LOSS_SELECTOR:
+                    self.selected = opts.default_value
                 continue
+            self.present.add(fpath)
+            if opts.losses or opts.requires:
+                self.restricted.append((fpath, tuple(opts.losses), opts.requires))
+            if fpath == LOSS_SELECTOR and isinstance(value[fd.name], str):
+                self.selected = value[fd.name] or opts.default_value  # "" = unset (proto3)
             self.field(fd, value[fd.name], fpath)
+
+    def loss_rules(self) -> None:
+        """Fields present that the selected loss does not read (`(arctic.v1.field).losses`), or
+        whose `requires` field is absent."""
+        for path, losses, requires in self.restricted:
+            if losses and self.selected not in losses:
+                self.found.unread.append(f"{path}: read only by {', '.join(losses)}")
+            elif requires and requires not in self.present:
+                self.found.unread.append(f"{path}: read only with {requires}")
+        self.found.loss_fn = self.selected
 
     def field(self, fd: FieldDescriptor, value: Any, path: str) -> None:
         mt = fd.message_type
@@ -190,6 +309,16 @@ class _Walker:
         ok, want = _scalar_ok(fd, value)
         if not ok:
             raise BodyError("invalid_argument", path, f"expected {want}, got {_kind(value)}")
+        allowed = list(_field_opts(fd).values)
+        if allowed and value != "" and value not in allowed:
+            near = closest(str(value), allowed)
+            raise BodyError(
+                "invalid_argument",
+                path,
+                f"{value!r} is not one of {allowed}"
+                + (f" (did you mean {near!r}?)" if near else ""),
+                expected=allowed,
+            )
 
     def enum(self, fd: FieldDescriptor, value: Any, path: str) -> None:
         et = fd.enum_type

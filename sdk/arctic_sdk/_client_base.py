@@ -66,10 +66,24 @@ class AsyncTransport(Protocol):
     async def close(self) -> None: ...
 
 
-def merge_body(body: Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """The request body: the positional mapping, updated by keyword fields."""
+def merge_body(
+    method: MethodInfo,
+    body: Any,
+    fields: Mapping[str, Any],
+    options: Any,
+    unknown: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The request body: the positional mapping, updated by the keyword fields that are set.
+
+    Misuse is refused before anything else happens, as `InvalidArgumentError`: a body that is
+    not a mapping, `options` that are not `CallOptions`, an unknown keyword (named, with the
+    closest known one).
+    """
+    from ._misuse import check_call
+
+    check_call(method, body, options, unknown or {})
     merged: dict[str, Any] = dict(body) if body is not None else {}
-    merged.update(fields)
+    merged.update((k, v) for k, v in fields.items() if v is not None)
     return merged
 
 
@@ -245,8 +259,9 @@ class ClientBase(_Common):
         body: Mapping[str, Any] | None,
         fields: Mapping[str, Any],
         options: CallOptions | None,
+        unknown: Mapping[str, Any] | None = None,
     ) -> Any:
-        merged = merge_body(body, fields)
+        merged = merge_body(method, body, fields, options, unknown)
         result = self._transport.call(method, merged, options)
         self._created(method, merged, result)
         return result
@@ -257,8 +272,9 @@ class ClientBase(_Common):
         body: Mapping[str, Any] | None,
         fields: Mapping[str, Any],
         options: CallOptions | None,
+        unknown: Mapping[str, Any] | None = None,
     ) -> concurrent.futures.Future[Any]:
-        merged = merge_body(body, fields)
+        merged = merge_body(method, body, fields, options, unknown)
         fut: concurrent.futures.Future[Any] = self._transport.submit(method, merged, options)
         if method is _M.CREATE_JOB:
             fut.add_done_callback(
@@ -343,8 +359,9 @@ class AsyncClientBase(_Common):
         body: Mapping[str, Any] | None,
         fields: Mapping[str, Any],
         options: CallOptions | None,
+        unknown: Mapping[str, Any] | None = None,
     ) -> Any:
-        merged = merge_body(body, fields)
+        merged = merge_body(method, body, fields, options, unknown)
         result = await self._transport.call(method, merged, options)
         self._created(method, merged, result)
         return result
@@ -355,8 +372,9 @@ class AsyncClientBase(_Common):
         body: Mapping[str, Any] | None,
         fields: Mapping[str, Any],
         options: CallOptions | None,
+        unknown: Mapping[str, Any] | None = None,
     ) -> asyncio.Future[Any]:
-        merged = merge_body(body, fields)
+        merged = merge_body(method, body, fields, options, unknown)
         fut: asyncio.Future[Any] = self._transport.submit(method, merged, options)
         if method is _M.CREATE_JOB:
             fut.add_done_callback(

@@ -26,7 +26,10 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from ._body_check import closest
+from .errors import InvalidArgumentError
 
 __all__ = [
     "ArcticConfig",
@@ -145,6 +148,9 @@ class RetryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_retries: int = Field(default=10, ge=0)
+    first_contact_retries: int = Field(default=2, ge=0)
+    """Retries of a connection that never reached a server this client has not heard from yet
+    (a wrong URL fails after these, in seconds, naming the address)."""
     initial_backoff: float = Field(default=0.5, ge=0)
     max_backoff: float = Field(default=10.0, ge=0)
     multiplier: float = Field(default=2.0, ge=1)
@@ -237,10 +243,37 @@ KWARGS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _config_error(exc: ValidationError) -> InvalidArgumentError:
+    """A pydantic `ValidationError` as the SDK's error: every bad field named with its value
+    and what was expected (and the closest allowed value of a misspelt choice)."""
+    parts, fields, expected = [], [], {}
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e.get("loc", ())) or "config"
+        fields.append(where)
+        text = f"{where}={e.get('input')!r}: {e.get('msg')}"
+        allowed = (e.get("ctx") or {}).get("expected")
+        if e.get("type") == "literal_error" and allowed:
+            choices = [c.strip().strip("'") for c in str(allowed).replace(" or ", ", ").split(",")]
+            expected[where] = choices
+            near = closest(str(e.get("input")), choices)
+            if near:
+                text += f" (did you mean {near!r}?)"
+        parts.append(text)
+    return InvalidArgumentError(
+        "invalid client configuration: " + "; ".join(parts),
+        details={
+            "field": fields[0] if fields else "config",
+            "fields": fields,
+            "expected": expected,
+        },
+    )
+
+
 def build_config(config: ArcticConfig | dict[str, Any] | None, **kwargs: Any) -> ArcticConfig:
     """A config from `config` (a model or a dict) updated by `Client(...)`-style keywords.
 
-    Keywords given as None are ignored; unknown keywords raise `TypeError`.
+    Keywords given as None are ignored; an unknown keyword or a value the config refuses raises
+    `InvalidArgumentError` naming it (with the closest known name or value).
     """
     if isinstance(config, ArcticConfig):
         data: dict[str, Any] = _explicit(config)
@@ -251,7 +284,13 @@ def build_config(config: ArcticConfig | dict[str, Any] | None, **kwargs: Any) ->
             continue
         path = KWARGS.get(key)
         if path is None:
-            raise TypeError(f"unknown argument {key!r}; expected one of {sorted(KWARGS)}")
+            near = closest(key, KWARGS)
+            raise InvalidArgumentError(
+                f"unknown argument {key!r}"
+                + (f" (did you mean {near!r}?)" if near else "")
+                + f"; expected one of {sorted(KWARGS)}",
+                details={"field": key, "expected": sorted(KWARGS)},
+            )
         node = data
         for part in path[:-1]:
             sub = node.get(part)
@@ -260,7 +299,10 @@ def build_config(config: ArcticConfig | dict[str, Any] | None, **kwargs: Any) ->
             node[part] = dict(sub or {})
             node = node[part]
         node[path[-1]] = value
-    return ArcticConfig.model_validate(data)
+    try:
+        return ArcticConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
 
 
 def _explicit(model: BaseModel) -> dict[str, Any]:

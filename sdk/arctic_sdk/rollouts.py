@@ -1,4 +1,21 @@
-"""Multi-turn rollouts: an agent transcript to one trainable sequence.
+"""Rollouts to training frames: single-turn samples of `generate`, and multi-turn transcripts.
+
+Single turn: `from_generate(result)` turns a `generate` result (asked with `logprobs: 0`) into
+one rollout per sample — prompt + completion, `loss_mask` 1 on the completion, the sampler's
+log-probs — and `forward_backward_frame(rollouts, advantages, loss_fn="grpo")` builds the
+canonical forward-backward body with every column in its alignment (`loss_mask`, `advantages`
+token-aligned; the sampler's log-probs moved to `old_log_probs_shifted`).
+
+    >>> out = {"results": [{"prompt_token_ids": [5, 6], "samples": [
+    ...     {"token_ids": [7, 8], "logprobs": [-0.5, -0.25]}]}]}
+    >>> r = from_generate(out)[0]
+    >>> r.input_ids, r.loss_mask, r.logprobs
+    ([5, 6, 7, 8], [0, 0, 1, 1], [0.0, 0.0, -0.5, -0.25])
+    >>> frame = forward_backward_frame([r], [1.0], loss_fn="grpo")
+    >>> frame["context"]["old_log_probs_shifted"].tolist()  # column i: log-prob of token i + 1
+    [[0.0, -0.5, -0.25, 0.0]]
+
+Multi-turn rollouts: an agent transcript to one trainable sequence.
 
 An agent loop that samples through the OpenAI-compatible endpoint gets, per turn, the *full*
 prompt it sent (history included) and the completion the model produced, both as token ids
@@ -40,6 +57,7 @@ __all__ = [
     "TurnsDoNotConcatenateWarning",
     "flatten_turns",
     "forward_backward_frame",
+    "from_generate",
     "pad_rollouts",
     "turn_from_response",
 ]
@@ -232,6 +250,20 @@ def turn_from_response(response: Any, choice: int = 0) -> Turn:
         if lps is not None and len(lps) != len(completion):
             lps = None
     return Turn(_ids(prompt, "prompt_token_ids"), _ids(completion, "token_ids"), lps)
+
+
+def from_generate(result: Mapping[str, Any]) -> list[FlatRollout]:
+    """One single-turn rollout per sample of a `generate` result (`GenerateResult`), in prompt
+    order and, within a prompt, sample order: its ids are the prompt's then the completion's,
+    `loss_mask` is 1 on the completion, and `logprobs` are the sampler's (None when the call
+    did not ask for `logprobs`)."""
+    out = []
+    for c in result["results"]:
+        prompt = _ids(c["prompt_token_ids"], "prompt_token_ids")
+        for s in c["samples"]:
+            turn = Turn(prompt, _ids(s["token_ids"], "token_ids"), s.get("logprobs"))
+            out.append(flatten_turns([turn]))
+    return out
 
 
 @dataclass(frozen=True)

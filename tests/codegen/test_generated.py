@@ -27,7 +27,9 @@ from google.protobuf.message import Message
 from arctic_sdk._client_base import CallOptions
 from arctic_sdk._generated import client, error_codes, grpc_stubs, methods
 from arctic_sdk._generated.arctic.v1 import dssst1_pb2
+from arctic_sdk._misuse import keyword_names
 from arctic_sdk._spec import GrpcShape, MethodInfo
+from arctic_sdk.errors import InvalidArgumentError
 from arctic_servers._generated import grpc_services, http_routes, servicer
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
@@ -185,12 +187,29 @@ async def test_clients_delegate_every_op_to_the_transport() -> None:
     sync_c = client.Client(transport=sync_t)
     async_c = client.AsyncClient(transport=async_t)
     for m in methods.METHODS:
-        assert getattr(sync_c, m.python_name)({"a": 1, "b": 1}, options=opts, b=2) == _answer(m)
-        assert await getattr(async_c, m.python_name)({"a": 1}, b=2) == _answer(m)
-        assert getattr(sync_c, f"submit_{m.python_name}")(c=3).result() == _answer(m)
+        names = keyword_names(m)[:-1]  # the op's fields and path parameters ("options" last)
+        b = names[0] if names else "b"
+        kw = {b: 2} if names else {}
+        assert getattr(sync_c, m.python_name)({"a": 1, b: 1}, options=opts, **kw) == _answer(m)
+        assert await getattr(async_c, m.python_name)({"a": 1}, **kw) == _answer(m)
+        unset = {b: None} if names else {}  # None = unset: not sent
+        assert getattr(sync_c, f"submit_{m.python_name}")(**unset).result() == _answer(m)
         assert await getattr(async_c, f"submit_{m.python_name}")() == _answer(m)
-        assert sync_t.calls[-2:] == [(m, {"a": 1, "b": 2}, opts), (m, {"c": 3}, None)]
-        assert async_t.calls[-2:] == [(m, {"a": 1, "b": 2}, None), (m, {}, None)]
+        want = {"a": 1, b: 2 if names else 1}
+        assert sync_t.calls[-2:] == [(m, want, opts), (m, {}, None)]
+        assert async_t.calls[-2:] == [(m, {"a": 1, **kw}, None), (m, {}, None)]
+        # every keyword is a named parameter, documented under Args (help() shows them)
+        params = inspect.signature(getattr(client.Client, m.python_name)).parameters
+        assert [p for p in params if p not in ("self", "body", "unknown")] == [*names, "options"]
+        doc = inspect.getdoc(getattr(client.Client, m.python_name)) or ""
+        assert all(f"    {n}: " in doc for n in [*names, "options"]), m.name
+        # an unknown keyword is refused by name before the transport sees it
+        n_calls = len(sync_t.calls)
+        for call in (getattr(sync_c, m.python_name), getattr(sync_c, f"submit_{m.python_name}")):
+            with pytest.raises(InvalidArgumentError) as err:
+                call(bogus_field=1)
+            assert err.value.details["unknown_fields"] == ["bogus_field"]
+        assert len(sync_t.calls) == n_calls
 
 
 async def test_servicer_skeleton_answers_unimplemented_for_every_business_op() -> None:

@@ -85,8 +85,7 @@ def test_create_job_body_from_legacy_fields() -> None:
         sampling_gpus=1,
         log_prob_gpus=1,
         ds_config={
-            "train_batch_size": 8,
-            "gradient_accumulation_steps": 4,
+            "train_micro_batch_size_per_gpu": 2,
             "bf16": {"enabled": True},
             "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95]}},
             "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
@@ -94,27 +93,21 @@ def test_create_job_body_from_legacy_fields() -> None:
         training_config={"max_length": 128, "optimizer": {"gradient_clipping": 0.5}},
         vllm_config={"max_model_len": 128},
     )
-    body = cfg.create_job_body()
+    body = cfg.create_job_body()  # a server with the standard keys only
     training, sampling, log_prob = body["sub_job_configs"]
     tc = training["training_config"]
     assert tc["optimizer"] == {"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.95]}
     assert tc["zero_stage"] == 2 and tc["gradient_clipping"] == 0.5 and tc["max_seq_len"] == 128
-    # the protocol owns accumulation: batch-split keys are not passed to DeepSpeed
-    assert tc["deepspeed"] == {
-        "bf16": {"enabled": True},
-        "zero_optimization": {"offload_optimizer": {"device": "cpu"}},
-    }
+    assert tc["micro_batch_size"] == 2  # the rows of one pass
+    # bf16 is every sub-job's dtype; the rest of the DeepSpeed config passes through
+    assert {s["dtype"] for s in body["sub_job_configs"]} == {"bfloat16"}
+    assert tc["deepspeed"] == {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
     assert sampling["inference_config"] == {
         "n_gpus": 1,
         "vllm_config": {"max_model_len": 128},
         "max_seq_len": 128,
     }
-    assert log_prob == {
-        "job_type": "log_prob",
-        "model_name": "tiny",
-        "seed": 42,
-        "inference_config": {"n_gpus": 1},
-    }
+    assert log_prob["inference_config"] == {"n_gpus": 1, "max_seq_len": 128}
 
 
 def test_legacy_method_table() -> None:
@@ -144,9 +137,7 @@ async def test_refused_knobs_send_nothing(fake_server: Server) -> None:
     client = create_arctic_rl_client(fake_server.config())
     try:
         before = len(fake_server.execution_log(client.job_id))
-        bad = L.skyrl_fwd_bwd_payload(
-            policy_loss_config={"loss_mode": "gpg"}, zorro_train_enable=True
-        )
+        bad = L.skyrl_fwd_bwd_payload(policy_loss_config={"loss_mode": "gpg"}, new_knob=1)
         with pytest.raises(UnsupportedKnobsError) as info:
             await client.fwd_bwd(bad)
         assert len(info.value.options) == 2
@@ -159,13 +150,15 @@ async def test_refused_knobs_send_nothing(fake_server: Server) -> None:
         await client.shutdown()
 
 
-async def test_reference_model_runs_on_the_log_prob_sub_job(client: Any, server: Server) -> None:
-    if server.kind != "fake":
-        pytest.skip("reads the fake's execution log")
-    await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload(), reference_model=True)
-    await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload())
-    log = [e for e in server.execution_log(client.job_id) if e["op"] == "forward"]
-    assert [e["target"] for e in log[-2:]] == [client.log_prob_job_id, client.training_job_id]
+async def test_reference_model_runs_on_the_log_prob_sub_job(fake_server: Server) -> None:
+    client = create_arctic_rl_client(fake_server.config(log_prob_gpus=1))  # the execution log
+    try:
+        await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload(), reference_model=True)
+        await client.fwd_no_grad(L.skyrl_fwd_no_grad_payload())
+        log = [e for e in fake_server.execution_log(client.job_id) if e["op"] == "forward"]
+        assert [e["target"] for e in log[-2:]] == [client.log_prob_job_id, client.training_job_id]
+    finally:
+        await client.shutdown()
 
 
 def _child_step(blob: bytes) -> dict[str, Any]:

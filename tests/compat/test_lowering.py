@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -96,7 +98,6 @@ def test_outputs_map_back_to_the_callers_columns() -> None:
 
 def test_every_refused_knob_is_listed_in_one_error() -> None:
     p = L.skyrl_fwd_bwd_payload(
-        zorro_train_enable=True,
         rollout_is_weights=[1.0],
         new_knob=1,
         policy_loss_config={"loss_mode": "gspo"},
@@ -115,7 +116,6 @@ def test_every_refused_knob_is_listed_in_one_error() -> None:
             "batch.extra_tensor",
             "processing.post='tiled_logits'",
             "meta.new_knob",
-            "meta.zorro_train_enable=True",
             "meta.rollout_is_weights",
             "meta.policy_loss_config.loss_mode='gspo'",
             "meta.actor_config.loss_agg_mode='seq-mean-token-sum'",
@@ -171,3 +171,92 @@ def test_torch_in_torch_out() -> None:
 def test_canonical_detection() -> None:
     assert is_canonical({"kwargs": {}, "context": {}})
     assert not is_canonical(L.skyrl_fwd_no_grad_payload())
+
+
+# ---------------------------------------------------------------- alignment (the deployed contract)
+
+
+def _answer(low: Any) -> np.ndarray:
+    """A server's shifted log-probs for the lowered rows: -(row + 1) - 0.01 * column, 0 on
+    columns that predict nothing (the last real one and padding)."""
+    lengths = low.lengths
+    out = np.zeros((len(lengths), low.width), np.float32)
+    for b, n in enumerate(lengths):
+        out[b, : max(0, n - 1)] = -(b + 1) - 0.01 * np.arange(max(0, n - 1))
+    return out
+
+
+@pytest.mark.parametrize("zorro", [False, True])
+def test_skyrl_round_trip_feeds_the_answer_back_exactly(zorro: bool) -> None:
+    """SkyRL sends `fwd_no_grad`'s `batch.logprobs` straight back as `old_log_probs`: lowered,
+    it is exactly the log-probs the trainer will compute (on-policy: ratio 1)."""
+    fwd = L.skyrl_fwd_no_grad_payload()
+    fwd["meta"]["zorro_train_enable"] = zorro
+    low = lower(fwd, train=False)
+    answer = _answer(low)
+    lp = low.lift_outputs({"outputs": {"logprobs_shifted": answer}})["logprobs"]
+    body = L.skyrl_fwd_bwd_payload(zorro_train_enable=zorro)
+    body["batch"]["old_log_probs"] = lp
+    # without ZoRRO the answer is predict-next: only this client knows (it returned the array)
+    aligned = {"old_log_probs": "predict_next"} if not zorro else {}
+    ctx = lower(body, train=True, aligned=aligned).frame["context"]
+    trained = L.left_pad(L.RESP_MASK_R)  # token-aligned response tokens, caller columns
+    lowered_mask = ctx["loss_mask"]
+    for b in range(2):
+        cols = np.nonzero(lowered_mask[b])[0]  # token positions k in the left-aligned row
+        np.testing.assert_array_equal(
+            ctx["old_log_probs_shifted"][b, cols - 1], answer[b, cols - 1]
+        )
+    assert int(lowered_mask.sum()) == int(trained.sum())
+
+
+def test_zorro_outputs_are_response_aligned() -> None:
+    fwd = L.skyrl_fwd_no_grad_payload()
+    fwd["meta"]["zorro_train_enable"] = True
+    low = lower(fwd, train=False)
+    lp = low.lift_outputs({"outputs": {"logprobs_shifted": _answer(low)}})["logprobs"]
+    # row 0: prompt [PAD, 11, 12] then responses 21 22 23 in columns 3..5; column 3 is the
+    # log-prob of token 21 = the prediction of row position 1 (token 12)
+    np.testing.assert_allclose(lp[0], [0, 0, 0, -1.01, -1.02, -1.03, 0], atol=1e-6)
+    np.testing.assert_allclose(lp[1], [0, 0, 0, -2.02, 0, 0, 0], atol=1e-6)
+    off = lower(L.skyrl_fwd_no_grad_payload(), train=False)
+    np.testing.assert_allclose(  # ZoRRO off: predict-next, column i = token i + 1
+        off.lift_outputs({"outputs": {"logprobs_shifted": _answer(off)}})["logprobs"][0],
+        [0, -1.0, -1.01, -1.02, -1.03, 0, 0],
+        atol=1e-6,
+    )
+
+
+def test_a_predict_next_tensor_is_not_taken_for_a_response_tensor() -> None:
+    """A [B, P+R] log-prob input with values on the prompt columns is refused by name, unless
+    the client knows it (it returned it); never guessed."""
+    body = L.skyrl_fwd_bwd_payload()
+    bad = L.left_pad(L.OLD_LP_R)
+    bad[0, 2] = -0.5  # column 2 < P = 3: the prompt
+    body["batch"]["old_log_probs"] = bad
+    with pytest.raises(InvalidArgumentError, match=r"batch\.old_log_probs: column 2 of row 0"):
+        lower(body, train=True)
+    ok = lower(body, train=True, aligned={"old_log_probs": "predict_next"})
+    assert "old_log_probs_shifted" in ok.frame["context"]
+    body["batch"]["old_log_probs"] = L.OLD_LP_R  # [B, R]: token-aligned by its shape
+    lower(body, train=True)
+
+
+@pytest.mark.parametrize(
+    ("meta", "balanced"),
+    [
+        ({}, False),
+        ({"load_balancer": True}, True),  # verl's switch (stock arctic.yaml: on)
+        ({"zorro_train_enable": True}, True),  # SkyRL: zorro_train_load_balancer defaults on
+        ({"zorro_train_enable": True, "zorro_train_load_balancer": False}, False),
+        ({"zorro_train_load_balancer": True}, False),  # the balancer of ZoRRO, ZoRRO off
+    ],
+)
+def test_zorro_and_load_balancer_ask_for_balanced_rows(
+    meta: dict[str, Any], balanced: bool
+) -> None:
+    body = L.skyrl_fwd_bwd_payload()
+    body["meta"].pop("zorro_train_load_balancer")
+    body["meta"].update(meta)
+    proc = lower(body, train=True).frame["processing"]
+    assert proc.get("balance_rows", False) is balanced

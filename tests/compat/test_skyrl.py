@@ -1,190 +1,190 @@
-"""SkyRL's Arctic integration (`integrations/arctic_rl`, adapters.md §2): every client call with
-its exact arguments, and every field it reads back, against the fake gateway and on-prem.
+"""SkyRL's Arctic integration (NovaSky-AI/SkyRL `integrations/arctic_rl`), replayed call by call
+with its own config, body shapes and keyword arguments (`skyrl_replay.py`) against the fake and
+the on-prem server, and the invariants a trainer relies on:
 
-`_run` is SkyRL's sync-to-async bridge: a fresh `asyncio.run` per call.
+- the first, fully on-policy step: `actor/ppo_kl == 0` and `actor/pg_clipfrac == 0`, with ZoRRO
+  on (SkyRL's default) and off — `batch.logprobs` from `fwd_no_grad` goes straight back as
+  `old_log_probs`;
+- `grad_norm` a per-rank list, every metric a number;
+- after `save_weights_for_sampler`, the sampler's log-probs equal the trainer's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import pytest
 
-from arctic_sdk import AsyncClient
 from arctic_sdk.compat import LegacyConfigWarning, create_arctic_rl_client
 
-from . import legacy_bodies as L
-from .conftest import TOKEN, Server, free_port
+from . import skyrl_replay as S
+from .conftest import Server, free_port
+
+torch = pytest.importorskip("torch")
+
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+# two groups of n_samples_per_prompt = 2 (SkyRL repeats a prompt n times; the fake samples a
+# repeated prompt of one request alike, so each slot's text differs by a word)
+PROMPTS = [CHAT.format(t) for t in ("count to three", "count to 3", "say hi", "say hello")]
+REWARDS = [1.0, 0.0, 0.25, 0.75]
+# on-prem: the log-probs of forward (eval, one pass) and of forward-backward (train mode, the
+# graph kept) are the same computation on one rank
+EXACT = {"fake": 0.0, "onprem": 0.0}
 
 
-def _run(coro: Any) -> Any:
+def _client(server: Server, **over: Any) -> Any:
+    with pytest.warns(LegacyConfigWarning) as rec:
+        client = create_arctic_rl_client(S.build_rl_config(server, bf16=False, **over))
+    text = " | ".join(str(w.message) for w in rec)
+    # every stock field the server cannot use is named, none silently dropped
+    for name in ("use_liger", "forest_cascade_attn_configs", "train_batch_size"):
+        assert name in text, (name, text)
+    return client
+
+
+@pytest.fixture(scope="module")
+def skyrl_job(server: Server, request: pytest.FixtureRequest) -> Any:
+    """The fake: a job from SkyRL's stock config (ZoRRO on; ZoRRO is per call, so the ZoRRO-off
+    runs share it). On-prem, where engine start-ups cost minutes: SkyRL's entrypoint re-attach
+    (`ArcticRLExp`: `create_arctic_rl_client(reconnect_config, server_state)`) onto the
+    session's stock job (SkyRL's own config creates the W = 2 job of test_onprem_w2.py)."""
+    if server.kind == "fake":
+        client = _client(server, use_zorro=True)
+    else:
+        shared = request.getfixturevalue("onprem_stock_job")
+        client = create_arctic_rl_client(shared.reconnect_config(), shared.get_server_state())
     try:
-        return asyncio.run(coro)
-    except RuntimeError:
-        with ThreadPoolExecutor(1) as ex:
-            return ex.submit(asyncio.run, coro).result()
+        yield client
+    finally:
+        S.run(client.shutdown())
 
 
-def skyrl_rl_config(server: Server, **over: Any) -> dict[str, Any]:
-    """`entrypoint.build_rl_config`: comm_protocol "ray", backend "local", every field set."""
-    host, port = server.host_port
-    cfg: dict[str, Any] = {
-        "comm_protocol": "ray",
-        "backend": "local",
-        "host": host,
-        "port": port,
-        "pat": TOKEN,
-        "model_name": "tiny",
-        "training_gpus": 1,
-        "sampling_gpus": 1,
-        "log_prob_gpus": 0,
-        "log_prob_engine": "vllm",  # "deepspeed" if arl.log_prob_gpus > 0 else "vllm"
-        "colocate": False,
-        "ds_config": {
-            "train_micro_batch_size_per_gpu": 1,
-            "train_batch_size": 4,
-            "gradient_accumulation_steps": 4,
-            "sequence_parallel_size": 1,
-            "bf16": {"enabled": False},
-            "gradient_clipping": 1.0,
-            "optimizer": {
-                "type": "AdamW",
-                "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0},
-            },
-            "zero_optimization": {
-                "stage": 1,
-                "offload_optimizer": {"device": "none"},
-                "offload_param": {"device": "none"},
-            },
-        },
-        "ds_worker_config": {"use_liger": False, "enable_gradient_checkpointing": False},
-        "training_config": {"max_length": 256},
-        "vllm_config": {"max_model_len": 256, "enforce_eager": True},
-        "arctic_inference_config": {},
-        "full_determinism": False,
-        "seed": 7,
-        "startup_timeout": 300,
-        "server_logs": True,
-        "job_ready_timeout": 300.0,
+@pytest.fixture(params=[True, False], ids=["zorro-on", "zorro-off"])
+def skyrl(request: pytest.FixtureRequest, skyrl_job: Any) -> Any:
+    skyrl_job.use_zorro = request.param
+    return skyrl_job
+
+
+def test_first_step_is_on_policy(skyrl: Any, server: Server) -> None:
+    """`ArcticGenerator.generate` → `_compute_old_log_probs` → `forward_backward` →
+    `optim_step` → `save_weights_for_sampler`, with SkyRL's stock config (ZoRRO on / off)."""
+    zorro = skyrl.use_zorro
+    r = S.run(S.generate(skyrl, PROMPTS))
+    assert all(0 < len(x) <= S.MAX_RESP for x in r.response_ids)
+    step = S.forward_backward_and_step(skyrl, r, S.grpo_advantages(REWARDS), use_zorro=zorro)
+    m = step.metrics
+    assert m["actor/ppo_kl"] == pytest.approx(0.0, abs=EXACT[server.kind])
+    assert m["actor/pg_clipfrac"] == 0.0 and m["actor/pg_clipfrac_lower"] == 0.0
+    assert m["num_tokens"] == sum(len(x) for x in r.response_ids)
+    assert all(S.is_number(v) for v in m.values()), m  # SkyRL's reduce_metrics needs numbers
+    grad = step.step_metrics["grad_norm"]
+    assert isinstance(grad, list) and len(grad) == 1 and step.grad_norm == grad[0] > 0
+    assert all(
+        S.is_number(v) for k, v in step.step_metrics.items() if k not in ("grad_norm", "last_lr")
+    )
+    # the alignment of what fwd_no_grad answered, per the deployed contract
+    lp = step.old_log_probs.numpy()
+    attn = step.fwd_bwd_payload["batch"]["attention_mask"].numpy()
+    p = step.fwd_bwd_payload["batch"]["prompts"].shape[1]
+    if zorro:  # response-aligned: column P + j = response token j; nothing on the prompt
+        assert (lp[:, :p] == 0).all() and (lp[:, p][attn[:, p] == 1] < 0).all()
+    else:  # predict-next: column P - 1 predicts response token 0
+        assert (lp[:, p - 1] < 0).all()
+
+
+def test_sampler_equals_trainer_after_save_weights_for_sampler(skyrl: Any, server: Server) -> None:
+    S.run(S.save_weights_for_sampler(skyrl))  # non-colocated branch (SkyRL's default)
+    r = S.run(S.generate(skyrl, PROMPTS[:1]))
+    repacked = S.repack(r, use_zorro=False, advantages=[0.0] * len(r.prompt_ids))
+    body = {
+        "batch": {k: repacked[k] for k in ("input_ids", "attention_mask", "prompts")},
+        "meta": {"pad_token_id": S.PAD, "zorro_train_enable": False},
+        "processing": {"post": ["compute_entropy_and_logprobs"], "loss_fn": None},
     }
-    cfg.update(over)
-    return cfg
+    lp = S.run(skyrl.fwd_no_grad(body))["batch"]["logprobs"].numpy()
+    p = repacked["prompts"].shape[1]
+    diffs = [
+        abs(float(lp[b, p - 1 + j]) - v)
+        for b, sampled in enumerate(r.logprobs)
+        for j, v in enumerate(sampled)
+    ]
+    assert diffs and max(diffs) <= (0.0 if server.kind == "fake" else 2e-5), max(diffs)
+
+
+def test_colocated_branch_and_inference_stub(skyrl: Any) -> None:
+    """The colocated branch of `save_weights_for_sampler` and `_ArcticInferenceEngineStub`."""
+    out = S.run(S.save_weights_for_sampler(skyrl, colocate=True))
+    assert out["weight_version"] >= 1
+    slept = S.run(skyrl.sleep_inference(level=2))
+    woke = S.run(skyrl.wake_inference(tags=None))
+    assert "applied" in slept["sampling"] and "applied" in woke["sampling"]
+    S.run(skyrl.sync_weights())  # the fully-async trainer's call: the job's defaults
+    saved = S.run(skyrl.save_checkpoint())  # `ckpt_dir` is ignored, as upstream
+    assert saved["path"]
 
 
 def test_entrypoint_creates_then_reattaches(server: Server) -> None:
-    over: dict[str, Any] = {"sampling_gpus": 0}
+    cfg = S.build_rl_config(server, bf16=False)
     if server.kind == "onprem":  # nothing answers here: "ray" launches the server, as deployed
-        over["port"] = free_port()
-    with pytest.warns(LegacyConfigWarning, match="server_logs"):
-        pre_client = create_arctic_rl_client(skyrl_rl_config(server, **over))
+        cfg["port"] = free_port()
+    cfg["sampling_gpus"] = 0
+    with pytest.warns(LegacyConfigWarning):
+        pre_client = create_arctic_rl_client(cfg)
     try:
         launched = pre_client.launched_server
         assert (launched is not None) == (server.kind == "onprem")
         reconnect_cfg = pre_client.reconnect_config()
         server_state = pre_client.get_server_state()  # comm_protocol == "ray"
-        # ArcticRLExp.__init__ inside the Ray task: re-attach, never create
-        exp_client = create_arctic_rl_client(reconnect_cfg, server_state)
+        exp_client = create_arctic_rl_client(reconnect_cfg, server_state)  # ArcticRLExp
         assert exp_client.job_id == pre_client.job_id
         job = pre_client.job_id
         assert exp_client.training_job_id == f"{job}:training:0"
         assert exp_client.sampling_job_id is None and exp_client.log_prob_job_id is None
-        _run(exp_client.shutdown())  # a re-attached copy only closes its connections
-        out = _run(pre_client.fwd_no_grad(L.skyrl_fwd_no_grad_payload(), reference_model=False))
-        assert out["batch"]["logprobs"].shape == (2, L.P + L.R)  # the job lives on
+        S.run(exp_client.shutdown())  # a re-attached copy only closes its connections
+        r = S.Rollouts([[11, 12, 13]], [[21, 22]], [[]])
+        rep = S.repack(r, use_zorro=True, advantages=[0.0])
+        out = S.run(
+            pre_client.fwd_no_grad(
+                {
+                    "batch": {k: rep[k] for k in ("input_ids", "attention_mask", "prompts")},
+                    "meta": {"zorro_train_enable": True},
+                }
+            )
+        )
+        assert tuple(out["batch"]["logprobs"].shape) == tuple(rep["input_ids"].shape)
     finally:
-        _run(pre_client.shutdown())
-        _run(pre_client.shutdown())  # idempotent
+        S.run(pre_client.shutdown())
+        S.run(pre_client.shutdown())  # idempotent
     if launched is not None:
         assert launched.proc.poll() is not None  # the creating client stopped its server
 
 
-def test_compute_old_log_probs(client: Any, server: Server) -> None:
-    payload = L.skyrl_fwd_no_grad_payload()
-    result = _run(client.fwd_no_grad(payload, reference_model=False))
-    lp = result["batch"].get("logprobs")
-    if lp is None:
-        lp = result["batch"]["log_probs"]
-    assert lp.shape == (2, L.P + L.R) and lp.dtype == np.float32
-    # the same tokens sent as-is (prompt left-padded, response right-padded) score the same
-    raw = _run(_plain_forward(client, server))
-    np.testing.assert_allclose(lp, raw, atol=1e-5)
-    assert (lp[L.ATTENTION_MASK == 0] == 0).all()
-    assert (lp[0, 1:5] < 0).all() and (lp[1, 0:3] < 0).all()
-
-
-async def _plain_forward(client: Any, server: Server) -> np.ndarray:
-    async with AsyncClient(
-        server.base_url, token=TOKEN, job_id=client.job_id, progress=False
-    ) as plain:
-        out = await plain.forward(
-            kwargs={"input_ids": L.INPUT_IDS, "attention_mask": L.ATTENTION_MASK}
+def test_stock_sampling_params_are_honoured(skyrl: Any, server: Server) -> None:
+    """`min_p` and `include_stop_str_in_output` (SkyRL sends both on every rollout)."""
+    raw = S.run(skyrl.generate(prompts=[PROMPTS[0]], sampling_params=S.stock_sampling_params(24)))
+    text = raw[0]["text"]
+    assert text and raw[0]["finish_reason"] in ("stop", "length")
+    stop = text[2:4]
+    params = {**S.stock_sampling_params(24), "stop": [stop], "seed": 5}
+    on = S.run(skyrl.generate(prompts=[PROMPTS[0]], sampling_params=params))[0]
+    off = S.run(
+        skyrl.generate(
+            prompts=[PROMPTS[0]], sampling_params={**params, "include_stop_str_in_output": False}
         )
-    return np.asarray(out["outputs"]["logprobs_shifted"])
-
-
-def test_forward_backward_then_optim_step(client: Any, server: Server) -> None:
-    old = _run(client.fwd_no_grad(L.skyrl_fwd_no_grad_payload(), reference_model=False))
-    payload = L.skyrl_fwd_bwd_payload()
-    result = _run(client.fwd_bwd(payload))
-    result.pop("job_id", None)
-    metrics = result.get("metrics", result)
-    assert {"loss", "num_tokens", "mfu"} <= set(metrics)
-    assert metrics["num_tokens"] == 4 and math.isfinite(metrics["loss"])
-    assert result["avg_loss"] == result["loss"] == metrics["loss"]
-    if server.kind == "fake":
-        assert metrics["loss"] == pytest.approx(_expected_grpo_loss(old["batch"]["logprobs"]))
-    step = _run(client.step())
-    grad_norm = step["metrics"]["grad_norm"]
-    assert isinstance(grad_norm, list) and len(grad_norm) == 1  # a per-DP-rank list
-    assert grad_norm[0] > 0
-    assert step["metrics"]["last_lr"] == [step["metrics"]["lr"]]
-
-
-def _expected_grpo_loss(lp: np.ndarray) -> float:
-    """SkyRL's body by hand: token i of the response uses lp[:, i-1] (roll -1), clip 0.2/0.28."""
-    mask, adv, old = L.left_pad(L.RESP_MASK_R), L.left_pad(L.ADV_R), L.left_pad(L.OLD_LP_R)
-    total = 0.0
-    for b, i in zip(*np.nonzero(mask), strict=True):
-        r = math.exp(float(lp[b, i - 1]) - float(old[b, i]))
-        a = float(adv[b, i])
-        total += max(-r * a, -min(max(r, 0.8), 1.28) * a)
-    return total / float(mask.sum())
-
-
-def test_save_checkpoint_and_weights_for_sampler(client: Any) -> None:
-    saved = _run(client.save_checkpoint())  # ckpt_dir ignored
-    assert saved["path"] and "global_step" in saved
-    # colocated branch of save_weights_for_sampler
-    _run(client.empty_training_cache())
-    _run(client.wake_training())
-    _run(client.wake_inference())
-    synced = _run(client.sync_weights(cuda_ipc=True, low_memory=False))
-    assert synced["weight_version"] >= 1
-    # non-colocated branch, and the fully-async variant (job defaults)
-    again = _run(client.sync_weights(cuda_ipc=False, low_memory=False))
-    assert again["weight_version"] == synced["weight_version"] + 1
-    _run(client.sync_weights())
-
-
-def test_inference_engine_stub_sleep_and_wake(client: Any) -> None:
-    kwargs: dict[str, Any] = {}
-    slept = _run(client.sleep_inference(level=kwargs.get("level", 2)))
-    woke = _run(client.wake_inference(tags=kwargs.get("tags")))
-    assert "applied" in slept["sampling"] and "applied" in woke["sampling"]
-    _run(client.wake_inference(tags=["weights"]))
-
-
-def test_generator_generate(client: Any) -> None:
-    sampling_params = {"temperature": 1.0, "max_tokens": 16, "top_p": 1.0}
-    prompt_texts = ["<|im_start|>user\nhi<|im_end|>\n", "2 + 2 ="]
-    raw_outputs = _run(client.generate(prompts=prompt_texts, sampling_params=sampling_params))
-    assert len(raw_outputs) == 2
-    for output in raw_outputs:
-        ids, text, reason = output.get("token_ids"), output.get("text"), output.get("finish_reason")
-        assert isinstance(ids, list) and 0 < len(ids) <= 16
-        assert all(isinstance(t, int) for t in ids)
-        assert isinstance(text, str) and reason in ("stop", "length")
+    )[0]
+    if on["finish_reason"] == "stop":
+        assert on["text"].endswith(on["stop_reason"]) and not off["text"].endswith(
+            on["stop_reason"]
+        )
+        assert on["token_ids"] == off["token_ids"]
+    greedy = S.run(
+        skyrl.generate(prompts=[PROMPTS[0]], sampling_params={**params, "min_p": 1.0, "stop": None})
+    )[0]
+    again = S.run(
+        skyrl.generate(
+            prompts=[PROMPTS[0]], sampling_params={**params, "min_p": 1.0, "stop": None, "seed": 6}
+        )
+    )[0]
+    assert greedy["token_ids"] == again["token_ids"]  # min_p 1: only the most likely token
+    assert math.isfinite(sum(greedy["logprobs"]))

@@ -1,5 +1,14 @@
-"""verl's Arctic remote backend (`ArcticRLClientWrapper`, adapters.md §1.3-§1.5): every client
-call with its exact arguments, and every field it reads back, against the fake and on-prem."""
+"""verl's Arctic remote backend, replayed call by call (`verl_replay.py`): PR #6422's
+`ArcticRLClientWrapper` on `arctic_platform.rl` and the current Arctic-Platform plugin on
+`arctic_platform.client` (through the opt-in alias, `compat-alias/`), each with the stock
+`remote_backend/arctic.yaml`, against the fake and the on-prem server. Invariants:
+
+- the first, fully on-policy update: `actor/ppo_kl == 0` and `actor/pg_clipfrac == 0`, with
+  `zorro_train.enable` off (stock) and on, verl's own worker / trainer slicing the answers;
+- the reference model (the log-prob sub-job) is unchanged by `update_weights`, and the sampler's
+  log-probs equal the trainer's after it;
+- `grad_norm` a per-rank list, every reduced metric a number; `mfu` present.
+"""
 
 from __future__ import annotations
 
@@ -10,187 +19,175 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_sdk.compat import ArcticRLClientConfig, create_arctic_rl_client
+from arctic_sdk.compat import LegacyConfigWarning, create_arctic_rl_client
 
-from . import legacy_bodies as L
+from . import verl_replay as V
 from .conftest import TOKEN, Server
 
-#: `_ARCTIC_METRIC_REDUCTION_FN` keys: reduced with np.mean by the adapter.
-REDUCED = (
-    "actor/pg_clipfrac_lower",
-    "actor/pg_clipfrac",
-    "actor/pg_loss",
-    "actor/ppo_kl",
-    "grad_norm",
-    "kl_coef",
-    "kl_loss",
+torch = pytest.importorskip("torch")
+
+ROWS = ([11, 12, 13, 14], [15, 16], [17, 18, 19], [20])
+REWARDS = [1.0, 0.0, 0.5, 0.0]
+
+
+def _yaml(zorro: bool) -> dict[str, Any]:
+    y = V.arctic_yaml()
+    y["train"]["zorro_train"]["enable"] = zorro
+    return y
+
+
+def _make(server: Server, flavour: str, yaml: dict[str, Any]) -> Any:
+    with pytest.warns(LegacyConfigWarning) as rec:
+        if flavour == "pr":
+            client = create_arctic_rl_client(V.pr_client_config(server, yaml))
+        else:
+            from arctic_platform.client import create_arctic_rl_client as plugin_create
+
+            client = plugin_create(V.plugin_client_config(server, yaml))
+    text = " | ".join(str(w.message) for w in rec)
+    assert "colocate" in text and "train_batch_size" in text, text  # named, never dropped
+    return client
+
+
+@pytest.fixture(scope="module")
+def verl_jobs(server: Server, alias: None, request: pytest.FixtureRequest) -> Any:
+    """PR #6422's job (stock arctic.yaml) and the plugin's: on the fake each built from its own
+    config; on-prem (engine start-ups cost minutes) the session's stock job
+    (`onprem_stock_job`), the plugin attached through its reconnect path
+    (`from_config(handle=...)`)."""
+    from arctic_platform.client import create_arctic_rl_client as plugin_create
+
+    with pytest.MonkeyPatch.context() as mp:
+        # the plugin's OnPremConfig has no token field: a deployment puts it in the environment
+        mp.setenv("ARCTIC_CORTEX_PAT", TOKEN)
+        if server.kind == "fake":
+            pr = _make(server, "pr", _yaml(False))
+            plugin = _make(server, "plugin", _yaml(False))
+        else:
+            pr = request.getfixturevalue("onprem_stock_job")
+            plugin = plugin_create(pr.reconnect_config())
+        try:
+            yield {"pr": pr, "plugin": plugin}
+        finally:
+            asyncio.run(plugin.shutdown())
+            if server.kind == "fake":
+                asyncio.run(pr.shutdown())
+
+
+@pytest.fixture(
+    params=[("pr", False), ("pr", True), ("plugin", False)],
+    ids=["pr6422", "pr6422-zorro", "plugin"],
 )
+def verl(request: pytest.FixtureRequest, verl_jobs: dict[str, Any]) -> Any:
+    flavour, zorro = request.param
+    client = verl_jobs[flavour]
+    client.yaml, client.flavour = _yaml(zorro), flavour
+    return client
 
 
-def verl_client_config(server: Server) -> ArcticRLClientConfig:
-    """`_initialize_client`: ArcticRLClientConfig(...) with every keyword the adapter passes."""
-    host, port = server.host_port
-    return ArcticRLClientConfig(
-        host=host,
-        port=port,
-        comm_protocol="http",
-        backend="local",
-        training_gpus=1,
-        sampling_gpus=0 if server.kind == "onprem" else 1,
-        log_prob_gpus=0,
-        colocate=True,
-        log_prob_engine="deepspeed",
-        model_name="tiny",
-        ds_config={
-            "train_micro_batch_size_per_gpu": 1,
-            "train_batch_size": 4,
-            "gradient_accumulation_steps": 4,
-            "sequence_parallel_size": 1,
-            "zero_optimization": {
-                "stage": 1,
-                "offload_optimizer": {"device": "none"},
-                "offload_param": {"device": "none"},
-            },
-        },
-        log_prob_ds_config=None,
-        training_config={
-            "training_horizon": 10,
-            "optimizer": {
-                "lr": 1e-4,
-                "weight_decay": 0.0,
-                "betas": [0.9, 0.999],
-                "gradient_clipping": 1.0,
-            },
-            "lr_scheduler": {"type": "constant", "warmup_ratio": 0.0, "min_lr_ratio": 0.0},
-            "max_length": 256,
-            "model_config": None,
-            "attn_implementation": "eager",
-        },
-        ds_worker_config={
-            "use_liger": False,
-            "enable_gradient_checkpointing": False,
-            "attn_implementation": "eager",
-        },
-        vllm_config={
-            "tensor_parallel_size": 1,
-            "gpu_memory_utilization": 0.5,
-            "max_model_len": 256,
-            "max_num_seqs": 8,
-            "enforce_eager": True,
-            "enable_chunked_prefill": False,
-        },
-        arctic_inference_config={},
-        checkpoint_path="/tmp/arctic-verl-ckpt",
-        full_determinism=False,
-        seed=1,
-        pat=TOKEN,
-        launch_local_server=False,
+async def _rollouts(client: Any) -> V.VerlData:
+    """Responses of the sampler for ROWS (the agent loop's rollouts), as verl holds them."""
+    outs = await asyncio.gather(
+        *(
+            client.generate(prompts=[r], sampling_params={"max_tokens": 6, "temperature": 1.0})
+            for r in ROWS
+        )
     )
+    responses = [list(o[0]["token_ids"]) for o in outs]
+    mean = sum(REWARDS) / len(REWARDS)
+    return V.verl_data([list(r) for r in ROWS], responses, [x - mean for x in REWARDS])
 
 
-def test_construction_and_reconnect_handle(server: Server) -> None:
-    client = create_arctic_rl_client(verl_client_config(server))
-    try:
+async def test_first_update_is_on_policy(verl: Any, server: Server) -> None:
+    """compute_log_prob (actor) → verl's slicing → update_actor (fwd_bwd + step)."""
+    d = await _rollouts(verl)
+    out = await V.compute_log_prob(verl, verl.yaml, d, ref=False, calculate_entropy=True)
+    assert out["metrics"]["mfu"] == 0.0
+    old = V.worker_response_log_probs(verl.yaml, d, out["model_output"]["log_probs"])
+    assert (old[d.response_mask == 1] < 0).all() and (old[d.response_mask == 0] == 0).all()
+    res = await V.update_actor(verl, verl.yaml, d, old)
+    m = res["metrics"]
+    assert m["actor/ppo_kl"] == 0.0 and m["actor/pg_clipfrac"] == 0.0, m
+    assert m["actor/pg_clipfrac_lower"] == 0.0
+    assert m["grad_norm"] > 0 and m["lr"] > 0 and "mfu" in m
+    assert all(isinstance(v, float) and np.isfinite(v) for v in m.values()), m
+    grad = res["raw_step"]["metrics"]["grad_norm"]
+    assert isinstance(grad, list) and len(grad) == verl.yaml["training_gpus"]
+    # verl's rename and pop: KeyError if `mfu` were missing
+    actor = {k if k.startswith("actor/") else f"actor/{k}": v for k, v in m.items()}
+    actor["perf/mfu/actor"] = actor.pop("actor/mfu")
+
+
+async def test_reference_model_is_frozen_across_update_weights(verl: Any, server: Server) -> None:
+    d = await _rollouts(verl)
+    ref0 = await V.compute_log_prob(verl, verl.yaml, d, ref=True, calculate_entropy=False)
+    ref0_lp = V.worker_response_log_probs(verl.yaml, d, ref0["model_output"]["log_probs"])
+    actor = await V.compute_log_prob(verl, verl.yaml, d, ref=False, calculate_entropy=False)
+    old = V.worker_response_log_probs(verl.yaml, d, actor["model_output"]["log_probs"])
+    # a KL-regularised update (use_kl_loss, the reference's log-probs) that moves the policy
+    await V.update_actor(verl, verl.yaml, d, old, ref_log_prob=ref0_lp, kl_coef=0.01)
+    if verl.flavour == "pr":  # PR #6422's update_weights
+        await verl.sync_weights(cuda_ipc=False, low_memory=False)
+    else:  # the plugin's: job defaults
+        await verl.sync_weights()
+    ref1 = await V.compute_log_prob(verl, verl.yaml, d, ref=True, calculate_entropy=False)
+    ref1_lp = V.worker_response_log_probs(verl.yaml, d, ref1["model_output"]["log_probs"])
+    now = await V.compute_log_prob(verl, verl.yaml, d, ref=False, calculate_entropy=False)
+    now_lp = V.worker_response_log_probs(verl.yaml, d, now["model_output"]["log_probs"])
+    assert torch.equal(ref1_lp, ref0_lp)  # the reference model did not move
+    assert not torch.equal(now_lp, ref0_lp)  # the policy did
+    # the sampler now scores the trainer's weights
+    tol = 0.0 if server.kind == "fake" else 2e-5
+    for row, resp in zip(ROWS, d.responses.tolist(), strict=True):
+        got = (
+            await verl.generate(
+                prompts=[list(row)], sampling_params={"max_tokens": 4, "logprobs": True}
+            )
+        )[0]
+        scored = V.verl_data([list(row)], [got["token_ids"]], [0.0])
+        lp = await V.compute_log_prob(verl, verl.yaml, scored, ref=False, calculate_entropy=False)
+        mine = V.worker_response_log_probs(verl.yaml, scored, lp["model_output"]["log_probs"])
+        n = len(got["token_ids"])
+        assert np.abs(mine[0, :n].numpy() - np.asarray(got["logprobs"])).max() <= tol
+        del resp
+
+
+async def test_generate_lifecycle_and_reconnect(verl: Any, server: Server) -> None:
+    results = await V.generate(verl, "Once upon", max_tokens=12)
+    (res,) = results
+    assert isinstance(res["text"], str) and 0 < len(res["token_ids"]) <= 12
+    assert len(res["logprobs"]) == len(res["token_ids"])  # logprobs=True: the sampled token's
+    assert {"stop": "completed", "length": "completed"}[res["finish_reason"]] == "completed"
+    await verl.wake_inference(tags=["kv_cache", "weights"])  # ArcticLLMServer.wake_up
+    await verl.reset_prefix_cache()
+    await verl.sleep_inference(level=1)
+    saved = await verl.save_checkpoint()
+    assert saved["path"]
+    # reconnect_handle -> from_config(handle=...) in the forwarder worker / rollout replica
+    if verl.flavour == "pr":
         handle = {
-            "rl_client_reconnect_config": client.reconnect_config(),
-            "rl_server_state": client.get_server_state(),
+            "rl_client_reconnect_config": verl.reconnect_config(),
+            "rl_server_state": verl.get_server_state(),
         }
-        handle = pickle.loads(pickle.dumps(handle))  # wg_kwargs["backend_handle"] travels by Ray
+    else:
+        get_state = getattr(verl.transport, "get_server_state", None)
+        handle = {
+            "rl_client_reconnect_config": verl.reconnect_config(),
+            "rl_server_state": get_state() if get_state is not None else None,
+        }
+    handle = pickle.loads(pickle.dumps(handle))  # wg_kwargs["backend_handle"] travels by Ray
+    if verl.flavour == "pr":
         worker = create_arctic_rl_client(
             handle["rl_client_reconnect_config"], handle["rl_server_state"]
         )
-        assert worker.job_id == client.job_id and worker.training_job_id == client.training_job_id
-        # the forwarder and the rollout replica call update_weights / destroy on their copy
-        asyncio.run(worker.sync_weights())
-        asyncio.run(worker.shutdown())
-        fwd = asyncio.run(client.fwd_no_grad(L.verl_compute_log_prob_payload()))
-        assert fwd["batch"]["log_probs"].shape == (2, L.P + L.R)  # the job lives on
-    finally:
-        asyncio.run(client.shutdown())
+    else:
+        from arctic_platform.client import create_arctic_rl_client as plugin_create
 
-
-async def compute_log_prob(client: Any, *, ref: bool, calculate_entropy: bool) -> dict[str, Any]:
-    """The adapter's `compute_log_prob` + `_send_compute_(ref_)log_prob`, verbatim in shape."""
-    payload = L.verl_compute_log_prob_payload()
-    payload["meta"]["calculate_entropy"] = calculate_entropy
-    payload["processing"] = {"post": ["compute_entropy_and_logprobs"], "loss_fn": None}
-    response = await client.fwd_no_grad(payload, reference_model=ref)
-    response["batch"]["log_probs"] = response["batch"].pop("logprobs")
-    model_output = {"log_probs": response["batch"]["log_probs"]}
-    if calculate_entropy and "entropy" in response["batch"]:
-        model_output["entropy"] = response["batch"]["entropy"]
-    metrics = dict(response.get("metrics", {}))
-    metrics.setdefault(
-        "mfu", 0.0
-    )  # the worker's setdefault; verl then pops it (KeyError if absent)
-    return {"model_output": model_output, "metrics": metrics}
-
-
-@pytest.mark.parametrize("ref", [False, True])
-async def test_compute_log_prob(client: Any, ref: bool) -> None:
-    out = await compute_log_prob(client, ref=ref, calculate_entropy=True)
-    lp = out["model_output"]["log_probs"]
-    assert lp.shape == (2, L.P + L.R) and (lp[L.ATTENTION_MASK == 0] == 0).all()
-    assert "entropy" in out["model_output"] or ref  # a torch-forward log-prob engine: entropy too
-    assert out["metrics"]["mfu"] == 0.0
-
-
-async def update_actor(client: Any) -> dict[str, Any]:
-    """`update_actor` → `_send_update_actor`: fwd_bwd, then step, metrics merged and reduced."""
-    payload = L.verl_update_actor_payload()
-    fwd_bwd_response = await client.fwd_bwd(payload)
-    step_response = await client.step()
-    step_response["metrics"].update(**fwd_bwd_response["metrics"])
-    metrics = dict(step_response["metrics"])
-    loss = metrics.pop("loss")
-    last_lr = metrics.pop("last_lr")
-    metrics["lr"] = last_lr[-1]
-    for k in REDUCED:
-        if k in metrics:
-            metrics[k] = float(np.mean(metrics[k]))
-    return {"loss": loss, "metrics": metrics, "global_token_num": [6, 4]}
-
-
-async def test_update_actor(client: Any, server: Server) -> None:
-    out = await update_actor(client)
-    m = out["metrics"]
-    assert np.isfinite(out["loss"]) and m["lr"] > 0 and m["grad_norm"] > 0
-    # what verl's trainer then reads: grad_norm, lr, pg_loss, pg_clipfrac, ppo_kl, and mfu
-    for k in ("grad_norm", "lr", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "mfu"):
-        assert k in m, k
-    actor_output = {f"actor/{k}" if not k.startswith("actor/") else k: v for k, v in m.items()}
-    actor_output["perf/mfu/actor"] = actor_output.pop("actor/mfu")
-
-
-async def test_update_weights_checkpoint_rollout_lifecycle(client: Any) -> None:
-    await client.sync_weights(cuda_ipc=False, low_memory=False)
-    await client.sync_weights()  # the plugin copy: job defaults
-    saved = await client.save_checkpoint()
-    assert saved["path"]
-    await client.wake_inference(tags=["kv_cache", "weights"])
-    await client.reset_prefix_cache()
-    await client.sleep_inference(level=1)
-    await client.wake_inference(tags=None)
-
-
-async def test_generate_text_prompt(client: Any) -> None:
-    prompt_text = "Once upon"  # self.tokenizer.decode(prompt_ids)
-    agent_loop = {
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "repetition_penalty": 1.0,
-        "logprobs": True,
-        "max_tokens": 12,
-    }
-    sampling_params = {
-        **{"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 1024},
-        **agent_loop,
-    }
-    results = await client.generate(prompts=[prompt_text], sampling_params=sampling_params)
-    (res,) = results
-    assert isinstance(res["text"], str) and res["finish_reason"] in ("stop", "length")
-    assert 0 < len(res["token_ids"]) <= 12
-    assert len(res["logprobs"]) == len(res["token_ids"])  # logprobs=True -> the sampled token's
-    # ArcticLLMServer.generate: finish_reason "stop"|"length" -> "completed"
-    assert {"stop": "completed", "length": "completed"}[res["finish_reason"]] == "completed"
+        worker = plugin_create(
+            handle["rl_client_reconnect_config"], server_state=handle["rl_server_state"]
+        )
+    assert worker.job_id == verl.job_id and worker.training_job_id == verl.training_job_id
+    await worker.shutdown()  # destroy() of a copy: the job lives on
+    d = await _rollouts(verl)
+    out = await V.compute_log_prob(verl, verl.yaml, d, ref=False, calculate_entropy=False)
+    assert tuple(out["model_output"]["log_probs"].shape) == tuple(d.input_ids.shape)

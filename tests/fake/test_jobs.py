@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk._generated import methods as M
 from conformance.fake import JobDelays, RunningFake, start_fake
 
@@ -37,6 +38,9 @@ async def test_capabilities_need_no_token(http: Http) -> None:
         "forward",
     }
     assert caps["features"]["grpc"] and caps["features"]["leases"]
+    # the standard sub-job config keys: the fake has no extensions
+    assert caps["config_keys"]["training"] == sorted(STANDARD_CONFIG_KEYS["training"])
+    assert caps["config_keys"]["log_prob"] == ["max_seq_len", "n_gpus", "vllm_config"]
 
 
 async def test_auth_401_without_or_with_a_wrong_token(http: Http, job: str) -> None:

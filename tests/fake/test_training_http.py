@@ -121,7 +121,11 @@ async def test_log_probs_uses_the_log_prob_sub_job(http: Http) -> None:
         M.FORWARD, job, fb_body(ids, mask), headers={"X-Arctic-Sub-Job": f"{job}:log_prob:0"}
     )
     assert via["outputs"]["logprobs_shifted"][0, 0] == lp_ref(4, 1, 3, 0)
+    # the default sync targets the sampling sub-jobs only: the reference model stays frozen
     await http.run(M.SYNC_WEIGHTS, job, {})
+    ref = await http.run(M.LOG_PROBS, job, {"input_ids": ids})
+    assert ref["outputs"]["logprobs_shifted"][0, 0] == lp_ref(4, 1, 3, 0)
+    await http.run(M.SYNC_WEIGHTS, job, {"target_sub_job_ids": [f"{job}:log_prob:0"]})
     ref = await http.run(M.LOG_PROBS, job, {"input_ids": ids})
     assert ref["outputs"]["logprobs_shifted"][0, 0] == lp_ref(4, 1, 3, 1)
 

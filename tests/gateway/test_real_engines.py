@@ -188,6 +188,26 @@ def _train_and_sync(c: Client, job: str) -> tuple[int, Any]:
     return global_step, (key, step)
 
 
+def test_min_p_and_include_stop_str_on_the_gateways_vllm(real_gw: Gateway, real_job: str) -> None:
+    """SkyRL's sampling params through the gateway to its vLLM worker (training.proto)."""
+    c = Client(real_gw.prefix_url, timeout=300)
+
+    def gen(**sp: object) -> dict[str, object]:
+        body = {"prompts": ["Once upon a time"], "sampling_params": {"max_tokens": 24, **sp}}
+        res = c.result(real_job, c.dss(M.GENERATE, real_job, body))
+        return dict(res["results"][0]["samples"][0])
+
+    first = gen(seed=3, ignore_eos=True)
+    stop = str(first["text"])[4:6]
+    off = gen(seed=3, stop=[stop], ignore_eos=True)
+    on = gen(seed=3, stop=[stop], ignore_eos=True, include_stop_str_in_output=True)
+    assert off["finish_reason"] == on["finish_reason"] == "stop"
+    assert str(on["text"]) == str(off["text"]) + stop and on["token_ids"] == off["token_ids"]
+    best = [gen(seed=s, min_p=1.0, ignore_eos=True)["token_ids"] for s in (1, 2)]
+    assert best[0] == best[1]  # min_p 1: only the most likely token, whatever the seed
+    assert gen(seed=1, ignore_eos=True)["token_ids"] != gen(seed=2, ignore_eos=True)["token_ids"]
+
+
 def test_kill9_with_a_real_generate_running(real_gw: Gateway, real_job: str) -> None:
     c = Client(real_gw.prefix_url, timeout=300)
     job = real_job

@@ -5,8 +5,9 @@ each forward-backward's rows between them, computes the whole call's loss on the
 log-probs, and DeepSpeed all-reduces the gradients (`onprem/dp_training.py`).
 
 - W = 2 and W = 1 on the same batches (B = 4, B = 3 with seq-mean, B = 1 < W, left-padded with
-  sum; micro-batched inside the ranks with ZeRO-1 and ZeRO-3; a call of 1 row split from 3):
-  equal loss, token count and grad_norm, and equal log-probs after each step;
+  sum; rows in contiguous slices and token-balanced (`balance_rows`, ZoRRO); micro-batched
+  inside the ranks with ZeRO-1 and ZeRO-3; a call of 1 row split from 3): equal loss, token
+  count and grad_norm, and equal log-probs after each step; `balance_rows` a no-op on W = 1;
 - the SDK's forward-backward, step, save and load round trip on a W = 2 sub-job;
 - `kill -9` of rank 1 fails the call in flight with `sub_job_failed` naming the rank, and the
   job, within seconds.
@@ -42,6 +43,7 @@ TRAIN = {
     "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0},
 }
 REL = 1e-5
+UNEVEN = (ROWS[2], ROWS[0], ROWS[1], ROWS[3])
 
 
 def trainer_job(n_gpus: int, **extra: Any) -> dict[str, Any]:
@@ -104,7 +106,11 @@ async def test_two_ranks_equal_one_rank(mr_http: Http, jobs: dict[int, str]) -> 
         "B=3 left-padded, sum": sft_body(
             ROWS[1:], left=True, post=["compute_logprobs"], config={"loss_agg_mode": "sum"}
         ),
+        # 14, 12, 8, 6 real tokens: contiguous slices carry 26 | 14, token-balanced 20 | 20
+        "B=4 contiguous": sft_body(UNEVEN, post=["compute_logprobs"]),
+        "B=4 balanced (ZoRRO)": sft_body(UNEVEN, post=["compute_logprobs"], balance_rows=True),
     }
+    ranks = {"B=4 contiguous": (26, 14), "B=4 balanced (ZoRRO)": (20, 20)}
     report = []
     for name, body in batches.items():
         fb = {w: await mr_http.run(M.FORWARD_BACKWARD, jobs[w], body) for w in (1, 2)}
@@ -130,7 +136,31 @@ async def test_two_ranks_equal_one_rank(mr_http: Http, jobs: dict[int, str]) -> 
         assert st[1]["metrics"]["grad_norm"] > 0
         assert st[1]["metrics"]["global_step"] == st[2]["metrics"]["global_step"]
         assert d_lp_in <= 1e-5 and d_lp <= 1e-5, name
+        total = int(np.asarray(body["kwargs"]["attention_mask"]).sum())
+        m1, m2 = fb[1]["metrics"], fb[2]["metrics"]
+        assert m1["rank_tokens_max"] == m1["rank_tokens_min"] == total, name  # W = 1: no-op
+        assert m2["rank_tokens_max"] + m2["rank_tokens_min"] == total, name
+        if name in ranks:
+            assert (m2["rank_tokens_max"], m2["rank_tokens_min"]) == ranks[name], name
     print("\nW=2 vs W=1: " + "; ".join(report))
+
+
+async def test_balance_rows_is_a_no_op_on_one_rank(mr_http: Http, jobs: dict[int, str]) -> None:
+    """The same call with and without `balance_rows` on the same weights: W = 1 answers the
+    same bits (nothing to balance); W = 2 the same values (other rows per rank)."""
+    body = sft_body(UNEVEN, post=["compute_logprobs"])
+    balanced = sft_body(UNEVEN, post=["compute_logprobs"], balance_rows=True)
+    for w in (1, 2):
+        a = await mr_http.run(M.FORWARD_BACKWARD, jobs[w], body)
+        b = await mr_http.run(M.FORWARD_BACKWARD, jobs[w], balanced)
+        await mr_http.run(M.STEP, jobs[w], {})
+        la, lb = a["outputs"]["logprobs_shifted"], b["outputs"]["logprobs_shifted"]
+        if w == 1:
+            assert a["loss"] == b["loss"] and np.array_equal(la, lb)
+            assert a["metrics"]["rank_tokens_max"] == b["metrics"]["rank_tokens_min"] == 40
+        else:
+            assert _rel(a["loss"], b["loss"]) <= REL and np.abs(la - lb).max() <= 1e-5
+            assert (b["metrics"]["rank_tokens_max"], b["metrics"]["rank_tokens_min"]) == (20, 20)
 
 
 async def test_two_ranks_micro_batched_and_two_calls(mr_http: Http, mr_server: ServerInfo) -> None:

@@ -189,14 +189,23 @@ async def test_losses_and_loss_mask(http: Http, shared_job: str) -> None:
     pred[:, :-1] = mask[:, 1:]  # the loss of token i uses the prediction in column i - 1
     n = int((pred > 0).sum())
     ctx = {"loss_mask": mask, "advantages": adv, "weights": weights, "old_log_probs_shifted": lp}
+    # each loss is sent only the context fields it reads: the servers refuse the others by name
+    reads = {
+        "cross_entropy": ("loss_mask",),
+        "weighted_logprob": ("loss_mask", "weights"),
+        "grpo": ("loss_mask", "advantages", "old_log_probs_shifted"),
+        "ppo": ("loss_mask", "advantages", "old_log_probs_shifted"),
+        "importance_sampling": ("loss_mask", "advantages", "old_log_probs_shifted"),
+        "cispo": ("loss_mask", "advantages", "old_log_probs_shifted"),
+    }
     losses: dict[str, Any] = {}
-    for fn in ("cross_entropy", "grpo", "ppo", "importance_sampling", "cispo", "weighted_logprob"):
+    for fn, fields in reads.items():
         res = await http.run(
             M.FORWARD,
             shared_job,
             {
                 "kwargs": {"input_ids": ids, "attention_mask": attn},
-                "context": ctx,
+                "context": {k: ctx[k] for k in fields},
                 "processing": {"loss_fn": fn},
             },
         )
@@ -222,7 +231,7 @@ async def test_losses_and_loss_mask(http: Http, shared_job: str) -> None:
         shared_job,
         {
             "kwargs": {"input_ids": ids, "attention_mask": attn},
-            "context": ctx,
+            "context": {k: ctx[k] for k in reads["grpo"]},
             "processing": {"loss_fn": "grpo", "post": ["compute_logprobs"]},
         },
     )

@@ -124,7 +124,6 @@ def test_request_checks() -> None:
     checks.train_body(
         {"kwargs": {"input_ids": ids, "attention_mask": np.array([[1, 1, 1], [0, 1, 1]])}},
         512,
-        need_loss=False,
     )
     # padding columns may hold any id; real ones must be in the vocabulary
     checks.tokens(np.array([[999, 1]]), np.array([[0, 1]]), "", 512)
@@ -145,7 +144,7 @@ def test_request_checks() -> None:
         ),
     ):
         with pytest.raises(ProtocolError) as err:
-            checks.train_body(body, 512, need_loss=False)
+            checks.train_body(body, 512)
         assert err.value.code == code, body
     assert checks.prompts({"prompts": ["a", [1, 2], {"token_ids": {"ids": [3]}}]}, 512) == [
         "a",
@@ -188,8 +187,33 @@ def test_request_checks_do_not_import_torch() -> None:
         "checks.train_body({'kwargs': body, 'processing': {'loss_fn': 'grpo'},\n"
         "                   'context': {'loss_mask': np.ones((1, 4), np.float32),\n"
         "                               'advantages': np.ones((1, 4), np.float32)}},\n"
-        "                  100, need_loss=True)\n"
+        "                  100)\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_engine_errors_keep_their_code_across_the_worker_boundary() -> None:
+    """The worker runs as `__main__`, so an engine's `WorkerError` (imported under the package
+    name) is another class than the one `error_body` sees: it must still answer its code, not
+    `internal` (found when a vLLM sub-job's unsupported_option came back as a 500)."""
+    from arctic_servers.onprem import worker
+
+    class WorkerError(Exception):  # what `__main__.WorkerError` is to the engines' instances
+        def __init__(self, code: str, message: str, **details: object) -> None:
+            super().__init__(message)
+            self.code, self.message, self.details = code, message, details
+
+    for exc in (
+        worker.WorkerError("unsupported_option", "no entropy", options=["entropy"]),
+        WorkerError("unsupported_option", "no entropy", options=["entropy"]),
+    ):
+        body = worker.error_body(exc, "forward")
+        assert body == {
+            "code": "unsupported_option",
+            "message": "no entropy",
+            "details": {"options": ["entropy"]},
+        }
+    assert worker.error_body(RuntimeError("boom"), "forward")["code"] == "internal"
+    assert worker.error_body(WorkerError("not-a-code", "x"), "forward")["code"] == "internal"

@@ -221,6 +221,42 @@ def test_completion_stream_n2_with_stop(openai_server: OpenAIServer) -> None:
     assert finish[1] == "stop" and stop not in texts[1]
 
 
+def test_min_p_and_include_stop_str_streamed_and_not(openai_server: OpenAIServer) -> None:
+    """vLLM's extra sampling params on the OpenAI routes: the streamed and the plain answer
+    agree, the stop string kept at the end, and min_p 1 answers the same tokens for any seed."""
+    ref = post(
+        openai_server,
+        "/completions",
+        {"model": "fake-tiny", "prompt": "abc", "max_tokens": 30, "seed": 9},
+    ).json()
+    stop = ref["choices"][0]["text"][10:12]
+    body = {
+        "model": "fake-tiny",
+        "prompt": "abc",
+        "max_tokens": 30,
+        "seed": 9,
+        "stop": [stop],
+        "include_stop_str_in_output": True,
+        "stream": True,
+    }
+    with post(openai_server, "/completions", body, stream=True) as r:
+        streamed = "".join(c["text"] for _, e in sse(r) if e != "[DONE]" for c in e["choices"])
+    plain = post(openai_server, "/completions", {**body, "stream": False}).json()["choices"][0]
+    assert streamed == plain["text"] and plain["text"].endswith(stop)
+    assert plain["finish_reason"] == "stop"
+    greedy = [
+        post(
+            openai_server,
+            "/completions",
+            {"model": "fake-tiny", "prompt": "abc", "max_tokens": 8, "seed": s, "min_p": 1.0},
+        ).json()["choices"][0]["text"]
+        for s in (1, 2)
+    ]
+    assert greedy[0] == greedy[1]
+    bad = post(openai_server, "/completions", {"model": "fake-tiny", "prompt": "a", "min_p": 2})
+    assert bad.status_code == 400 and "min_p" in bad.text
+
+
 def test_tokenize_and_detokenize(openai_server: OpenAIServer) -> None:
     r = requests.post(
         openai_server.base_url + "/tokenize",

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from arctic_sdk import ArcticConfig, AsyncClient, Client
+from arctic_sdk import ArcticConfig, AsyncClient, Client, InvalidArgumentError
 from arctic_sdk.config import build_config, reconnect_kwargs
 
 ENV = (
@@ -64,10 +64,15 @@ def test_explicit_arguments_win(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_validation_and_unknown_arguments() -> None:
-    with pytest.raises(TypeError, match="unknown argument"):
+    # misuse raises the SDK's errors, naming the argument and the closest known one
+    with pytest.raises(InvalidArgumentError, match="unknown argument 'bse_url'") as err:
         build_config(None, bse_url="x")
-    with pytest.raises(ValueError):
+    assert "did you mean 'base_url'" in str(err.value) and err.value.details["field"] == "bse_url"
+    with pytest.raises(InvalidArgumentError, match="transport='carrier-pigeon'"):
         build_config(None, transport="carrier-pigeon")
+    with pytest.raises(InvalidArgumentError, match="did you mean 'http'") as err:
+        Client("http://127.0.0.1:9", transport="htp")
+    assert err.value.details["expected"] == {"transport": ["http", "grpc", "inproc"]}
     with pytest.raises(ValueError):
         ArcticConfig(retry={"max_retries": -1})
     assert build_config(None, transport="cortex").transport == "http"

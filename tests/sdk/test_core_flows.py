@@ -130,9 +130,84 @@ def test_never_delivered_is_retried_even_without_idempotency() -> None:
 def test_connection_errors_exhausted_become_connection_error() -> None:
     clock = Clock()
     state = make_state(clock, config=FAST, max_retries=1)
+    state.contact.reached = True  # the server answered before: the retry budget applies
     refused = ConnectionFailure(False, "connection refused")
     with pytest.raises(E.ArcticConnectionError, match="after 2 attempts"):
         call(state, M.GET_JOB, {}, script(refused, refused), clock)
+
+
+def test_a_wrong_url_fails_in_seconds_naming_the_address(caplog: pytest.LogCaptureFixture) -> None:
+    """Connection refused on first contact: first_contact_retries (2) retries, ~0.3 s of backoff
+    here, not the 10 retries and ~60 s of an established connection's budget."""
+    clock, run = Clock(), Run()
+    state = make_state(clock, config=FAST)
+    refused = ConnectionFailure(False, "connection error: [Errno 111] Connection refused")
+    with (
+        caplog.at_level("WARNING", logger="arctic_sdk"),
+        pytest.raises(E.ArcticConnectionError) as err,
+    ):
+        call(state, M.STEP, {}, script(refused, refused, refused, refused), clock, run)
+    assert "cannot reach the server at http://test ([Errno 111] Connection refused)" in str(
+        err.value
+    )
+    assert err.value.details["address"] == "http://test" and err.value.details["attempts"] == 3
+    assert len(run.requests) == 3 and run.sleeps == [0.1, 0.2]
+    # each retry is logged at WARNING: what, after what, how long, how much deadline is left
+    retries = [r for r in caplog.records if r.getMessage().startswith("retrying")]
+    assert [r.levelname for r in retries] == ["WARNING", "WARNING"]
+    assert "get-capabilities in 0.10 s after ArcticConnectionError" in retries[0].getMessage()
+    assert "attempt 2 of 11" in retries[0].getMessage()
+    assert "of the call's deadline left" in retries[0].getMessage()
+
+
+def test_an_established_connection_keeps_its_retry_budget() -> None:
+    """Once the server has answered, refused connections (a restart) get all max_retries."""
+    clock, run = Clock(), Run()
+    state = make_state(clock, config=FAST, max_retries=5)
+    refused = ConnectionFailure(False, "connection refused")
+    out = call(state, M.STEP, {}, script(caps(), *[refused] * 5, done({"ok": 1})), clock, run)
+    assert out == {"ok": 1} and len(run.requests) == 7
+
+
+def test_a_job_not_running_yet_is_waited_for_with_its_state_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, run = Clock(), Run()
+    state = make_state(clock, config=FAST)
+    not_running = resp(
+        409,
+        {
+            "error": {
+                "code": "job_not_running",
+                "message": "job job-1 is initializing",
+                "details": {"state": "initializing"},
+            }
+        },
+    )
+    job = {"job": {"job_id": "job-1", "state": "initializing"}}
+    running = {"job": {"job_id": "job-1", "state": "running"}}
+    answers = script(caps(), not_running, resp(200, job), resp(200, running), done({"ok": 2}))
+    with caplog.at_level("WARNING", logger="arctic_sdk"):
+        assert call(state, M.STEP, {}, answers, clock, run) == {"ok": 2}
+    assert run.paths() == [
+        "GET /capabilities",
+        "POST /job-1/step",
+        "GET /job-1",
+        "GET /job-1",
+        "POST /job-1/step",
+    ]
+    assert any("job job-1 is initializing; waiting" in r.getMessage() for r in caplog.records)
+
+
+def test_a_job_that_ends_while_waited_for_raises_job_terminal() -> None:
+    clock = Clock()
+    state = make_state(clock, config=FAST)
+    not_running = resp(
+        409, {"error": {"code": "job_not_running", "message": "x", "details": {"state": "pending"}}}
+    )
+    failed = {"job": {"job_id": "job-1", "state": "failed", "reason": "sub-job died"}}
+    with pytest.raises(E.JobTerminalError, match="sub-job died"):
+        call(state, M.STEP, {}, script(caps(), not_running, resp(200, failed)), clock)
 
 
 def test_poll_backoff_cursor_draining_and_events() -> None:

@@ -10,7 +10,8 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "module", ["arctic_sdk.errors", "arctic_sdk.config", "arctic_sdk._client_base"]
+    "module",
+    ["arctic_sdk.errors", "arctic_sdk.config", "arctic_sdk._client_base", "arctic_sdk.rollouts"],
 )
 def test_docstring_examples(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("ARCTIC_CORTEX_DATABASE", "ARCTIC_CORTEX_SCHEMA", "ARCTIC_CORTEX_ENDPOINT"):

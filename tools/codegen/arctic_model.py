@@ -139,6 +139,11 @@ class FieldRule:
     tensor: bool
     dtypes: tuple[str, ...]
     shape: tuple[str, ...]
+    values: tuple[str, ...] = ()
+    losses: tuple[str, ...] = ()
+    default_value: str = ""
+    requires: str = ""
+    alias: str = ""
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,11 @@ def _field(
             tensor=rule_msg.tensor,
             dtypes=tuple(rule_msg.dtypes),
             shape=_shape(rule_msg.shape),
+            values=tuple(getattr(rule_msg, "values", ())),
+            losses=tuple(getattr(rule_msg, "losses", ())),
+            default_value=str(getattr(rule_msg, "default_value", "")),
+            requires=str(getattr(rule_msg, "requires", "")),
+            alias=str(getattr(rule_msg, "alias", "")),
         )
     oneof = None
     if f.HasField("oneof_index") and not f.proto3_optional:

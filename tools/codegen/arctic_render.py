@@ -177,8 +177,15 @@ def is_tensor(f: Field) -> bool:
     return (f.rule is not None and f.rule.tensor) or f.type_name == TENSOR_MESSAGE
 
 
+def literal_py(values: Iterable[str]) -> str:
+    """`Literal["a", "b"]` of a field's `(arctic.v1.field).values`."""
+    return "Literal[" + ", ".join(py_str(v) for v in values) + "]"
+
+
 def value_py(f: Field, spec: Spec, *, in_union: bool = False) -> str:
     """The Python type of one value of the field (the element type when repeated)."""
+    if f.kind == "scalar" and f.rule is not None and f.rule.values and f.type_name == "string":
+        return f.rule.alias or literal_py(f.rule.values)
     if f.kind == "scalar":
         return scalar_py(f.type_name)
     if f.kind == "enum":

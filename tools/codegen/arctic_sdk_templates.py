@@ -15,11 +15,13 @@ from arctic_render import (
     import_block,
     is_tensor,
     is_union,
+    literal_py,
     method_summary,
     module,
     pb2_module,
     py_str,
     py_str_block,
+    scalar_py,
     type_ref,
     value_py,
 )
@@ -179,6 +181,98 @@ def render_error_codes(spec: Spec, layout: Layout, head: list[str]) -> str:
     return module(head, doc, body)
 
 
+# ---------------------------------------------------------------------------- error_classes.py
+
+# The hand-written categories of `{runtime_package}._error_base` a code's class derives from.
+_CATEGORY_BY_STATUS = {
+    401: "AuthenticationError",
+    403: "AuthenticationError",
+    404: "NotFoundError",
+    405: "NotFoundError",
+    409: "ConflictError",
+    413: "PayloadTooLargeError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    501: "UnimplementedError",
+    503: "ServiceUnavailableError",
+    504: "ServerTimeoutError",
+}
+
+
+def error_class_name(e: ErrorCode) -> str:
+    """`shape_mismatch` -> `ShapeMismatchError`."""
+    return "".join(part.capitalize() for part in e.code.split("_")) + "Error"
+
+
+def error_parent(e: ErrorCode) -> str:
+    """The category a code's class derives from: every gRPC INVALID_ARGUMENT code is an
+    `InvalidArgumentError`; otherwise by HTTP status (chunk-group conflicts are
+    `ChunkGroupError`s; a retryable 5xx without a category is a `TransientError`)."""
+    if e.grpc_status == "INVALID_ARGUMENT":
+        return "InvalidArgumentError"
+    if e.http_status == 409 and e.code.startswith("chunk_group_"):
+        return "ChunkGroupError"
+    if e.http_status == 500 and e.retryable:
+        return "TransientError"
+    if e.http_status in _CATEGORY_BY_STATUS:
+        return _CATEGORY_BY_STATUS[e.http_status]
+    if 400 <= e.http_status < 500:
+        return "UserError"
+    if e.http_status >= 500:
+        return "TransientError" if e.retryable else "ServerError"
+    return "ArcticError"
+
+
+def render_error_classes(spec: Spec, layout: Layout, head: list[str]) -> str:
+    doc = (
+        "One exception class per stable error code: the class a code raises, whether the SDK\n"
+        "refused a call before sending it or a server (over HTTP or gRPC) refused or failed it.\n\n"
+        "Each derives from a hand-written category of `_error_base` (`error_parent`: every gRPC\n"
+        "INVALID_ARGUMENT code is an `InvalidArgumentError`, the others by HTTP status); a code\n"
+        "whose class name is its category's (`invalid_argument`, `not_found`, `unimplemented`)\n"
+        "raises the category itself. `ERROR_CLASSES` maps every code to its class."
+    )
+    plan = [(e, error_class_name(e), error_parent(e)) for e in spec.errors]
+    bases = sorted({p for _, _, p in plan} | {n for _, n, p in plan if n == p} | {"ArcticError"})
+    body = import_block(
+        [
+            "from __future__ import annotations",
+            "from collections.abc import Mapping",
+            "from types import MappingProxyType",
+            "from typing import Final",
+            f"from {layout.runtime_package}._error_base import (\n"
+            + "".join(f"    {b},\n" for b in bases)
+            + ")",
+            f"from {layout.sdk_package}.error_codes import ErrorCode",
+        ],
+        layout.sdk_package,
+    )
+    names = [n for _, n, p in plan if n != p]
+    body += [
+        "",
+        "__all__ = [",
+        *[f"    {py_str(n)}," for n in sorted([*names, "ERROR_CLASSES"])],
+        "]",
+    ]
+    for e, name, parent in plan:
+        if name == parent:
+            continue
+        body += ["", "", f"class {name}({parent}):"]
+        body += docstring(f"`{e.code}`: {e.doc}" if e.doc else f"`{e.code}`.", "    ")
+        body += ["", f"    default_code = ErrorCode.{e.const}"]
+    body += [
+        "",
+        "",
+        "ERROR_CLASSES: Final[Mapping[str, type[ArcticError]]] = MappingProxyType(",
+        "    {",
+        *[f"        ErrorCode.{e.const}: {name}," for e, name, _ in plan],
+        "    }",
+        ")",
+        '"""Code (JSON form) -> the exception class it raises."""',
+    ]
+    return module(head, doc, body)
+
+
 # ---------------------------------------------------------------------------- types.py
 
 
@@ -193,11 +287,41 @@ def _field_doc(f: Field, spec: Spec) -> str:
     if f.kind == "enum" and f.type_name in spec.enums:
         values = ", ".join(f'"{v[0]}"' for v in spec.enums[f.type_name].values)
         notes.append(f"`{f.type_name}`: {values}.")
-    if f.rule is not None and f.rule.required:
+    rule = f.rule
+    if rule is not None and rule.values and not rule.alias:
+        notes.append("One of " + ", ".join(f'"{v}"' for v in rule.values) + ".")
+    if rule is not None and rule.default_value:
+        notes.append(f"Default: {rule.default_value}.")
+    if rule is not None and rule.losses:
+        notes.append("Read only by loss_fn " + ", ".join(rule.losses) + ".")
+    if rule is not None and rule.requires:
+        notes.append(f"Read only with `{rule.requires}`.")
+    if rule is not None and rule.required:
         notes.append("Required.")
     if notes:
         parts.append(" ".join(notes))
     return "\n".join(parts)
+
+
+def literal_aliases(spec: Spec) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Named `Literal` types of string fields with `values`: alias -> (values, doc)."""
+    out: dict[str, tuple[tuple[str, ...], str]] = {}
+    for msg in spec.messages.values():
+        for f in msg.fields:
+            rule = f.rule
+            if rule is None or not rule.alias or not rule.values:
+                continue
+            old = out.get(rule.alias)
+            if old is not None and old[0] != rule.values:
+                raise SpecError(f"alias {rule.alias!r} names two different sets of values")
+            doc = f"The values of `{msg.full_name}.{f.name}`" + (
+                f" (default {rule.default_value!r})." if rule.default_value else "."
+            )
+            out.setdefault(rule.alias, (rule.values, doc))
+    clash = set(out) & {m.name for m in spec.messages.values()}
+    if clash:
+        raise SpecError(f"alias names clash with message names: {sorted(clash)}")
+    return out
 
 
 def _union_alias(msg: Message, spec: Spec) -> list[str]:
@@ -259,7 +383,8 @@ def render_types(spec: Spec, layout: Layout, head: list[str]) -> str:
         "fields are lists and maps are `dict[str, ...]`. A message whose fields all belong to one\n"
         "oneof is a union alias of its members' types, and a member message holding exactly one\n"
         "repeated scalar field stands for that list (a oneof of text or token ids is\n"
-        "`str | list[int]`).\n\n"
+        "`str | list[int]`). A string field whose `(arctic.v1.field)` lists its `values` is a\n"
+        "`Literal` of them, named by its `alias` (`LossFn`).\n\n"
         "`TENSOR_FIELDS` and `REQUIRED_FIELDS` give, per request type, the `(arctic.v1.field)`\n"
         "constraints by dotted field path (singular nested messages are walked; a required field\n"
         "under an absent optional parent is not required)."
@@ -270,10 +395,20 @@ def render_types(spec: Spec, layout: Layout, head: list[str]) -> str:
             "from collections.abc import Mapping",
             "from dataclasses import dataclass",
             "from types import MappingProxyType",
-            "from typing import Any, Final, TypeAlias, TypedDict",
+            "from typing import Any, Final, "
+            + ("Literal, " if literal_aliases(spec) else "")
+            + "TypeAlias, TypedDict",
         ],
         layout.sdk_package,
     )
+    public = [
+        "FieldRule",
+        *literal_aliases(spec),
+        *(m.name for m in spec.messages.values()),
+        "REQUIRED_FIELDS",
+        "TENSOR_FIELDS",
+    ]
+    body += ["", "__all__ = [", *[f"    {py_str(n)}," for n in sorted(public)], "]"]
     body += [
         "",
         "",
@@ -289,6 +424,9 @@ def render_types(spec: Spec, layout: Layout, head: list[str]) -> str:
         '    """Symbolic dimensions (`("B", "S")`); empty = any shape."""',
         "",
     ]
+    aliases = literal_aliases(spec)
+    for name, (values, alias_doc) in aliases.items():
+        body += ["", f"{name}: TypeAlias = {literal_py(values)}", *docstring(alias_doc, "")]
     unions = [m for m in spec.messages.values() if is_union(m)]
     for msg in unions:
         body += ["", *_union_alias(msg, spec)]
@@ -343,22 +481,108 @@ def render_types(spec: Spec, layout: Layout, head: list[str]) -> str:
 # ---------------------------------------------------------------------------- client.py
 
 
+def _param_value(f: Field, spec: Spec) -> str:
+    """The Python type of one value of a request field as a client keyword argument."""
+    rule = f.rule
+    if f.kind == "scalar" and rule is not None and rule.values and f.type_name == "string":
+        return f"types.{rule.alias}" if rule.alias else literal_py(rule.values)
+    if f.kind == "scalar":
+        return scalar_py(f.type_name)
+    if f.kind == "enum" or is_tensor(f):
+        return "str" if f.kind == "enum" else "Any"
+    if f.type_name == "google.protobuf.Struct":
+        return "Mapping[str, Any]"
+    if f.type_name.startswith("google.protobuf."):
+        return "Any"
+    msg = spec.messages.get(f.type_name)
+    if msg is None:
+        return "Mapping[str, Any]"
+    return f"types.{msg.name}"
+
+
+def _param_type(f: Field, spec: Spec) -> str:
+    if f.map_value is not None:
+        return f"Mapping[str, {_param_value(f.map_value, spec)}]"
+    if f.repeated:
+        return f"Sequence[{_param_value(f, spec)}]"
+    return _param_value(f, spec)
+
+
+_JOB_DOC = "The job (default: the client's `job_id`)."
+_OPTIONS_DOC = (
+    "Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job, sub-job)."
+)
+
+
+def client_params(m: Method, spec: Spec) -> list[tuple[str, str, str]]:
+    """(name, type, doc) of an op's keyword arguments: its request fields, then any path
+    parameter the request message does not hold (`job_id` of data-plane ops)."""
+    msg = spec.messages.get(m.request_type)
+    out = [(f.name, _param_type(f, spec), _field_doc(f, spec)) for f in (msg.fields if msg else ())]
+    names = {n for n, _, _ in out}
+    for p in m.path_params:
+        if p not in names:
+            out.append((p, "str", _JOB_DOC if p == "job_id" else f"Path parameter `{p}`."))
+    return out
+
+
+def _args_doc(params: list[tuple[str, str, str]]) -> list[str]:
+    """A Google-style `Args:` section (continuation lines indented under their name)."""
+    lines = ["Args:"]
+    for name, _, doc in [*params, ("options", "", _OPTIONS_DOC)]:
+        text = " ".join(doc.split()) if doc else "(undocumented in the spec)"
+        words, cur = text.split(" "), f"    {name}:"
+        for w in words:
+            if len(cur) + 1 + len(w) > 88 and cur.strip() != f"{name}:":
+                lines.append(cur)
+                cur = "        " + w
+            else:
+                cur += " " + w
+        lines.append(cur)
+    return lines
+
+
 def _client_method(m: Method, spec: Spec, aio: bool) -> list[str]:
     req = type_ref(m.request_type, spec) if m.request_type else "Mapping[str, Any]"
     if req == "dict[str, Any]":
         req = "Mapping[str, Any]"
     res = type_ref(m.response_type, spec) if m.response_type else "bytes"
+    params = client_params(m, spec)
     doc = m.doc or f"The ``{m.name}`` op."
+    doc += "\n\n" + "\n".join(_args_doc(params))
     doc += "\n\n" + "\n".join(method_summary(m))
     sig = [
         "        self,",
         f"        body: {req} | None = None,",
         "        /,",
         "        *,",
+        *[f"        {name}: {typ} | None = None," for name, typ, _ in params],
         "        options: CallOptions | None = None,",
-        "        **fields: Any,",
+        "        **unknown: Never,",
     ]
-    call = f"self._call(methods.{m.const}, body, fields, options)"
+    fields = "{" + ", ".join(f"{py_str(n)}: {n}" for n, _, _ in params) + "}"
+    call_args = f"methods.{m.const}, body, {fields}, options, unknown"
+    call = f"self._call({call_args})"
+    if not fits(f"        result = {'await ' if aio else ''}{call}"):
+        call = (
+            "self._call(\n            "
+            + ",\n            ".join([f"methods.{m.const}", "body", fields, "options", "unknown"])
+            + ",\n        )"
+        )
+        if not all(fits(ln) for ln in call.split("\n")):
+            inner = ["            {"] + [f"                {py_str(n)}: {n}," for n, _, _ in params]
+            inner += ["            },"]
+            call = "\n".join(
+                [
+                    "self._call(",
+                    f"            methods.{m.const},",
+                    "            body,",
+                    *inner,
+                    "            options,",
+                    "            unknown,",
+                    "        )",
+                ]
+            )
     lines = [f"    {'async ' if aio else ''}def {m.python_name}(", *sig, f"    ) -> {res}:"]
     lines += docstring(doc, "        ")
     lines += [
@@ -369,10 +593,12 @@ def _client_method(m: Method, spec: Spec, aio: bool) -> list[str]:
     sub_doc = (
         f"Submit :meth:`{m.python_name}` without waiting for it: a future of its result.\n\n"
         + first_sentence(m.doc or m.name)
+        + f"\n\nTakes the arguments of :meth:`{m.python_name}`."
     )
+    submit = call.replace("self._call(", "self._submit(")
     lines += ["", f"    def submit_{m.python_name}(", *sig, f"    ) -> {future}[{res}]:"]
     lines += docstring(sub_doc, "        ")
-    lines.append(f"        return self._submit(methods.{m.const}, body, fields, options)")
+    lines.append(f"        return {submit}")
     return lines
 
 
@@ -384,16 +610,18 @@ def render_client(spec: Spec, layout: Layout, head: list[str]) -> str:
         "encoding, retries, idempotency, polling) lives in the hand-written transports. Every op also\n"
         "has a `submit_<op>` twin that returns a future instead of waiting."
     )
-    needs_mapping = any(
-        not m.request_type or m.request_type not in spec.messages for m in spec.methods
+    uses = "\n".join(
+        "\n".join(_client_method(m, spec, aio)) for m in spec.methods for aio in (False, True)
     )
+    abc = [n for n in ("Mapping", "Sequence") if f"{n}[" in uses]
+    typing = [n for n in ("Any", "Literal") if f"{n}[" in uses or n == "Any"]
     body = import_block(
         [
             "from __future__ import annotations",
             "import asyncio",
             "import concurrent.futures",
-            *(["from collections.abc import Mapping"] if needs_mapping else []),
-            "from typing import Any, cast",
+            *([f"from collections.abc import {', '.join(abc)}"] if abc else []),
+            f"from typing import {', '.join(typing)}, Never, cast",
             f"from {layout.runtime_package}._client_base import AsyncClientBase, CallOptions, ClientBase",
             f"from {layout.sdk_package} import methods, types",
         ],
@@ -408,10 +636,13 @@ def render_client(spec: Spec, layout: Layout, head: list[str]) -> str:
         cdoc = (
             f"{'Asynchronous' if aio else 'Synchronous'} client of the spec: one "
             f"{'coroutine ' if aio else ''}method per op.\n\n"
-            "Call an op with a body mapping, keyword fields, or both (keywords win), plus optional\n"
+            "Call an op with its request fields as keyword arguments (each documented under\n"
+            "`Args`), a body mapping, or both (keywords win; `None` = unset), plus optional\n"
             "`CallOptions`, e.g.\n\n"
             f"    {ex}({{...}}, options=CallOptions(timeout=30))\n\n"
-            f"and `submit_<op>` for a {'asyncio' if aio else 'concurrent.futures'} future of the result."
+            f"and `submit_<op>` for a {'asyncio' if aio else 'concurrent.futures'} future of the result.\n"
+            "An unknown keyword is refused with `InvalidArgumentError` naming it (and the\n"
+            "closest known one); type checkers flag it too (`**unknown: Never`)."
         )
         body += ["", "", f"class {cls}({base}):", *docstring(cdoc, "    ")]
         for m in spec.methods:

@@ -4,7 +4,8 @@ Run by protoc (`--arctic_out=DIR`, through `tools/codegen/protoc-gen-arctic` or 
 tools/codegen/protoc_gen_arctic.py`): it reads a `CodeGeneratorRequest` on stdin and writes a
 `CodeGeneratorResponse` on stdout. From one method model (`arctic_model.build_spec`) it emits
 
-- SDK (`sdk_out`): `methods.py` (method table), `error_codes.py` (error table), `types.py`
+- SDK (`sdk_out`): `methods.py` (method table), `error_codes.py` (error table),
+  `error_classes.py` (one exception class per code), `types.py`
   (TypedDicts and field constraints), `client.py` (`Client`, `AsyncClient`), `grpc_stubs.py`,
   and the package `__init__.py` files of the protobuf modules;
 - server (`server_out`): `servicer.py` (`ServicerBase`), `http_routes.py` (aiohttp),
@@ -29,6 +30,7 @@ from arctic_model import Spec, SpecError, build_spec
 from arctic_render import Layout, banner, pb2_module
 from arctic_sdk_templates import (
     render_client,
+    render_error_classes,
     render_error_codes,
     render_grpc_stubs,
     render_methods,
@@ -52,6 +54,7 @@ SDK_MODULES: dict[str, Render] = {
     "__init__.py": render_sdk_init,
     "methods.py": render_methods,
     "error_codes.py": render_error_codes,
+    "error_classes.py": render_error_classes,
     "types.py": render_types,
     "client.py": render_client,
     "grpc_stubs.py": render_grpc_stubs,

@@ -28,10 +28,10 @@ from ..config import ArcticConfig
 from ..errors import (
     ArcticError,
     ChunkGroupRestartRequiredError,
-    InvalidArgumentError,
     NotFoundError,
     ServerError,
     UnimplementedError,
+    refused_locally,
 )
 from . import chunks, fallback
 from .capabilities import Capabilities
@@ -39,7 +39,7 @@ from .effects import Flow, Progress
 from .poll import await_result, poll_status
 from .replies import ChunkCached, Exchange, Raw, Reply, Value, Wire
 from .requests import is_data_plane
-from .retry import Deadline, RetryPolicy, exchange
+from .retry import Contact, Deadline, RetryPolicy, exchange
 from .sequence import SeqAllocator, SeqSlot
 from .validate import validate_body
 
@@ -75,6 +75,7 @@ class CoreState:
         self.job_id: str | None = config.job_id
         self.redact = make_redactor(config.token())
         self.policy = RetryPolicy(config.retry, rng)
+        self.contact = Contact(server_address(config))
         self.lock = threading.Lock()
 
     def set_caps(self, caps: Capabilities) -> None:
@@ -99,10 +100,20 @@ class CoreState:
                     deadline=deadline,
                     request_timeout=self.config.request_timeout,
                     max_retries=max_retries,
+                    contact=self.contact,
+                    poll=self.config.poll,
                 )
             )
 
         return run
+
+
+def server_address(config: ArcticConfig) -> str:
+    """Where the client's server is, as an error message names it."""
+    base = config.cortex.base() or "(no base_url)"
+    if config.transport == "grpc":
+        return config.grpc.target or f"{base} (gRPC port from its capabilities)"
+    return "the in-process server" if config.transport == "inproc" else base
 
 
 @dataclass
@@ -150,9 +161,9 @@ def prepare(
                 if name == "job_id"
                 else ""
             )
-            raise InvalidArgumentError(
+            raise refused_locally(
+                "missing_field",
                 f"{method.name}: no {name}{hint}",
-                code="missing_field",
                 op=method.name,
                 details={"field": name},
             )

@@ -29,6 +29,35 @@ _DEPLOYED_OPERATION_TYPES = frozenset(
 )
 
 
+#: `SubJobConfig` keys every server knows (jobs.proto), per role; servers advertise their own set
+#: (`config_keys`), a server without it accepts these.
+STANDARD_CONFIG_KEYS: Mapping[str, frozenset[str]] = {
+    "training": frozenset(
+        {
+            "max_seq_len",
+            "n_gpus",
+            "train_batch_size",
+            "gradient_clipping",
+            "optimizer",
+            "zero_stage",
+            "micro_batch_size",
+            "deepspeed",
+        }
+    ),
+    "sampling": frozenset({"max_seq_len", "n_gpus", "vllm_config"}),
+    "log_prob": frozenset({"max_seq_len", "n_gpus", "vllm_config"}),
+}
+
+
+def config_keys_of(doc: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    """The sub-job config keys a capabilities document advertises (absent: the standard)."""
+    keys = doc.get("config_keys") or {}
+    return {
+        role: frozenset(str(k) for k in keys[role]) if keys.get(role) else std
+        for role, std in STANDARD_CONFIG_KEYS.items()
+    }
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a server offers; `discovered` is False for the §5 defaults."""

@@ -24,7 +24,7 @@ import numpy as np
 import dssst1
 
 from .._spec import MethodInfo
-from ..errors import InvalidArgumentError, PayloadTooLargeError
+from ..errors import PayloadTooLargeError, refused_locally
 from .capabilities import Capabilities
 from .effects import Buffers
 
@@ -35,13 +35,13 @@ def new_group_id() -> str:
 
 
 def encode_body(method: MethodInfo, body: Mapping[str, Any]) -> dssst1.EncodedFrame:
-    """The DSSST1 frame of a body, as parts; codec refusals become `InvalidArgumentError`."""
+    """The DSSST1 frame of a body, as parts; a codec refusal raises its code's class."""
     try:
         return dssst1.iter_frame(dict(body))
     except dssst1.DSSError as exc:
-        raise InvalidArgumentError(
+        raise refused_locally(
+            str(exc.code),
             f"{method.name}: the body cannot be encoded: {exc}",
-            code=str(exc.code),
             op=method.name,
             details=exc.details(),
         ) from None

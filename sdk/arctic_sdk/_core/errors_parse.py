@@ -212,6 +212,7 @@ def to_exception(
     retry_after_s: float | None = None,
     failed: bool = False,
     redact: Callable[[str], str] = lambda s: s,
+    grpc_status: str | None = None,
 ) -> ArcticError:
     """The typed exception of a parsed error (secrets redacted from every string)."""
     return error_from_code(
@@ -224,4 +225,5 @@ def to_exception(
         retry_after=retry_after_s,
         op=op,
         failed=failed,
+        grpc_status=grpc_status,
     )

@@ -175,7 +175,15 @@ class GrpcWire:
             status = _HTTP_OF.get(resp.code, 500)
             parsed = parse_error(resp.details, status)
             parsed = ParsedError(parsed.code, f"gRPC {resp.code}: {resp.details}", {}, None)
-            return Refused(to_exception(parsed, status=status, op=method.name, redact=self._redact))
+            return Refused(
+                to_exception(
+                    parsed,
+                    status=status,
+                    op=method.name,
+                    redact=self._redact,
+                    grpc_status=resp.code,
+                )
+            )
         raw = trailer.encode() if isinstance(trailer, str) else trailer
         parsed = parse_error(raw, _HTTP_OF.get(resp.code))
         info = ERRORS.get(parsed.code)
@@ -187,6 +195,7 @@ class GrpcWire:
                 op=method.name,
                 retry_after_s=retry_after({}, parsed.details),
                 redact=self._redact,
+                grpc_status=resp.code,
             )
         )
 

@@ -2,7 +2,9 @@
 
 `wait_running` polls `GetJob` with the poll backoff until the job is `running`, reporting each
 state change (`pending`, `placing`, `initializing`) as progress; a terminal state raises
-`ConflictError` (`job_terminal`) with the job's reason and its sub-jobs' states.
+`JobTerminalError` (`job_terminal`) with the job's reason and its sub-jobs' states, and running
+out of time raises `ArcticTimeoutError` naming the last state seen. Both `wait_until_running` and
+a data-plane call refused with `job_not_running` (`retry.exchange`) wait this way.
 """
 
 from __future__ import annotations
@@ -75,8 +77,17 @@ def wait_running(
     key = f"job:{job_id}"
     yield Progress(key, "start", desc=f"job {job_id}: waiting", unit="s")
     started = clock()
+    text, state = "", ""
     while True:
-        reply = yield from send(get_job_exchange(job_id))
+        try:
+            reply = yield from send(get_job_exchange(job_id))
+        except ArcticTimeoutError:
+            yield Progress(key, "close")
+            raise ArcticTimeoutError(
+                f"job {job_id} is not running after {timeout:g} s "
+                f"(last state: {text or 'unknown, GetJob never answered'})",
+                details={"state": state},
+            ) from None
         job = dict(job_of(reply.value if isinstance(reply, Value) else {}))
         state = job_state(job.get("state"))
         text = describe(job)
@@ -102,6 +113,7 @@ def wait_running(
             )
         remaining = deadline - clock()
         if remaining <= 0:
+            yield Progress(key, "close")
             raise ArcticTimeoutError(
                 f"job {job_id} is not running after {timeout:g} s (state: {text})",
                 details={"state": state},

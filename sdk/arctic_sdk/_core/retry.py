@@ -13,21 +13,36 @@ is *safe* depends on the op's idempotency class and the server's capabilities (P
   retried).
 
 Backoff is exponential with jitter and a cap; `Retry-After` wins when the server sends it; every
-wait ends before the call's deadline.
+wait ends before the call's deadline, and every retry is logged at WARNING (what is retried, after
+what, for how long, how much of the deadline is left).
+
+Two failures are not retried like the others:
+
+- **First contact.** While a client has never had an answer from its server, a connection that
+  certainly never reached it (refused, unknown host) is tried `first_contact_retries` more times
+  only, then raises `ArcticConnectionError` naming the address: a wrong URL fails in seconds.
+  Once any answer has arrived, connection failures get the whole retry budget (a restarting
+  server is waited for).
+- **A job that is not running yet** (`job_not_running`): the call waits for the job to start, its
+  state shown as it goes (`jobs.wait_running`), within the call's deadline, then is resent; a job
+  that ends instead raises `job_terminal`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from .._generated import methods as M
 from .._generated.error_codes import ERRORS, ErrorCode
-from ..config import RetryConfig
+from ..config import PollConfig, RetryConfig
 from ..errors import ArcticConnectionError, ArcticError, ArcticTimeoutError, OutcomeUnknownError
 from .capabilities import Capabilities
 from .effects import Flow, Send, Sleep
+from .jobs import wait_running
 from .replies import Exchange, Lost, Refused, Reply, Wire
 
 log = logging.getLogger("arctic_sdk")
@@ -56,6 +71,14 @@ class Deadline:
 
     def passed(self) -> bool:
         return self.remaining() <= 0
+
+
+@dataclass
+class Contact:
+    """Whether this client has had any answer from its server yet, and where the server is."""
+
+    where: str
+    reached: bool = False
 
 
 class RetryPolicy:
@@ -113,6 +136,19 @@ def _unknown(reply: Refused | Lost, ex: Exchange) -> OutcomeUnknownError:
     )
 
 
+def _unreachable(reply: Lost, ex: Exchange, contact: Contact, attempts: int, t0: float) -> Any:
+    reason = reply.failure.reason
+    errno = re.search(r"\[Errno -?\d+\] [^\"')(]+", reason)  # the OS's words, not a traceback
+    return ArcticConnectionError(
+        f"{ex.method.name}: cannot reach the server at {contact.where} "
+        f"({errno.group(0).strip() if errno else reason}); "
+        f"{attempts} attempt{'s' if attempts > 1 else ''} in {t0:.1f} s and it never answered: "
+        "is the server running, and is the address right?",
+        op=ex.method.name,
+        details={"address": contact.where, "attempts": attempts, "reason": reply.failure.reason},
+    )
+
+
 def exchange(
     ex: Exchange,
     *,
@@ -122,9 +158,16 @@ def exchange(
     deadline: Deadline,
     request_timeout: float,
     max_retries: int,
+    contact: Contact | None = None,
+    poll: PollConfig | None = None,
 ) -> Flow[Reply]:
-    """Send `ex`, retrying as the policy allows; returns the first non-error reply."""
-    attempts = 0
+    """Send `ex`, retrying as the policy allows; returns the first non-error reply.
+
+    `contact` (the client's): connection failures before the server ever answered get only
+    `first_contact_retries`; `poll`: how to wait for a job that is not running yet (without it,
+    `job_not_running` is retried like any retryable code)."""
+    attempts, waited = 0, False
+    started = deadline.clock()
     while True:
         remaining = deadline.remaining()
         if remaining <= 0:
@@ -133,12 +176,36 @@ def exchange(
             )
         attempts += 1
         reply = wire.parse(ex, (yield Send(wire.build(ex, min(request_timeout, remaining)))))
+        if contact is not None and not isinstance(reply, Lost):
+            contact.reached = True
         if not isinstance(reply, Refused | Lost):
             return reply
+        if (
+            poll is not None
+            and not waited
+            and isinstance(reply, Refused)
+            and reply.error.code == ErrorCode.JOB_NOT_RUNNING
+            and ex.job_id
+            and ex.method is not M.GET_JOB
+        ):
+            yield from _await_job(
+                ex, reply.error, wire, caps, policy, deadline, request_timeout, poll, contact
+            )
+            attempts, waited = 0, True  # it runs now: the call's retry budget starts again
+            continue
         v = verdict(reply, ex, caps)
         if v == "unknown":
             raise _unknown(reply, ex)
         err = _failure_error(reply, ex, attempts)
+        first = contact is not None and not contact.reached
+        if (
+            first
+            and isinstance(reply, Lost)
+            and reply.failure.delivered is False
+            and attempts > min(max_retries, policy.cfg.first_contact_retries)
+        ):
+            assert contact is not None
+            raise _unreachable(reply, ex, contact, attempts, deadline.clock() - started)
         if v == "raise" or attempts > max_retries:
             raise err
         wait = err.retry_after if err.retry_after is not None else policy.backoff(attempts)
@@ -150,13 +217,61 @@ def exchange(
                     details={"last_error": str(err)},
                 )
             raise err
-        log.info(
-            "retrying %s in %.2fs after %s (attempt %d of %d)",
+        log.warning(
+            "retrying %s in %.2f s after %s (attempt %d of %d, %.0f s of the call's deadline left)",
             ex.method.name,
             wait,
-            err.code or type(err).__name__,
-            attempts,
+            _why(err),
+            attempts + 1,
             max_retries + 1,
+            deadline.remaining(),
             extra={"arctic_op": ex.method.name, "arctic_attempt": attempts, "arctic_wait": wait},
         )
         yield Sleep(wait)
+
+
+def _why(err: ArcticError) -> str:
+    text = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+    return f"{err.code}: {text}" if err.code else f"{type(err).__name__}: {text}"
+
+
+def _await_job(
+    ex: Exchange,
+    err: ArcticError,
+    wire: Wire,
+    caps: Capabilities | None,
+    policy: RetryPolicy,
+    deadline: Deadline,
+    request_timeout: float,
+    poll: PollConfig,
+    contact: Contact | None,
+) -> Flow[None]:
+    """Wait (within the call's deadline) for the job `ex` is for to run, its state shown."""
+    job_id = str(ex.job_id)
+    state = err.details.get("state") or "not running"
+    log.warning(
+        "%s: job %s is %s; waiting for it to run (up to %.0f s, the call's deadline)",
+        ex.method.name,
+        job_id,
+        state,
+        deadline.remaining(),
+        extra={"arctic_op": ex.method.name, "arctic_job_id": job_id, "arctic_job_state": state},
+    )
+
+    def send(e: Exchange) -> Flow[Reply]:
+        return (
+            yield from exchange(
+                e,
+                wire=wire,
+                caps=caps,
+                policy=policy,
+                deadline=deadline,
+                request_timeout=request_timeout,
+                max_retries=policy.cfg.max_retries,
+                contact=contact,
+            )
+        )
+
+    yield from wait_running(
+        job_id, send=send, cfg=poll, clock=deadline.clock, timeout=max(deadline.remaining(), 0)
+    )

@@ -2,8 +2,10 @@
 
 The same checks servers run (PROTOCOL.md §2; the one checker is `arctic_sdk._body_check`),
 driven by the request message's descriptor and its `(arctic.v1.field)` options. Failures raise
-`InvalidArgumentError` with the code a server would answer (`invalid_argument`, `missing_field`,
-`dtype_mismatch`, `shape_mismatch`); unknown fields are all named in one error.
+the exception class of the code a server would answer (`InvalidArgumentError`,
+`MissingFieldError`, `DtypeMismatchError`, `ShapeMismatchError`, `UnsupportedOptionError`, ...;
+all `InvalidArgumentError`s) — the same class the server's answer raises; unknown fields are all
+named in one error.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from google.protobuf import descriptor_pool
 
 import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
 
-from .._body_check import BodyError, check_body, unknown_fields_message
+from .._body_check import BodyError, check_body, leftover_error
 from .._generated.types import REQUIRED_FIELDS
 from .._spec import MethodInfo
-from ..errors import InvalidArgumentError
+from ..errors import refused_locally
 
 _POOL = descriptor_pool.Default()
 
@@ -30,18 +32,16 @@ def validate_body(method: MethodInfo, body: Mapping[str, Any]) -> None:
     desc = _POOL.FindMessageTypeByName(method.request_type)
     params = set(method.path_params)
     try:
-        found = check_body(desc, {k: v for k, v in body.items() if k not in params})
-    except BodyError as bad:
-        raise InvalidArgumentError(
-            f"{method.name}: field {bad.path}: {bad.message}",
-            code=bad.code,
+        found = check_body(
+            desc, {k: v for k, v in body.items() if k not in params}, options_apart=True
+        )
+        bad = leftover_error(desc, found)
+    except BodyError as exc:
+        bad = exc
+    if bad is not None:
+        raise refused_locally(
+            bad.code,
+            f"{method.name}: {bad.text}",
             op=method.name,
             details={"field": bad.path, **bad.details},
-        ) from None
-    if found.unknown:
-        raise InvalidArgumentError(
-            f"{method.name}: {unknown_fields_message(desc, found.unknown)}",
-            code="invalid_argument",
-            op=method.name,
-            details={"field": found.unknown[0], "unknown_fields": found.unknown},
         )

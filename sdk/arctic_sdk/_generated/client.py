@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Never, cast
 
 from arctic_sdk._client_base import AsyncClientBase, CallOptions, ClientBase
 from arctic_sdk._generated import methods, types
@@ -21,12 +22,15 @@ from arctic_sdk._generated import methods, types
 class Client(ClientBase):
     """Synchronous client of the spec: one method per op.
 
-    Call an op with a body mapping, keyword fields, or both (keywords win), plus optional
+    Call an op with its request fields as keyword arguments (each documented under
+    `Args`), a body mapping, or both (keywords win; `None` = unset), plus optional
     `CallOptions`, e.g.
 
         client.create_job({...}, options=CallOptions(timeout=30))
 
     and `submit_<op>` for a concurrent.futures future of the result.
+    An unknown keyword is refused with `InvalidArgumentError` naming it (and the
+    closest known one); type checkers flag it too (`**unknown: Never`).
     """
 
     def create_job(
@@ -34,17 +38,46 @@ class Client(ClientBase):
         body: types.CreateJobRequest | None = None,
         /,
         *,
+        sub_job_configs: Sequence[types.SubJobConfig] | None = None,
+        experiment_name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        comment: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.CreateJobResponse:
         """Create a job from sub-job configs; answers its id at once (state `pending`). An Idempotency-Key
         (scope: the token) makes a retried create return the same job instead of a second one.
+
+        Args:
+            sub_job_configs: The sub-jobs: one training sub-job and any sampling / log-prob ones
+                (at least one).
+            experiment_name: Free-form experiment name, shown in ListJobs.
+            labels: Free-form labels, filterable in ListJobs.
+            comment: Free-text comment shown in ListJobs (who owns the job, what it is for).
+            lease_seconds: Lease in seconds: unless renewed (RenewJobLease) within this time the
+                job is cancelled with reason "lease expired". 0 = the server default; servers
+                advertise the default and maximum.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``create-job``: ``POST /``, JSON body, role gateway.
         Request: `arctic.v1.CreateJobRequest`. Result: `arctic.v1.CreateJobResponse`.
         Idempotency: keyed.
         """
-        result = self._call(methods.CREATE_JOB, body, fields, options)
+        result = self._call(
+            methods.CREATE_JOB,
+            body,
+            {
+                "sub_job_configs": sub_job_configs,
+                "experiment_name": experiment_name,
+                "labels": labels,
+                "comment": comment,
+                "lease_seconds": lease_seconds,
+            },
+            options,
+            unknown,
+        )
         return cast("types.CreateJobResponse", result)
 
     def submit_create_job(
@@ -52,30 +85,65 @@ class Client(ClientBase):
         body: types.CreateJobRequest | None = None,
         /,
         *,
+        sub_job_configs: Sequence[types.SubJobConfig] | None = None,
+        experiment_name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        comment: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.CreateJobResponse]:
         """Submit :meth:`create_job` without waiting for it: a future of its result.
 
         Create a job from sub-job configs; answers its id at once (state `pending`).
+
+        Takes the arguments of :meth:`create_job`.
         """
-        return self._submit(methods.CREATE_JOB, body, fields, options)
+        return self._submit(
+            methods.CREATE_JOB,
+            body,
+            {
+                "sub_job_configs": sub_job_configs,
+                "experiment_name": experiment_name,
+                "labels": labels,
+                "comment": comment,
+                "lease_seconds": lease_seconds,
+            },
+            options,
+            unknown,
+        )
 
     def list_jobs(
         self,
         body: types.ListJobsRequest | None = None,
         /,
         *,
+        state: str | None = None,
+        label: Sequence[str] | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ListJobsResponse:
         """List the caller's jobs, filtered by `state` and `label` query parameters.
+
+        Args:
+            state: Filter by state (JSON query parameter `state=running`); empty = all.
+                `arctic.v1.JobState`: "pending", "placing", "initializing", "running",
+                "cancelled", "terminated", "failed".
+            label: Filter by label (`label=key=value`, repeatable; all must match).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``list-jobs``: ``GET /``, no body, role gateway.
         Request: `arctic.v1.ListJobsRequest`. Result: `arctic.v1.ListJobsResponse`.
         Idempotency: safe.
         """
-        result = self._call(methods.LIST_JOBS, body, fields, options)
+        result = self._call(
+            methods.LIST_JOBS,
+            body,
+            {"state": state, "label": label},
+            options,
+            unknown,
+        )
         return cast("types.ListJobsResponse", result)
 
     def submit_list_jobs(
@@ -83,14 +151,24 @@ class Client(ClientBase):
         body: types.ListJobsRequest | None = None,
         /,
         *,
+        state: str | None = None,
+        label: Sequence[str] | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.ListJobsResponse]:
         """Submit :meth:`list_jobs` without waiting for it: a future of its result.
 
         List the caller's jobs, filtered by `state` and `label` query parameters.
+
+        Takes the arguments of :meth:`list_jobs`.
         """
-        return self._submit(methods.LIST_JOBS, body, fields, options)
+        return self._submit(
+            methods.LIST_JOBS,
+            body,
+            {"state": state, "label": label},
+            options,
+            unknown,
+        )
 
     def get_capacity(
         self,
@@ -98,15 +176,19 @@ class Client(ClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GetCapacityResponse:
         """Capacity accounting.
+
+        Args:
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-capacity``: ``GET /capacity``, no body, role gateway.
         Request: `arctic.v1.GetCapacityRequest`. Result: `arctic.v1.GetCapacityResponse`.
         Idempotency: safe.
         """
-        result = self._call(methods.GET_CAPACITY, body, fields, options)
+        result = self._call(methods.GET_CAPACITY, body, {}, options, unknown)
         return cast("types.GetCapacityResponse", result)
 
     def submit_get_capacity(
@@ -115,13 +197,15 @@ class Client(ClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.GetCapacityResponse]:
         """Submit :meth:`get_capacity` without waiting for it: a future of its result.
 
         Capacity accounting.
+
+        Takes the arguments of :meth:`get_capacity`.
         """
-        return self._submit(methods.GET_CAPACITY, body, fields, options)
+        return self._submit(methods.GET_CAPACITY, body, {}, options, unknown)
 
     def get_capabilities(
         self,
@@ -129,15 +213,19 @@ class Client(ClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GetCapabilitiesResponse:
         """The capabilities document (`PROTOCOL.md` §5). Needs no job and no token.
+
+        Args:
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-capabilities``: ``GET /capabilities``, no body, role gateway.
         Request: `arctic.v1.GetCapabilitiesRequest`. Result: `arctic.v1.GetCapabilitiesResponse`.
         Idempotency: safe.
         """
-        result = self._call(methods.GET_CAPABILITIES, body, fields, options)
+        result = self._call(methods.GET_CAPABILITIES, body, {}, options, unknown)
         return cast("types.GetCapabilitiesResponse", result)
 
     def submit_get_capabilities(
@@ -146,29 +234,37 @@ class Client(ClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.GetCapabilitiesResponse]:
         """Submit :meth:`get_capabilities` without waiting for it: a future of its result.
 
         The capabilities document (`PROTOCOL.md` §5).
+
+        Takes the arguments of :meth:`get_capabilities`.
         """
-        return self._submit(methods.GET_CAPABILITIES, body, fields, options)
+        return self._submit(methods.GET_CAPABILITIES, body, {}, options, unknown)
 
     def get_job(
         self,
         body: types.GetJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GetJobResponse:
         """A job with its sub-jobs, states and reasons.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-job``: ``GET /{job_id}``, no body, role gateway.
         Request: `arctic.v1.GetJobRequest`. Result: `arctic.v1.GetJobResponse`.
         Idempotency: safe.
         """
-        result = self._call(methods.GET_JOB, body, fields, options)
+        result = self._call(methods.GET_JOB, body, {"job_id": job_id}, options, unknown)
         return cast("types.GetJobResponse", result)
 
     def submit_get_job(
@@ -176,31 +272,40 @@ class Client(ClientBase):
         body: types.GetJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.GetJobResponse]:
         """Submit :meth:`get_job` without waiting for it: a future of its result.
 
         A job with its sub-jobs, states and reasons.
+
+        Takes the arguments of :meth:`get_job`.
         """
-        return self._submit(methods.GET_JOB, body, fields, options)
+        return self._submit(methods.GET_JOB, body, {"job_id": job_id}, options, unknown)
 
     def cancel_job(
         self,
         body: types.CancelJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.CancelJobResponse:
         """Cancel a job: stops its sub-jobs and frees capacity. Idempotent while cancelling; a job that
         already ended answers `job_terminal`.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``cancel-job``: ``POST /{job_id}:cancel``, no body, role gateway.
         Request: `arctic.v1.CancelJobRequest`. Result: `arctic.v1.CancelJobResponse`.
         Idempotency: keyed.
         """
-        result = self._call(methods.CANCEL_JOB, body, fields, options)
+        result = self._call(methods.CANCEL_JOB, body, {"job_id": job_id}, options, unknown)
         return cast("types.CancelJobResponse", result)
 
     def submit_cancel_job(
@@ -208,30 +313,47 @@ class Client(ClientBase):
         body: types.CancelJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.CancelJobResponse]:
         """Submit :meth:`cancel_job` without waiting for it: a future of its result.
 
         Cancel a job: stops its sub-jobs and frees capacity.
+
+        Takes the arguments of :meth:`cancel_job`.
         """
-        return self._submit(methods.CANCEL_JOB, body, fields, options)
+        return self._submit(methods.CANCEL_JOB, body, {"job_id": job_id}, options, unknown)
 
     def renew_job_lease(
         self,
         body: types.RenewJobLeaseRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.RenewJobLeaseResponse:
         """Extend the job's lease (the SDK does this while its driver is alive).
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            lease_seconds: New lease length in seconds; 0 = the job's lease length.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``renew-job-lease``: ``POST /{job_id}:renew-lease``, JSON body, role gateway.
         Request: `arctic.v1.RenewJobLeaseRequest`. Result: `arctic.v1.RenewJobLeaseResponse`.
         Idempotency: keyed.
         """
-        result = self._call(methods.RENEW_JOB_LEASE, body, fields, options)
+        result = self._call(
+            methods.RENEW_JOB_LEASE,
+            body,
+            {"job_id": job_id, "lease_seconds": lease_seconds},
+            options,
+            unknown,
+        )
         return cast("types.RenewJobLeaseResponse", result)
 
     def submit_renew_job_lease(
@@ -239,30 +361,54 @@ class Client(ClientBase):
         body: types.RenewJobLeaseRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.RenewJobLeaseResponse]:
         """Submit :meth:`renew_job_lease` without waiting for it: a future of its result.
 
         Extend the job's lease (the SDK does this while its driver is alive).
+
+        Takes the arguments of :meth:`renew_job_lease`.
         """
-        return self._submit(methods.RENEW_JOB_LEASE, body, fields, options)
+        return self._submit(
+            methods.RENEW_JOB_LEASE,
+            body,
+            {"job_id": job_id, "lease_seconds": lease_seconds},
+            options,
+            unknown,
+        )
 
     def cancel_request(
         self,
         body: types.CancelRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.CancelRequestResponse:
         """Cancel a request: at once when pending, at the engine's next safe point when running.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            request_id: The request to cancel (`X-Arctic-Request-Id` of its answer).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``cancel-request``: ``POST /{job_id}/requests/{request_id}:cancel``, no body, role gateway.
         Request: `arctic.v1.CancelRequestRequest`. Result: `arctic.v1.CancelRequestResponse`.
         Idempotency: keyed. Fallback: operation (``cancel-request``).
         """
-        result = self._call(methods.CANCEL_REQUEST, body, fields, options)
+        result = self._call(
+            methods.CANCEL_REQUEST,
+            body,
+            {"job_id": job_id, "request_id": request_id},
+            options,
+            unknown,
+        )
         return cast("types.CancelRequestResponse", result)
 
     def submit_cancel_request(
@@ -270,32 +416,69 @@ class Client(ClientBase):
         body: types.CancelRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.CancelRequestResponse]:
         """Submit :meth:`cancel_request` without waiting for it: a future of its result.
 
         Cancel a request: at once when pending, at the engine's next safe point when running.
+
+        Takes the arguments of :meth:`cancel_request`.
         """
-        return self._submit(methods.CANCEL_REQUEST, body, fields, options)
+        return self._submit(
+            methods.CANCEL_REQUEST,
+            body,
+            {"job_id": job_id, "request_id": request_id},
+            options,
+            unknown,
+        )
 
     def forward_backward(
         self,
         body: types.ForwardBackwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ForwardBackwardResult:
         """Forward and backward pass on one batch; gradients accumulate until Step. Returns loss, metrics and,
         when `processing.post` asks, `outputs.logprobs_shifted`.
+
+        Args:
+            args: Always empty (deployed field, kept for compatibility).
+            kwargs: Required.
+            context: Per-token training signal (loss mask, advantages, log-probs, weights).
+            processing: The loss (`loss_fn`, default cross_entropy), its `config` and
+                post-processors.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``forward-backward``: ``POST /{job_id}/forward-backward``, DSSST1 body (a chunk group), role training.
         Request: `arctic.v1.ForwardBackwardRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group.
         Aliases: ``fwd-bwd``, ``fwd_bwd``, ``forward_backward``.
         """
-        result = self._call(methods.FORWARD_BACKWARD, body, fields, options)
+        result = self._call(
+            methods.FORWARD_BACKWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.ForwardBackwardResult", result)
 
     def submit_forward_backward(
@@ -303,32 +486,79 @@ class Client(ClientBase):
         body: types.ForwardBackwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.ForwardBackwardResult]:
         """Submit :meth:`forward_backward` without waiting for it: a future of its result.
 
         Forward and backward pass on one batch; gradients accumulate until Step.
+
+        Takes the arguments of :meth:`forward_backward`.
         """
-        return self._submit(methods.FORWARD_BACKWARD, body, fields, options)
+        return self._submit(
+            methods.FORWARD_BACKWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     def forward(
         self,
         body: types.ForwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ForwardBackwardResult:
-        """Forward pass without gradient: log-probs (and entropy) of a batch, optionally its loss. A request
+        """Forward pass without gradient: log-probs (and entropy) of a batch and the loss that
+        forward-backward would report for it (`loss_fn` defaults to cross_entropy in both). A request
         may target the log-prob sub-job (`X-Arctic-Sub-Job`) for reference-model log-probs.
+
+        Args:
+            args: Always empty (deployed field, kept for compatibility).
+            kwargs: Required.
+            context: Per-token training signal, as in forward-backward.
+            processing: The loss (`loss_fn`, default cross_entropy), its `config` and
+                post-processors.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``forward``: ``POST /{job_id}/forward``, DSSST1 body (a chunk group), role training.
         Request: `arctic.v1.ForwardRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group. Fallback: operation (``forward``).
         Aliases: ``fwd-no-grad``, ``fwd_no_grad``.
         """
-        result = self._call(methods.FORWARD, body, fields, options)
+        result = self._call(
+            methods.FORWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.ForwardBackwardResult", result)
 
     def submit_forward(
@@ -336,30 +566,65 @@ class Client(ClientBase):
         body: types.ForwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.ForwardBackwardResult]:
         """Submit :meth:`forward` without waiting for it: a future of its result.
 
-        Forward pass without gradient: log-probs (and entropy) of a batch, optionally its loss.
+        Forward pass without gradient: log-probs (and entropy) of a batch and the loss that forward-backward would report for it (`loss_fn` defaults to cross_entropy in both).
+
+        Takes the arguments of :meth:`forward`.
         """
-        return self._submit(methods.FORWARD, body, fields, options)
+        return self._submit(
+            methods.FORWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     def step(
         self,
         body: types.StepRequest | None = None,
         /,
         *,
+        learning_rate: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.StepResult:
         """Apply the accumulated gradients (one optimizer step), then zero them. Returns grad_norm and lr.
+
+        Args:
+            learning_rate: Learning-rate override for this and later steps; absent = the
+                schedule's. A finite number >= 0 (0 steps without changing the weights: an lr =
+                0 control); otherwise invalid_argument.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``step``: ``POST /{job_id}/step``, JSON body, role training.
         Request: `arctic.v1.StepRequest`. Result: `arctic.v1.StepResult`.
         Idempotency: keyed.
         """
-        result = self._call(methods.STEP, body, fields, options)
+        result = self._call(
+            methods.STEP,
+            body,
+            {"learning_rate": learning_rate, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.StepResult", result)
 
     def submit_step(
@@ -367,30 +632,68 @@ class Client(ClientBase):
         body: types.StepRequest | None = None,
         /,
         *,
+        learning_rate: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.StepResult]:
         """Submit :meth:`step` without waiting for it: a future of its result.
 
         Apply the accumulated gradients (one optimizer step), then zero them.
+
+        Takes the arguments of :meth:`step`.
         """
-        return self._submit(methods.STEP, body, fields, options)
+        return self._submit(
+            methods.STEP,
+            body,
+            {"learning_rate": learning_rate, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     def generate(
         self,
         body: types.GenerateRequest | None = None,
         /,
         *,
+        prompts: Sequence[types.Prompt] | None = None,
+        sampling_params: types.SamplingParams | None = None,
+        routing_key: str | None = None,
+        strict: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GenerateResult:
         """Sample completions for text or token-id prompts with vLLM-named sampling parameters.
+
+        Args:
+            prompts: Required.
+            sampling_params: vLLM-named sampling parameters (absent = the defaults: n 1,
+                max_tokens 16).
+            routing_key: Requests with the same routing key go to the same replica (prefix-cache
+                reuse).
+            strict: Refuse (instead of ignoring) sampling params the server cannot honour.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``generate``: ``POST /{job_id}/generate``, DSSST1 body (a chunk group), role sampling.
         Request: `arctic.v1.GenerateRequest`. Result: `arctic.v1.GenerateResult`.
         Idempotency: chunk_group.
         """
-        result = self._call(methods.GENERATE, body, fields, options)
+        result = self._call(
+            methods.GENERATE,
+            body,
+            {
+                "prompts": prompts,
+                "sampling_params": sampling_params,
+                "routing_key": routing_key,
+                "strict": strict,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.GenerateResult", result)
 
     def submit_generate(
@@ -398,32 +701,74 @@ class Client(ClientBase):
         body: types.GenerateRequest | None = None,
         /,
         *,
+        prompts: Sequence[types.Prompt] | None = None,
+        sampling_params: types.SamplingParams | None = None,
+        routing_key: str | None = None,
+        strict: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.GenerateResult]:
         """Submit :meth:`generate` without waiting for it: a future of its result.
 
         Sample completions for text or token-id prompts with vLLM-named sampling parameters.
+
+        Takes the arguments of :meth:`generate`.
         """
-        return self._submit(methods.GENERATE, body, fields, options)
+        return self._submit(
+            methods.GENERATE,
+            body,
+            {
+                "prompts": prompts,
+                "sampling_params": sampling_params,
+                "routing_key": routing_key,
+                "strict": strict,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     def log_probs(
         self,
         body: types.LogProbsRequest | None = None,
         /,
         *,
+        input_ids: Any | None = None,
+        attention_mask: Any | None = None,
+        entropy: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ForwardBackwardResult:
         """Score sequences (shifted log-probs) with the log-prob sub-job, or the training sub-job when the job
         has none.
+
+        Args:
+            input_ids: Tensor (a DSSST1 array): I64 or I32, shape [B, S]. Required.
+            attention_mask: Tensor (a DSSST1 array): I64 or I32 or BOOL or U8, shape [B, S].
+            entropy: Also return entropy.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``log-probs``: ``POST /{job_id}/log-probs``, DSSST1 body (a chunk group), role log_prob.
         Request: `arctic.v1.LogProbsRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group. Fallback: operation (``forward``).
         Aliases: ``log_probs``.
         """
-        result = self._call(methods.LOG_PROBS, body, fields, options)
+        result = self._call(
+            methods.LOG_PROBS,
+            body,
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "entropy": entropy,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.ForwardBackwardResult", result)
 
     def submit_log_probs(
@@ -431,32 +776,80 @@ class Client(ClientBase):
         body: types.LogProbsRequest | None = None,
         /,
         *,
+        input_ids: Any | None = None,
+        attention_mask: Any | None = None,
+        entropy: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.ForwardBackwardResult]:
         """Submit :meth:`log_probs` without waiting for it: a future of its result.
 
         Score sequences (shifted log-probs) with the log-prob sub-job, or the training sub-job when the job has none.
+
+        Takes the arguments of :meth:`log_probs`.
         """
-        return self._submit(methods.LOG_PROBS, body, fields, options)
+        return self._submit(
+            methods.LOG_PROBS,
+            body,
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "entropy": entropy,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     def sync_weights(
         self,
         body: types.SyncWeightsRequest | None = None,
         /,
         *,
+        source_sub_job_id: str | None = None,
+        target_sub_job_ids: Sequence[str] | None = None,
+        method: str | None = None,
+        cuda_ipc: bool | None = None,
+        low_memory: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.SyncWeightsResult:
         """Copy the trainer's weights into the samplers: pause new generates, load, reset prefix caches,
         resume. Bumps `weight_version`.
+
+        Args:
+            source_sub_job_id: Default: the job's training sub-job.
+            target_sub_job_ids: Default: every sampling sub-job of the job. A log-prob sub-job
+                (the reference model) is updated only when named here: it stays frozen
+                otherwise.
+            method: "auto" (default), "nccl", "cuda_ipc", "shm", "safetensors".
+            cuda_ipc: Legacy knobs; honoured when the method allows.
+            low_memory: Legacy: stream the weights in pieces (honoured when the method allows).
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``sync-weights``: ``POST /{job_id}/sync-weights``, JSON body, role training.
         Request: `arctic.v1.SyncWeightsRequest`. Result: `arctic.v1.SyncWeightsResult`.
         Idempotency: keyed. Fallback: weight_sync_sequence (``weight-sync``).
         Aliases: ``sync_weights``.
         """
-        result = self._call(methods.SYNC_WEIGHTS, body, fields, options)
+        result = self._call(
+            methods.SYNC_WEIGHTS,
+            body,
+            {
+                "source_sub_job_id": source_sub_job_id,
+                "target_sub_job_ids": target_sub_job_ids,
+                "method": method,
+                "cuda_ipc": cuda_ipc,
+                "low_memory": low_memory,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.SyncWeightsResult", result)
 
     def submit_sync_weights(
@@ -464,31 +857,68 @@ class Client(ClientBase):
         body: types.SyncWeightsRequest | None = None,
         /,
         *,
+        source_sub_job_id: str | None = None,
+        target_sub_job_ids: Sequence[str] | None = None,
+        method: str | None = None,
+        cuda_ipc: bool | None = None,
+        low_memory: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.SyncWeightsResult]:
         """Submit :meth:`sync_weights` without waiting for it: a future of its result.
 
         Copy the trainer's weights into the samplers: pause new generates, load, reset prefix caches, resume.
+
+        Takes the arguments of :meth:`sync_weights`.
         """
-        return self._submit(methods.SYNC_WEIGHTS, body, fields, options)
+        return self._submit(
+            methods.SYNC_WEIGHTS,
+            body,
+            {
+                "source_sub_job_id": source_sub_job_id,
+                "target_sub_job_ids": target_sub_job_ids,
+                "method": method,
+                "cuda_ipc": cuda_ipc,
+                "low_memory": low_memory,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     def reset_prefix_cache(
         self,
         body: types.ResetPrefixCacheRequest | None = None,
         /,
         *,
+        drain: bool | None = None,
+        timeout_s: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ResetPrefixCacheResult:
         """Drop the samplers' prefix caches.
+
+        Args:
+            drain: Wait for in-flight generates to finish first (default true).
+            timeout_s: Seconds to wait for the drain (0 = the server's default); >= 0.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``reset-prefix-cache``: ``POST /{job_id}/reset-prefix-cache``, JSON body, role sampling.
         Request: `arctic.v1.ResetPrefixCacheRequest`. Result: `arctic.v1.ResetPrefixCacheResult`.
         Idempotency: keyed. Fallback: operation (``reset-prefix-cache``).
         Aliases: ``reset_prefix_cache``.
         """
-        result = self._call(methods.RESET_PREFIX_CACHE, body, fields, options)
+        result = self._call(
+            methods.RESET_PREFIX_CACHE,
+            body,
+            {"drain": drain, "timeout_s": timeout_s, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.ResetPrefixCacheResult", result)
 
     def submit_reset_prefix_cache(
@@ -496,30 +926,67 @@ class Client(ClientBase):
         body: types.ResetPrefixCacheRequest | None = None,
         /,
         *,
+        drain: bool | None = None,
+        timeout_s: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.ResetPrefixCacheResult]:
         """Submit :meth:`reset_prefix_cache` without waiting for it: a future of its result.
 
         Drop the samplers' prefix caches.
+
+        Takes the arguments of :meth:`reset_prefix_cache`.
         """
-        return self._submit(methods.RESET_PREFIX_CACHE, body, fields, options)
+        return self._submit(
+            methods.RESET_PREFIX_CACHE,
+            body,
+            {"drain": drain, "timeout_s": timeout_s, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     def operation(
         self,
         body: types.OperationRequest | None = None,
         /,
         *,
+        operation_type: str | None = None,
+        sub_job_id: str | None = None,
+        sub_job_type: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.OperationResult:
         """The deployed control envelope `{operation_type, sub_job_id?, sub_job_type?, payload}`.
+
+        Args:
+            operation_type: The operation (see above).
+            sub_job_id: The target sub-job id (`{job}:{role}:{index}`).
+            sub_job_type: The target sub-job's role (training, sampling, log_prob).
+            payload: The operation's body (for "forward": a ForwardRequest).
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``operation``: ``POST /{job_id}/operation``, JSON body, role gateway.
         Request: `arctic.v1.OperationRequest`. Result: `arctic.v1.OperationResult`.
         Idempotency: keyed.
         """
-        result = self._call(methods.OPERATION, body, fields, options)
+        result = self._call(
+            methods.OPERATION,
+            body,
+            {
+                "operation_type": operation_type,
+                "sub_job_id": sub_job_id,
+                "sub_job_type": sub_job_type,
+                "payload": payload,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.OperationResult", result)
 
     def submit_operation(
@@ -527,31 +994,67 @@ class Client(ClientBase):
         body: types.OperationRequest | None = None,
         /,
         *,
+        operation_type: str | None = None,
+        sub_job_id: str | None = None,
+        sub_job_type: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.OperationResult]:
         """Submit :meth:`operation` without waiting for it: a future of its result.
 
         The deployed control envelope `{operation_type, sub_job_id?, sub_job_type?, payload}`.
+
+        Takes the arguments of :meth:`operation`.
         """
-        return self._submit(methods.OPERATION, body, fields, options)
+        return self._submit(
+            methods.OPERATION,
+            body,
+            {
+                "operation_type": operation_type,
+                "sub_job_id": sub_job_id,
+                "sub_job_type": sub_job_type,
+                "payload": payload,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     def save_checkpoint(
         self,
         body: types.SaveCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        checkpoint_type: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.SaveCheckpointResult:
         """Save a checkpoint (resumable by default) under the job.
+
+        Args:
+            checkpoint_id: Default: a server-chosen id ("step-{global_step}").
+            checkpoint_type: "resumable" (default: model + optimizer + scheduler state) or
+                "weights-only".
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``save``: ``POST /{job_id}/save``, JSON body, role training.
         Request: `arctic.v1.SaveCheckpointRequest`. Result: `arctic.v1.SaveCheckpointResult`.
         Idempotency: keyed.
         Aliases: ``save-checkpoint``, ``save_checkpoint``, ``save-weights``, ``save_weights``.
         """
-        result = self._call(methods.SAVE_CHECKPOINT, body, fields, options)
+        result = self._call(
+            methods.SAVE_CHECKPOINT,
+            body,
+            {"checkpoint_id": checkpoint_id, "checkpoint_type": checkpoint_type, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.SaveCheckpointResult", result)
 
     def submit_save_checkpoint(
@@ -559,31 +1062,68 @@ class Client(ClientBase):
         body: types.SaveCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        checkpoint_type: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.SaveCheckpointResult]:
         """Submit :meth:`save_checkpoint` without waiting for it: a future of its result.
 
         Save a checkpoint (resumable by default) under the job.
+
+        Takes the arguments of :meth:`save_checkpoint`.
         """
-        return self._submit(methods.SAVE_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.SAVE_CHECKPOINT,
+            body,
+            {"checkpoint_id": checkpoint_id, "checkpoint_type": checkpoint_type, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     def load_checkpoint(
         self,
         body: types.LoadCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        source_job_id: str | None = None,
+        target_sub_job_id: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LoadCheckpointResult:
-        """Load a checkpoint into the training sub-job (route `/load`, as deployed).
+        """Load a checkpoint into the training sub-job (route `/load`, as deployed), or into the sub-job
+        `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
+
+        Args:
+            checkpoint_id: The checkpoint to load (required).
+            source_job_id: Load a checkpoint saved by another job of the same token.
+            target_sub_job_id: The sub-job to load it into (default: the training sub-job).
+                Loading into a sampling sub-job changes its weights, so it bumps the
+                `weight_version` its generates report.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``load-checkpoint``: ``POST /{job_id}/load``, JSON body, role training.
         Request: `arctic.v1.LoadCheckpointRequest`. Result: `arctic.v1.LoadCheckpointResult`.
         Idempotency: keyed.
         Aliases: ``load_checkpoint``, ``load``.
         """
-        result = self._call(methods.LOAD_CHECKPOINT, body, fields, options)
+        result = self._call(
+            methods.LOAD_CHECKPOINT,
+            body,
+            {
+                "checkpoint_id": checkpoint_id,
+                "source_job_id": source_job_id,
+                "target_sub_job_id": target_sub_job_id,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.LoadCheckpointResult", result)
 
     def submit_load_checkpoint(
@@ -591,31 +1131,54 @@ class Client(ClientBase):
         body: types.LoadCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        source_job_id: str | None = None,
+        target_sub_job_id: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.LoadCheckpointResult]:
         """Submit :meth:`load_checkpoint` without waiting for it: a future of its result.
 
-        Load a checkpoint into the training sub-job (route `/load`, as deployed).
+        Load a checkpoint into the training sub-job (route `/load`, as deployed), or into the sub-job `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
+
+        Takes the arguments of :meth:`load_checkpoint`.
         """
-        return self._submit(methods.LOAD_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.LOAD_CHECKPOINT,
+            body,
+            {
+                "checkpoint_id": checkpoint_id,
+                "source_job_id": source_job_id,
+                "target_sub_job_id": target_sub_job_id,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     def list_checkpoints(
         self,
         body: types.ListCheckpointsRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ListCheckpointsResult:
         """List the job's checkpoints.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``list-checkpoints``: ``GET /{job_id}/checkpoints``, no body, role training.
         Request: `arctic.v1.ListCheckpointsRequest`. Result: `arctic.v1.ListCheckpointsResult`.
         Idempotency: safe.
         Aliases: ``list_checkpoints``.
         """
-        result = self._call(methods.LIST_CHECKPOINTS, body, fields, options)
+        result = self._call(methods.LIST_CHECKPOINTS, body, {"job_id": job_id}, options, unknown)
         return cast("types.ListCheckpointsResult", result)
 
     def submit_list_checkpoints(
@@ -623,31 +1186,48 @@ class Client(ClientBase):
         body: types.ListCheckpointsRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.ListCheckpointsResult]:
         """Submit :meth:`list_checkpoints` without waiting for it: a future of its result.
 
         List the job's checkpoints.
+
+        Takes the arguments of :meth:`list_checkpoints`.
         """
-        return self._submit(methods.LIST_CHECKPOINTS, body, fields, options)
+        return self._submit(methods.LIST_CHECKPOINTS, body, {"job_id": job_id}, options, unknown)
 
     def export_checkpoint(
         self,
         body: types.ExportCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ExportCheckpointResult:
         """Export a checkpoint as Hugging Face safetensors files; answers the files and their download URLs.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            checkpoint_id: The checkpoint to export.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``export-checkpoint``: ``POST /{job_id}/checkpoints/{checkpoint_id}:export``, no body, role training.
         Request: `arctic.v1.ExportCheckpointRequest`. Result: `arctic.v1.ExportCheckpointResult`.
         Idempotency: safe.
         Aliases: ``export_checkpoint``.
         """
-        result = self._call(methods.EXPORT_CHECKPOINT, body, fields, options)
+        result = self._call(
+            methods.EXPORT_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
         return cast("types.ExportCheckpointResult", result)
 
     def submit_export_checkpoint(
@@ -655,32 +1235,58 @@ class Client(ClientBase):
         body: types.ExportCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.ExportCheckpointResult]:
         """Submit :meth:`export_checkpoint` without waiting for it: a future of its result.
 
         Export a checkpoint as Hugging Face safetensors files; answers the files and their download URLs.
+
+        Takes the arguments of :meth:`export_checkpoint`.
         """
-        return self._submit(methods.EXPORT_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.EXPORT_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
 
     def download_checkpoint_file(
         self,
         body: types.DownloadCheckpointFileRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
+        filename: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> bytes:
         """Download one exported file. HTTP: the raw bytes (`application/octet-stream`); gRPC: a stream of
         frames whose values are `{"data": U8 tensor, "offset": int}`.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            checkpoint_id: The exported checkpoint.
+            filename: A file name of its export (`ExportedFile.filename`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``download-checkpoint-file``: ``GET /{job_id}/checkpoints/{checkpoint_id}/files/{filename}``, no body, role training.
         Request: `arctic.v1.DownloadCheckpointFileRequest`. Result: raw bytes.
         Idempotency: safe.
         Aliases: ``download_checkpoint_file``.
         """
-        result = self._call(methods.DOWNLOAD_CHECKPOINT_FILE, body, fields, options)
+        result = self._call(
+            methods.DOWNLOAD_CHECKPOINT_FILE,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "filename": filename},
+            options,
+            unknown,
+        )
         return cast("bytes", result)
 
     def submit_download_checkpoint_file(
@@ -688,31 +1294,56 @@ class Client(ClientBase):
         body: types.DownloadCheckpointFileRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
+        filename: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[bytes]:
         """Submit :meth:`download_checkpoint_file` without waiting for it: a future of its result.
 
         Download one exported file.
+
+        Takes the arguments of :meth:`download_checkpoint_file`.
         """
-        return self._submit(methods.DOWNLOAD_CHECKPOINT_FILE, body, fields, options)
+        return self._submit(
+            methods.DOWNLOAD_CHECKPOINT_FILE,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "filename": filename},
+            options,
+            unknown,
+        )
 
     def delete_checkpoint(
         self,
         body: types.DeleteCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.DeleteCheckpointResult:
         """Delete a checkpoint and its exported files.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            checkpoint_id: The checkpoint to delete.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``delete-checkpoint``: ``DELETE /{job_id}/checkpoints/{checkpoint_id}``, no body, role training.
         Request: `arctic.v1.DeleteCheckpointRequest`. Result: `arctic.v1.DeleteCheckpointResult`.
         Idempotency: keyed.
         Aliases: ``delete_checkpoint``.
         """
-        result = self._call(methods.DELETE_CHECKPOINT, body, fields, options)
+        result = self._call(
+            methods.DELETE_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
         return cast("types.DeleteCheckpointResult", result)
 
     def submit_delete_checkpoint(
@@ -720,31 +1351,55 @@ class Client(ClientBase):
         body: types.DeleteCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.DeleteCheckpointResult]:
         """Submit :meth:`delete_checkpoint` without waiting for it: a future of its result.
 
         Delete a checkpoint and its exported files.
+
+        Takes the arguments of :meth:`delete_checkpoint`.
         """
-        return self._submit(methods.DELETE_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.DELETE_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
 
     def sleep_inference(
         self,
         body: types.SleepInferenceRequest | None = None,
         /,
         *,
+        level: int | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: offload the samplers (vLLM sleep mode). A no-op that says so where nothing is colocated.
+
+        Args:
+            level: vLLM sleep level: 1 = offload weights, drop KV cache; 2 = drop both.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``sleep-inference``: ``POST /{job_id}/sleep-inference``, JSON body, role sampling.
         Request: `arctic.v1.SleepInferenceRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``sleep_inference``, ``sleep-log-prob``, ``sleep_log_prob``.
         """
-        result = self._call(methods.SLEEP_INFERENCE, body, fields, options)
+        result = self._call(
+            methods.SLEEP_INFERENCE,
+            body,
+            {"level": level, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.LifecycleResult", result)
 
     def submit_sleep_inference(
@@ -752,31 +1407,55 @@ class Client(ClientBase):
         body: types.SleepInferenceRequest | None = None,
         /,
         *,
+        level: int | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.LifecycleResult]:
         """Submit :meth:`sleep_inference` without waiting for it: a future of its result.
 
         Colocation: offload the samplers (vLLM sleep mode).
+
+        Takes the arguments of :meth:`sleep_inference`.
         """
-        return self._submit(methods.SLEEP_INFERENCE, body, fields, options)
+        return self._submit(
+            methods.SLEEP_INFERENCE,
+            body,
+            {"level": level, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     def wake_inference(
         self,
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
+        tags: Sequence[str] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: bring the samplers' weights and/or KV cache back.
+
+        Args:
+            tags: "weights", "kv_cache"; empty = both.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``wake-inference``: ``POST /{job_id}/wake-inference``, JSON body, role sampling.
         Request: `arctic.v1.WakeInferenceRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``wake_inference``, ``wake-log-prob``, ``wake_log_prob``.
         """
-        result = self._call(methods.WAKE_INFERENCE, body, fields, options)
+        result = self._call(
+            methods.WAKE_INFERENCE,
+            body,
+            {"tags": tags, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.LifecycleResult", result)
 
     def submit_wake_inference(
@@ -784,31 +1463,55 @@ class Client(ClientBase):
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
+        tags: Sequence[str] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.LifecycleResult]:
         """Submit :meth:`wake_inference` without waiting for it: a future of its result.
 
         Colocation: bring the samplers' weights and/or KV cache back.
+
+        Takes the arguments of :meth:`wake_inference`.
         """
-        return self._submit(methods.WAKE_INFERENCE, body, fields, options)
+        return self._submit(
+            methods.WAKE_INFERENCE,
+            body,
+            {"tags": tags, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     def sleep_training(
         self,
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
+        mode: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: offload the trainer (optimizer and/or weights).
+
+        Args:
+            mode: "all" (default), "optimizer", "weights".
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``sleep-training``: ``POST /{job_id}/sleep-training``, JSON body, role training.
         Request: `arctic.v1.SleepTrainingRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``sleep_training``, ``empty-training-cache``, ``empty_training_cache``.
         """
-        result = self._call(methods.SLEEP_TRAINING, body, fields, options)
+        result = self._call(
+            methods.SLEEP_TRAINING,
+            body,
+            {"mode": mode, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.LifecycleResult", result)
 
     def submit_sleep_training(
@@ -816,31 +1519,47 @@ class Client(ClientBase):
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
+        mode: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.LifecycleResult]:
         """Submit :meth:`sleep_training` without waiting for it: a future of its result.
 
         Colocation: offload the trainer (optimizer and/or weights).
+
+        Takes the arguments of :meth:`sleep_training`.
         """
-        return self._submit(methods.SLEEP_TRAINING, body, fields, options)
+        return self._submit(
+            methods.SLEEP_TRAINING,
+            body,
+            {"mode": mode, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     def wake_training(
         self,
         body: types.WakeTrainingRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: bring the trainer back.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``wake-training``: ``POST /{job_id}/wake-training``, JSON body, role training.
         Request: `arctic.v1.WakeTrainingRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``wake_training``.
         """
-        result = self._call(methods.WAKE_TRAINING, body, fields, options)
+        result = self._call(methods.WAKE_TRAINING, body, {"job_id": job_id}, options, unknown)
         return cast("types.LifecycleResult", result)
 
     def submit_wake_training(
@@ -848,31 +1567,57 @@ class Client(ClientBase):
         body: types.WakeTrainingRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.LifecycleResult]:
         """Submit :meth:`wake_training` without waiting for it: a future of its result.
 
         Colocation: bring the trainer back.
+
+        Takes the arguments of :meth:`wake_training`.
         """
-        return self._submit(methods.WAKE_TRAINING, body, fields, options)
+        return self._submit(methods.WAKE_TRAINING, body, {"job_id": job_id}, options, unknown)
 
     def get_request(
         self,
         body: types.GetRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
+        cursor: str | None = None,
+        max_events: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.RequestStatus:
         """Poll a request (`RequestStatus` as DSSST1 frames; `result_chunk` events become the frames
         themselves over gRPC).
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            request_id: The request to poll.
+            cursor: Resume after the events already seen (`next_cursor` of the previous poll).
+            max_events: Events per answer (server default 16, cap 512).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-request``: ``GET /{job_id}/requests/{request_id}``, no body, role gateway.
         Request: `arctic.v1.GetRequestRequest`. Result: `arctic.v1.RequestStatus`.
         Idempotency: safe.
         """
-        result = self._call(methods.GET_REQUEST, body, fields, options)
+        result = self._call(
+            methods.GET_REQUEST,
+            body,
+            {
+                "job_id": job_id,
+                "request_id": request_id,
+                "cursor": cursor,
+                "max_events": max_events,
+            },
+            options,
+            unknown,
+        )
         return cast("types.RequestStatus", result)
 
     def submit_get_request(
@@ -880,25 +1625,45 @@ class Client(ClientBase):
         body: types.GetRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
+        cursor: str | None = None,
+        max_events: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> concurrent.futures.Future[types.RequestStatus]:
         """Submit :meth:`get_request` without waiting for it: a future of its result.
 
         Poll a request (`RequestStatus` as DSSST1 frames; `result_chunk` events become the frames themselves over gRPC).
+
+        Takes the arguments of :meth:`get_request`.
         """
-        return self._submit(methods.GET_REQUEST, body, fields, options)
+        return self._submit(
+            methods.GET_REQUEST,
+            body,
+            {
+                "job_id": job_id,
+                "request_id": request_id,
+                "cursor": cursor,
+                "max_events": max_events,
+            },
+            options,
+            unknown,
+        )
 
 
 class AsyncClient(AsyncClientBase):
     """Asynchronous client of the spec: one coroutine method per op.
 
-    Call an op with a body mapping, keyword fields, or both (keywords win), plus optional
+    Call an op with its request fields as keyword arguments (each documented under
+    `Args`), a body mapping, or both (keywords win; `None` = unset), plus optional
     `CallOptions`, e.g.
 
         await client.create_job({...}, options=CallOptions(timeout=30))
 
     and `submit_<op>` for a asyncio future of the result.
+    An unknown keyword is refused with `InvalidArgumentError` naming it (and the
+    closest known one); type checkers flag it too (`**unknown: Never`).
     """
 
     async def create_job(
@@ -906,17 +1671,46 @@ class AsyncClient(AsyncClientBase):
         body: types.CreateJobRequest | None = None,
         /,
         *,
+        sub_job_configs: Sequence[types.SubJobConfig] | None = None,
+        experiment_name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        comment: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.CreateJobResponse:
         """Create a job from sub-job configs; answers its id at once (state `pending`). An Idempotency-Key
         (scope: the token) makes a retried create return the same job instead of a second one.
+
+        Args:
+            sub_job_configs: The sub-jobs: one training sub-job and any sampling / log-prob ones
+                (at least one).
+            experiment_name: Free-form experiment name, shown in ListJobs.
+            labels: Free-form labels, filterable in ListJobs.
+            comment: Free-text comment shown in ListJobs (who owns the job, what it is for).
+            lease_seconds: Lease in seconds: unless renewed (RenewJobLease) within this time the
+                job is cancelled with reason "lease expired". 0 = the server default; servers
+                advertise the default and maximum.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``create-job``: ``POST /``, JSON body, role gateway.
         Request: `arctic.v1.CreateJobRequest`. Result: `arctic.v1.CreateJobResponse`.
         Idempotency: keyed.
         """
-        result = await self._call(methods.CREATE_JOB, body, fields, options)
+        result = await self._call(
+            methods.CREATE_JOB,
+            body,
+            {
+                "sub_job_configs": sub_job_configs,
+                "experiment_name": experiment_name,
+                "labels": labels,
+                "comment": comment,
+                "lease_seconds": lease_seconds,
+            },
+            options,
+            unknown,
+        )
         return cast("types.CreateJobResponse", result)
 
     def submit_create_job(
@@ -924,30 +1718,65 @@ class AsyncClient(AsyncClientBase):
         body: types.CreateJobRequest | None = None,
         /,
         *,
+        sub_job_configs: Sequence[types.SubJobConfig] | None = None,
+        experiment_name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        comment: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.CreateJobResponse]:
         """Submit :meth:`create_job` without waiting for it: a future of its result.
 
         Create a job from sub-job configs; answers its id at once (state `pending`).
+
+        Takes the arguments of :meth:`create_job`.
         """
-        return self._submit(methods.CREATE_JOB, body, fields, options)
+        return self._submit(
+            methods.CREATE_JOB,
+            body,
+            {
+                "sub_job_configs": sub_job_configs,
+                "experiment_name": experiment_name,
+                "labels": labels,
+                "comment": comment,
+                "lease_seconds": lease_seconds,
+            },
+            options,
+            unknown,
+        )
 
     async def list_jobs(
         self,
         body: types.ListJobsRequest | None = None,
         /,
         *,
+        state: str | None = None,
+        label: Sequence[str] | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ListJobsResponse:
         """List the caller's jobs, filtered by `state` and `label` query parameters.
+
+        Args:
+            state: Filter by state (JSON query parameter `state=running`); empty = all.
+                `arctic.v1.JobState`: "pending", "placing", "initializing", "running",
+                "cancelled", "terminated", "failed".
+            label: Filter by label (`label=key=value`, repeatable; all must match).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``list-jobs``: ``GET /``, no body, role gateway.
         Request: `arctic.v1.ListJobsRequest`. Result: `arctic.v1.ListJobsResponse`.
         Idempotency: safe.
         """
-        result = await self._call(methods.LIST_JOBS, body, fields, options)
+        result = await self._call(
+            methods.LIST_JOBS,
+            body,
+            {"state": state, "label": label},
+            options,
+            unknown,
+        )
         return cast("types.ListJobsResponse", result)
 
     def submit_list_jobs(
@@ -955,14 +1784,24 @@ class AsyncClient(AsyncClientBase):
         body: types.ListJobsRequest | None = None,
         /,
         *,
+        state: str | None = None,
+        label: Sequence[str] | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.ListJobsResponse]:
         """Submit :meth:`list_jobs` without waiting for it: a future of its result.
 
         List the caller's jobs, filtered by `state` and `label` query parameters.
+
+        Takes the arguments of :meth:`list_jobs`.
         """
-        return self._submit(methods.LIST_JOBS, body, fields, options)
+        return self._submit(
+            methods.LIST_JOBS,
+            body,
+            {"state": state, "label": label},
+            options,
+            unknown,
+        )
 
     async def get_capacity(
         self,
@@ -970,15 +1809,19 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GetCapacityResponse:
         """Capacity accounting.
+
+        Args:
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-capacity``: ``GET /capacity``, no body, role gateway.
         Request: `arctic.v1.GetCapacityRequest`. Result: `arctic.v1.GetCapacityResponse`.
         Idempotency: safe.
         """
-        result = await self._call(methods.GET_CAPACITY, body, fields, options)
+        result = await self._call(methods.GET_CAPACITY, body, {}, options, unknown)
         return cast("types.GetCapacityResponse", result)
 
     def submit_get_capacity(
@@ -987,13 +1830,15 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.GetCapacityResponse]:
         """Submit :meth:`get_capacity` without waiting for it: a future of its result.
 
         Capacity accounting.
+
+        Takes the arguments of :meth:`get_capacity`.
         """
-        return self._submit(methods.GET_CAPACITY, body, fields, options)
+        return self._submit(methods.GET_CAPACITY, body, {}, options, unknown)
 
     async def get_capabilities(
         self,
@@ -1001,15 +1846,19 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GetCapabilitiesResponse:
         """The capabilities document (`PROTOCOL.md` §5). Needs no job and no token.
+
+        Args:
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-capabilities``: ``GET /capabilities``, no body, role gateway.
         Request: `arctic.v1.GetCapabilitiesRequest`. Result: `arctic.v1.GetCapabilitiesResponse`.
         Idempotency: safe.
         """
-        result = await self._call(methods.GET_CAPABILITIES, body, fields, options)
+        result = await self._call(methods.GET_CAPABILITIES, body, {}, options, unknown)
         return cast("types.GetCapabilitiesResponse", result)
 
     def submit_get_capabilities(
@@ -1018,29 +1867,37 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.GetCapabilitiesResponse]:
         """Submit :meth:`get_capabilities` without waiting for it: a future of its result.
 
         The capabilities document (`PROTOCOL.md` §5).
+
+        Takes the arguments of :meth:`get_capabilities`.
         """
-        return self._submit(methods.GET_CAPABILITIES, body, fields, options)
+        return self._submit(methods.GET_CAPABILITIES, body, {}, options, unknown)
 
     async def get_job(
         self,
         body: types.GetJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GetJobResponse:
         """A job with its sub-jobs, states and reasons.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-job``: ``GET /{job_id}``, no body, role gateway.
         Request: `arctic.v1.GetJobRequest`. Result: `arctic.v1.GetJobResponse`.
         Idempotency: safe.
         """
-        result = await self._call(methods.GET_JOB, body, fields, options)
+        result = await self._call(methods.GET_JOB, body, {"job_id": job_id}, options, unknown)
         return cast("types.GetJobResponse", result)
 
     def submit_get_job(
@@ -1048,31 +1905,40 @@ class AsyncClient(AsyncClientBase):
         body: types.GetJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.GetJobResponse]:
         """Submit :meth:`get_job` without waiting for it: a future of its result.
 
         A job with its sub-jobs, states and reasons.
+
+        Takes the arguments of :meth:`get_job`.
         """
-        return self._submit(methods.GET_JOB, body, fields, options)
+        return self._submit(methods.GET_JOB, body, {"job_id": job_id}, options, unknown)
 
     async def cancel_job(
         self,
         body: types.CancelJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.CancelJobResponse:
         """Cancel a job: stops its sub-jobs and frees capacity. Idempotent while cancelling; a job that
         already ended answers `job_terminal`.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``cancel-job``: ``POST /{job_id}:cancel``, no body, role gateway.
         Request: `arctic.v1.CancelJobRequest`. Result: `arctic.v1.CancelJobResponse`.
         Idempotency: keyed.
         """
-        result = await self._call(methods.CANCEL_JOB, body, fields, options)
+        result = await self._call(methods.CANCEL_JOB, body, {"job_id": job_id}, options, unknown)
         return cast("types.CancelJobResponse", result)
 
     def submit_cancel_job(
@@ -1080,30 +1946,47 @@ class AsyncClient(AsyncClientBase):
         body: types.CancelJobRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.CancelJobResponse]:
         """Submit :meth:`cancel_job` without waiting for it: a future of its result.
 
         Cancel a job: stops its sub-jobs and frees capacity.
+
+        Takes the arguments of :meth:`cancel_job`.
         """
-        return self._submit(methods.CANCEL_JOB, body, fields, options)
+        return self._submit(methods.CANCEL_JOB, body, {"job_id": job_id}, options, unknown)
 
     async def renew_job_lease(
         self,
         body: types.RenewJobLeaseRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.RenewJobLeaseResponse:
         """Extend the job's lease (the SDK does this while its driver is alive).
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            lease_seconds: New lease length in seconds; 0 = the job's lease length.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``renew-job-lease``: ``POST /{job_id}:renew-lease``, JSON body, role gateway.
         Request: `arctic.v1.RenewJobLeaseRequest`. Result: `arctic.v1.RenewJobLeaseResponse`.
         Idempotency: keyed.
         """
-        result = await self._call(methods.RENEW_JOB_LEASE, body, fields, options)
+        result = await self._call(
+            methods.RENEW_JOB_LEASE,
+            body,
+            {"job_id": job_id, "lease_seconds": lease_seconds},
+            options,
+            unknown,
+        )
         return cast("types.RenewJobLeaseResponse", result)
 
     def submit_renew_job_lease(
@@ -1111,30 +1994,54 @@ class AsyncClient(AsyncClientBase):
         body: types.RenewJobLeaseRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        lease_seconds: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.RenewJobLeaseResponse]:
         """Submit :meth:`renew_job_lease` without waiting for it: a future of its result.
 
         Extend the job's lease (the SDK does this while its driver is alive).
+
+        Takes the arguments of :meth:`renew_job_lease`.
         """
-        return self._submit(methods.RENEW_JOB_LEASE, body, fields, options)
+        return self._submit(
+            methods.RENEW_JOB_LEASE,
+            body,
+            {"job_id": job_id, "lease_seconds": lease_seconds},
+            options,
+            unknown,
+        )
 
     async def cancel_request(
         self,
         body: types.CancelRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.CancelRequestResponse:
         """Cancel a request: at once when pending, at the engine's next safe point when running.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            request_id: The request to cancel (`X-Arctic-Request-Id` of its answer).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``cancel-request``: ``POST /{job_id}/requests/{request_id}:cancel``, no body, role gateway.
         Request: `arctic.v1.CancelRequestRequest`. Result: `arctic.v1.CancelRequestResponse`.
         Idempotency: keyed. Fallback: operation (``cancel-request``).
         """
-        result = await self._call(methods.CANCEL_REQUEST, body, fields, options)
+        result = await self._call(
+            methods.CANCEL_REQUEST,
+            body,
+            {"job_id": job_id, "request_id": request_id},
+            options,
+            unknown,
+        )
         return cast("types.CancelRequestResponse", result)
 
     def submit_cancel_request(
@@ -1142,32 +2049,69 @@ class AsyncClient(AsyncClientBase):
         body: types.CancelRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.CancelRequestResponse]:
         """Submit :meth:`cancel_request` without waiting for it: a future of its result.
 
         Cancel a request: at once when pending, at the engine's next safe point when running.
+
+        Takes the arguments of :meth:`cancel_request`.
         """
-        return self._submit(methods.CANCEL_REQUEST, body, fields, options)
+        return self._submit(
+            methods.CANCEL_REQUEST,
+            body,
+            {"job_id": job_id, "request_id": request_id},
+            options,
+            unknown,
+        )
 
     async def forward_backward(
         self,
         body: types.ForwardBackwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ForwardBackwardResult:
         """Forward and backward pass on one batch; gradients accumulate until Step. Returns loss, metrics and,
         when `processing.post` asks, `outputs.logprobs_shifted`.
+
+        Args:
+            args: Always empty (deployed field, kept for compatibility).
+            kwargs: Required.
+            context: Per-token training signal (loss mask, advantages, log-probs, weights).
+            processing: The loss (`loss_fn`, default cross_entropy), its `config` and
+                post-processors.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``forward-backward``: ``POST /{job_id}/forward-backward``, DSSST1 body (a chunk group), role training.
         Request: `arctic.v1.ForwardBackwardRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group.
         Aliases: ``fwd-bwd``, ``fwd_bwd``, ``forward_backward``.
         """
-        result = await self._call(methods.FORWARD_BACKWARD, body, fields, options)
+        result = await self._call(
+            methods.FORWARD_BACKWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.ForwardBackwardResult", result)
 
     def submit_forward_backward(
@@ -1175,32 +2119,79 @@ class AsyncClient(AsyncClientBase):
         body: types.ForwardBackwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.ForwardBackwardResult]:
         """Submit :meth:`forward_backward` without waiting for it: a future of its result.
 
         Forward and backward pass on one batch; gradients accumulate until Step.
+
+        Takes the arguments of :meth:`forward_backward`.
         """
-        return self._submit(methods.FORWARD_BACKWARD, body, fields, options)
+        return self._submit(
+            methods.FORWARD_BACKWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     async def forward(
         self,
         body: types.ForwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ForwardBackwardResult:
-        """Forward pass without gradient: log-probs (and entropy) of a batch, optionally its loss. A request
+        """Forward pass without gradient: log-probs (and entropy) of a batch and the loss that
+        forward-backward would report for it (`loss_fn` defaults to cross_entropy in both). A request
         may target the log-prob sub-job (`X-Arctic-Sub-Job`) for reference-model log-probs.
+
+        Args:
+            args: Always empty (deployed field, kept for compatibility).
+            kwargs: Required.
+            context: Per-token training signal, as in forward-backward.
+            processing: The loss (`loss_fn`, default cross_entropy), its `config` and
+                post-processors.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``forward``: ``POST /{job_id}/forward``, DSSST1 body (a chunk group), role training.
         Request: `arctic.v1.ForwardRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group. Fallback: operation (``forward``).
         Aliases: ``fwd-no-grad``, ``fwd_no_grad``.
         """
-        result = await self._call(methods.FORWARD, body, fields, options)
+        result = await self._call(
+            methods.FORWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.ForwardBackwardResult", result)
 
     def submit_forward(
@@ -1208,30 +2199,65 @@ class AsyncClient(AsyncClientBase):
         body: types.ForwardRequest | None = None,
         /,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: types.ModelInputs | None = None,
+        context: types.LossContext | None = None,
+        processing: types.Processing | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.ForwardBackwardResult]:
         """Submit :meth:`forward` without waiting for it: a future of its result.
 
-        Forward pass without gradient: log-probs (and entropy) of a batch, optionally its loss.
+        Forward pass without gradient: log-probs (and entropy) of a batch and the loss that forward-backward would report for it (`loss_fn` defaults to cross_entropy in both).
+
+        Takes the arguments of :meth:`forward`.
         """
-        return self._submit(methods.FORWARD, body, fields, options)
+        return self._submit(
+            methods.FORWARD,
+            body,
+            {
+                "args": args,
+                "kwargs": kwargs,
+                "context": context,
+                "processing": processing,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     async def step(
         self,
         body: types.StepRequest | None = None,
         /,
         *,
+        learning_rate: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.StepResult:
         """Apply the accumulated gradients (one optimizer step), then zero them. Returns grad_norm and lr.
+
+        Args:
+            learning_rate: Learning-rate override for this and later steps; absent = the
+                schedule's. A finite number >= 0 (0 steps without changing the weights: an lr =
+                0 control); otherwise invalid_argument.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``step``: ``POST /{job_id}/step``, JSON body, role training.
         Request: `arctic.v1.StepRequest`. Result: `arctic.v1.StepResult`.
         Idempotency: keyed.
         """
-        result = await self._call(methods.STEP, body, fields, options)
+        result = await self._call(
+            methods.STEP,
+            body,
+            {"learning_rate": learning_rate, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.StepResult", result)
 
     def submit_step(
@@ -1239,30 +2265,68 @@ class AsyncClient(AsyncClientBase):
         body: types.StepRequest | None = None,
         /,
         *,
+        learning_rate: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.StepResult]:
         """Submit :meth:`step` without waiting for it: a future of its result.
 
         Apply the accumulated gradients (one optimizer step), then zero them.
+
+        Takes the arguments of :meth:`step`.
         """
-        return self._submit(methods.STEP, body, fields, options)
+        return self._submit(
+            methods.STEP,
+            body,
+            {"learning_rate": learning_rate, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     async def generate(
         self,
         body: types.GenerateRequest | None = None,
         /,
         *,
+        prompts: Sequence[types.Prompt] | None = None,
+        sampling_params: types.SamplingParams | None = None,
+        routing_key: str | None = None,
+        strict: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.GenerateResult:
         """Sample completions for text or token-id prompts with vLLM-named sampling parameters.
+
+        Args:
+            prompts: Required.
+            sampling_params: vLLM-named sampling parameters (absent = the defaults: n 1,
+                max_tokens 16).
+            routing_key: Requests with the same routing key go to the same replica (prefix-cache
+                reuse).
+            strict: Refuse (instead of ignoring) sampling params the server cannot honour.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``generate``: ``POST /{job_id}/generate``, DSSST1 body (a chunk group), role sampling.
         Request: `arctic.v1.GenerateRequest`. Result: `arctic.v1.GenerateResult`.
         Idempotency: chunk_group.
         """
-        result = await self._call(methods.GENERATE, body, fields, options)
+        result = await self._call(
+            methods.GENERATE,
+            body,
+            {
+                "prompts": prompts,
+                "sampling_params": sampling_params,
+                "routing_key": routing_key,
+                "strict": strict,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.GenerateResult", result)
 
     def submit_generate(
@@ -1270,32 +2334,74 @@ class AsyncClient(AsyncClientBase):
         body: types.GenerateRequest | None = None,
         /,
         *,
+        prompts: Sequence[types.Prompt] | None = None,
+        sampling_params: types.SamplingParams | None = None,
+        routing_key: str | None = None,
+        strict: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.GenerateResult]:
         """Submit :meth:`generate` without waiting for it: a future of its result.
 
         Sample completions for text or token-id prompts with vLLM-named sampling parameters.
+
+        Takes the arguments of :meth:`generate`.
         """
-        return self._submit(methods.GENERATE, body, fields, options)
+        return self._submit(
+            methods.GENERATE,
+            body,
+            {
+                "prompts": prompts,
+                "sampling_params": sampling_params,
+                "routing_key": routing_key,
+                "strict": strict,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     async def log_probs(
         self,
         body: types.LogProbsRequest | None = None,
         /,
         *,
+        input_ids: Any | None = None,
+        attention_mask: Any | None = None,
+        entropy: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ForwardBackwardResult:
         """Score sequences (shifted log-probs) with the log-prob sub-job, or the training sub-job when the job
         has none.
+
+        Args:
+            input_ids: Tensor (a DSSST1 array): I64 or I32, shape [B, S]. Required.
+            attention_mask: Tensor (a DSSST1 array): I64 or I32 or BOOL or U8, shape [B, S].
+            entropy: Also return entropy.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``log-probs``: ``POST /{job_id}/log-probs``, DSSST1 body (a chunk group), role log_prob.
         Request: `arctic.v1.LogProbsRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group. Fallback: operation (``forward``).
         Aliases: ``log_probs``.
         """
-        result = await self._call(methods.LOG_PROBS, body, fields, options)
+        result = await self._call(
+            methods.LOG_PROBS,
+            body,
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "entropy": entropy,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.ForwardBackwardResult", result)
 
     def submit_log_probs(
@@ -1303,32 +2409,80 @@ class AsyncClient(AsyncClientBase):
         body: types.LogProbsRequest | None = None,
         /,
         *,
+        input_ids: Any | None = None,
+        attention_mask: Any | None = None,
+        entropy: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.ForwardBackwardResult]:
         """Submit :meth:`log_probs` without waiting for it: a future of its result.
 
         Score sequences (shifted log-probs) with the log-prob sub-job, or the training sub-job when the job has none.
+
+        Takes the arguments of :meth:`log_probs`.
         """
-        return self._submit(methods.LOG_PROBS, body, fields, options)
+        return self._submit(
+            methods.LOG_PROBS,
+            body,
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "entropy": entropy,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     async def sync_weights(
         self,
         body: types.SyncWeightsRequest | None = None,
         /,
         *,
+        source_sub_job_id: str | None = None,
+        target_sub_job_ids: Sequence[str] | None = None,
+        method: str | None = None,
+        cuda_ipc: bool | None = None,
+        low_memory: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.SyncWeightsResult:
         """Copy the trainer's weights into the samplers: pause new generates, load, reset prefix caches,
         resume. Bumps `weight_version`.
+
+        Args:
+            source_sub_job_id: Default: the job's training sub-job.
+            target_sub_job_ids: Default: every sampling sub-job of the job. A log-prob sub-job
+                (the reference model) is updated only when named here: it stays frozen
+                otherwise.
+            method: "auto" (default), "nccl", "cuda_ipc", "shm", "safetensors".
+            cuda_ipc: Legacy knobs; honoured when the method allows.
+            low_memory: Legacy: stream the weights in pieces (honoured when the method allows).
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``sync-weights``: ``POST /{job_id}/sync-weights``, JSON body, role training.
         Request: `arctic.v1.SyncWeightsRequest`. Result: `arctic.v1.SyncWeightsResult`.
         Idempotency: keyed. Fallback: weight_sync_sequence (``weight-sync``).
         Aliases: ``sync_weights``.
         """
-        result = await self._call(methods.SYNC_WEIGHTS, body, fields, options)
+        result = await self._call(
+            methods.SYNC_WEIGHTS,
+            body,
+            {
+                "source_sub_job_id": source_sub_job_id,
+                "target_sub_job_ids": target_sub_job_ids,
+                "method": method,
+                "cuda_ipc": cuda_ipc,
+                "low_memory": low_memory,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.SyncWeightsResult", result)
 
     def submit_sync_weights(
@@ -1336,31 +2490,68 @@ class AsyncClient(AsyncClientBase):
         body: types.SyncWeightsRequest | None = None,
         /,
         *,
+        source_sub_job_id: str | None = None,
+        target_sub_job_ids: Sequence[str] | None = None,
+        method: str | None = None,
+        cuda_ipc: bool | None = None,
+        low_memory: bool | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.SyncWeightsResult]:
         """Submit :meth:`sync_weights` without waiting for it: a future of its result.
 
         Copy the trainer's weights into the samplers: pause new generates, load, reset prefix caches, resume.
+
+        Takes the arguments of :meth:`sync_weights`.
         """
-        return self._submit(methods.SYNC_WEIGHTS, body, fields, options)
+        return self._submit(
+            methods.SYNC_WEIGHTS,
+            body,
+            {
+                "source_sub_job_id": source_sub_job_id,
+                "target_sub_job_ids": target_sub_job_ids,
+                "method": method,
+                "cuda_ipc": cuda_ipc,
+                "low_memory": low_memory,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     async def reset_prefix_cache(
         self,
         body: types.ResetPrefixCacheRequest | None = None,
         /,
         *,
+        drain: bool | None = None,
+        timeout_s: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ResetPrefixCacheResult:
         """Drop the samplers' prefix caches.
+
+        Args:
+            drain: Wait for in-flight generates to finish first (default true).
+            timeout_s: Seconds to wait for the drain (0 = the server's default); >= 0.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``reset-prefix-cache``: ``POST /{job_id}/reset-prefix-cache``, JSON body, role sampling.
         Request: `arctic.v1.ResetPrefixCacheRequest`. Result: `arctic.v1.ResetPrefixCacheResult`.
         Idempotency: keyed. Fallback: operation (``reset-prefix-cache``).
         Aliases: ``reset_prefix_cache``.
         """
-        result = await self._call(methods.RESET_PREFIX_CACHE, body, fields, options)
+        result = await self._call(
+            methods.RESET_PREFIX_CACHE,
+            body,
+            {"drain": drain, "timeout_s": timeout_s, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.ResetPrefixCacheResult", result)
 
     def submit_reset_prefix_cache(
@@ -1368,30 +2559,67 @@ class AsyncClient(AsyncClientBase):
         body: types.ResetPrefixCacheRequest | None = None,
         /,
         *,
+        drain: bool | None = None,
+        timeout_s: float | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.ResetPrefixCacheResult]:
         """Submit :meth:`reset_prefix_cache` without waiting for it: a future of its result.
 
         Drop the samplers' prefix caches.
+
+        Takes the arguments of :meth:`reset_prefix_cache`.
         """
-        return self._submit(methods.RESET_PREFIX_CACHE, body, fields, options)
+        return self._submit(
+            methods.RESET_PREFIX_CACHE,
+            body,
+            {"drain": drain, "timeout_s": timeout_s, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     async def operation(
         self,
         body: types.OperationRequest | None = None,
         /,
         *,
+        operation_type: str | None = None,
+        sub_job_id: str | None = None,
+        sub_job_type: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.OperationResult:
         """The deployed control envelope `{operation_type, sub_job_id?, sub_job_type?, payload}`.
+
+        Args:
+            operation_type: The operation (see above).
+            sub_job_id: The target sub-job id (`{job}:{role}:{index}`).
+            sub_job_type: The target sub-job's role (training, sampling, log_prob).
+            payload: The operation's body (for "forward": a ForwardRequest).
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``operation``: ``POST /{job_id}/operation``, JSON body, role gateway.
         Request: `arctic.v1.OperationRequest`. Result: `arctic.v1.OperationResult`.
         Idempotency: keyed.
         """
-        result = await self._call(methods.OPERATION, body, fields, options)
+        result = await self._call(
+            methods.OPERATION,
+            body,
+            {
+                "operation_type": operation_type,
+                "sub_job_id": sub_job_id,
+                "sub_job_type": sub_job_type,
+                "payload": payload,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.OperationResult", result)
 
     def submit_operation(
@@ -1399,31 +2627,67 @@ class AsyncClient(AsyncClientBase):
         body: types.OperationRequest | None = None,
         /,
         *,
+        operation_type: str | None = None,
+        sub_job_id: str | None = None,
+        sub_job_type: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.OperationResult]:
         """Submit :meth:`operation` without waiting for it: a future of its result.
 
         The deployed control envelope `{operation_type, sub_job_id?, sub_job_type?, payload}`.
+
+        Takes the arguments of :meth:`operation`.
         """
-        return self._submit(methods.OPERATION, body, fields, options)
+        return self._submit(
+            methods.OPERATION,
+            body,
+            {
+                "operation_type": operation_type,
+                "sub_job_id": sub_job_id,
+                "sub_job_type": sub_job_type,
+                "payload": payload,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     async def save_checkpoint(
         self,
         body: types.SaveCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        checkpoint_type: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.SaveCheckpointResult:
         """Save a checkpoint (resumable by default) under the job.
+
+        Args:
+            checkpoint_id: Default: a server-chosen id ("step-{global_step}").
+            checkpoint_type: "resumable" (default: model + optimizer + scheduler state) or
+                "weights-only".
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``save``: ``POST /{job_id}/save``, JSON body, role training.
         Request: `arctic.v1.SaveCheckpointRequest`. Result: `arctic.v1.SaveCheckpointResult`.
         Idempotency: keyed.
         Aliases: ``save-checkpoint``, ``save_checkpoint``, ``save-weights``, ``save_weights``.
         """
-        result = await self._call(methods.SAVE_CHECKPOINT, body, fields, options)
+        result = await self._call(
+            methods.SAVE_CHECKPOINT,
+            body,
+            {"checkpoint_id": checkpoint_id, "checkpoint_type": checkpoint_type, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.SaveCheckpointResult", result)
 
     def submit_save_checkpoint(
@@ -1431,31 +2695,68 @@ class AsyncClient(AsyncClientBase):
         body: types.SaveCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        checkpoint_type: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.SaveCheckpointResult]:
         """Submit :meth:`save_checkpoint` without waiting for it: a future of its result.
 
         Save a checkpoint (resumable by default) under the job.
+
+        Takes the arguments of :meth:`save_checkpoint`.
         """
-        return self._submit(methods.SAVE_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.SAVE_CHECKPOINT,
+            body,
+            {"checkpoint_id": checkpoint_id, "checkpoint_type": checkpoint_type, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     async def load_checkpoint(
         self,
         body: types.LoadCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        source_job_id: str | None = None,
+        target_sub_job_id: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LoadCheckpointResult:
-        """Load a checkpoint into the training sub-job (route `/load`, as deployed).
+        """Load a checkpoint into the training sub-job (route `/load`, as deployed), or into the sub-job
+        `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
+
+        Args:
+            checkpoint_id: The checkpoint to load (required).
+            source_job_id: Load a checkpoint saved by another job of the same token.
+            target_sub_job_id: The sub-job to load it into (default: the training sub-job).
+                Loading into a sampling sub-job changes its weights, so it bumps the
+                `weight_version` its generates report.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``load-checkpoint``: ``POST /{job_id}/load``, JSON body, role training.
         Request: `arctic.v1.LoadCheckpointRequest`. Result: `arctic.v1.LoadCheckpointResult`.
         Idempotency: keyed.
         Aliases: ``load_checkpoint``, ``load``.
         """
-        result = await self._call(methods.LOAD_CHECKPOINT, body, fields, options)
+        result = await self._call(
+            methods.LOAD_CHECKPOINT,
+            body,
+            {
+                "checkpoint_id": checkpoint_id,
+                "source_job_id": source_job_id,
+                "target_sub_job_id": target_sub_job_id,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
         return cast("types.LoadCheckpointResult", result)
 
     def submit_load_checkpoint(
@@ -1463,31 +2764,60 @@ class AsyncClient(AsyncClientBase):
         body: types.LoadCheckpointRequest | None = None,
         /,
         *,
+        checkpoint_id: str | None = None,
+        source_job_id: str | None = None,
+        target_sub_job_id: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.LoadCheckpointResult]:
         """Submit :meth:`load_checkpoint` without waiting for it: a future of its result.
 
-        Load a checkpoint into the training sub-job (route `/load`, as deployed).
+        Load a checkpoint into the training sub-job (route `/load`, as deployed), or into the sub-job `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
+
+        Takes the arguments of :meth:`load_checkpoint`.
         """
-        return self._submit(methods.LOAD_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.LOAD_CHECKPOINT,
+            body,
+            {
+                "checkpoint_id": checkpoint_id,
+                "source_job_id": source_job_id,
+                "target_sub_job_id": target_sub_job_id,
+                "job_id": job_id,
+            },
+            options,
+            unknown,
+        )
 
     async def list_checkpoints(
         self,
         body: types.ListCheckpointsRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ListCheckpointsResult:
         """List the job's checkpoints.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``list-checkpoints``: ``GET /{job_id}/checkpoints``, no body, role training.
         Request: `arctic.v1.ListCheckpointsRequest`. Result: `arctic.v1.ListCheckpointsResult`.
         Idempotency: safe.
         Aliases: ``list_checkpoints``.
         """
-        result = await self._call(methods.LIST_CHECKPOINTS, body, fields, options)
+        result = await self._call(
+            methods.LIST_CHECKPOINTS,
+            body,
+            {"job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.ListCheckpointsResult", result)
 
     def submit_list_checkpoints(
@@ -1495,31 +2825,54 @@ class AsyncClient(AsyncClientBase):
         body: types.ListCheckpointsRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.ListCheckpointsResult]:
         """Submit :meth:`list_checkpoints` without waiting for it: a future of its result.
 
         List the job's checkpoints.
+
+        Takes the arguments of :meth:`list_checkpoints`.
         """
-        return self._submit(methods.LIST_CHECKPOINTS, body, fields, options)
+        return self._submit(
+            methods.LIST_CHECKPOINTS,
+            body,
+            {"job_id": job_id},
+            options,
+            unknown,
+        )
 
     async def export_checkpoint(
         self,
         body: types.ExportCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.ExportCheckpointResult:
         """Export a checkpoint as Hugging Face safetensors files; answers the files and their download URLs.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            checkpoint_id: The checkpoint to export.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``export-checkpoint``: ``POST /{job_id}/checkpoints/{checkpoint_id}:export``, no body, role training.
         Request: `arctic.v1.ExportCheckpointRequest`. Result: `arctic.v1.ExportCheckpointResult`.
         Idempotency: safe.
         Aliases: ``export_checkpoint``.
         """
-        result = await self._call(methods.EXPORT_CHECKPOINT, body, fields, options)
+        result = await self._call(
+            methods.EXPORT_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
         return cast("types.ExportCheckpointResult", result)
 
     def submit_export_checkpoint(
@@ -1527,32 +2880,58 @@ class AsyncClient(AsyncClientBase):
         body: types.ExportCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.ExportCheckpointResult]:
         """Submit :meth:`export_checkpoint` without waiting for it: a future of its result.
 
         Export a checkpoint as Hugging Face safetensors files; answers the files and their download URLs.
+
+        Takes the arguments of :meth:`export_checkpoint`.
         """
-        return self._submit(methods.EXPORT_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.EXPORT_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
 
     async def download_checkpoint_file(
         self,
         body: types.DownloadCheckpointFileRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
+        filename: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> bytes:
         """Download one exported file. HTTP: the raw bytes (`application/octet-stream`); gRPC: a stream of
         frames whose values are `{"data": U8 tensor, "offset": int}`.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            checkpoint_id: The exported checkpoint.
+            filename: A file name of its export (`ExportedFile.filename`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``download-checkpoint-file``: ``GET /{job_id}/checkpoints/{checkpoint_id}/files/{filename}``, no body, role training.
         Request: `arctic.v1.DownloadCheckpointFileRequest`. Result: raw bytes.
         Idempotency: safe.
         Aliases: ``download_checkpoint_file``.
         """
-        result = await self._call(methods.DOWNLOAD_CHECKPOINT_FILE, body, fields, options)
+        result = await self._call(
+            methods.DOWNLOAD_CHECKPOINT_FILE,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "filename": filename},
+            options,
+            unknown,
+        )
         return cast("bytes", result)
 
     def submit_download_checkpoint_file(
@@ -1560,31 +2939,56 @@ class AsyncClient(AsyncClientBase):
         body: types.DownloadCheckpointFileRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
+        filename: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[bytes]:
         """Submit :meth:`download_checkpoint_file` without waiting for it: a future of its result.
 
         Download one exported file.
+
+        Takes the arguments of :meth:`download_checkpoint_file`.
         """
-        return self._submit(methods.DOWNLOAD_CHECKPOINT_FILE, body, fields, options)
+        return self._submit(
+            methods.DOWNLOAD_CHECKPOINT_FILE,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "filename": filename},
+            options,
+            unknown,
+        )
 
     async def delete_checkpoint(
         self,
         body: types.DeleteCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.DeleteCheckpointResult:
         """Delete a checkpoint and its exported files.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            checkpoint_id: The checkpoint to delete.
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``delete-checkpoint``: ``DELETE /{job_id}/checkpoints/{checkpoint_id}``, no body, role training.
         Request: `arctic.v1.DeleteCheckpointRequest`. Result: `arctic.v1.DeleteCheckpointResult`.
         Idempotency: keyed.
         Aliases: ``delete_checkpoint``.
         """
-        result = await self._call(methods.DELETE_CHECKPOINT, body, fields, options)
+        result = await self._call(
+            methods.DELETE_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
         return cast("types.DeleteCheckpointResult", result)
 
     def submit_delete_checkpoint(
@@ -1592,31 +2996,55 @@ class AsyncClient(AsyncClientBase):
         body: types.DeleteCheckpointRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        checkpoint_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.DeleteCheckpointResult]:
         """Submit :meth:`delete_checkpoint` without waiting for it: a future of its result.
 
         Delete a checkpoint and its exported files.
+
+        Takes the arguments of :meth:`delete_checkpoint`.
         """
-        return self._submit(methods.DELETE_CHECKPOINT, body, fields, options)
+        return self._submit(
+            methods.DELETE_CHECKPOINT,
+            body,
+            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            options,
+            unknown,
+        )
 
     async def sleep_inference(
         self,
         body: types.SleepInferenceRequest | None = None,
         /,
         *,
+        level: int | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: offload the samplers (vLLM sleep mode). A no-op that says so where nothing is colocated.
+
+        Args:
+            level: vLLM sleep level: 1 = offload weights, drop KV cache; 2 = drop both.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``sleep-inference``: ``POST /{job_id}/sleep-inference``, JSON body, role sampling.
         Request: `arctic.v1.SleepInferenceRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``sleep_inference``, ``sleep-log-prob``, ``sleep_log_prob``.
         """
-        result = await self._call(methods.SLEEP_INFERENCE, body, fields, options)
+        result = await self._call(
+            methods.SLEEP_INFERENCE,
+            body,
+            {"level": level, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.LifecycleResult", result)
 
     def submit_sleep_inference(
@@ -1624,31 +3052,55 @@ class AsyncClient(AsyncClientBase):
         body: types.SleepInferenceRequest | None = None,
         /,
         *,
+        level: int | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.LifecycleResult]:
         """Submit :meth:`sleep_inference` without waiting for it: a future of its result.
 
         Colocation: offload the samplers (vLLM sleep mode).
+
+        Takes the arguments of :meth:`sleep_inference`.
         """
-        return self._submit(methods.SLEEP_INFERENCE, body, fields, options)
+        return self._submit(
+            methods.SLEEP_INFERENCE,
+            body,
+            {"level": level, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     async def wake_inference(
         self,
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
+        tags: Sequence[str] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: bring the samplers' weights and/or KV cache back.
+
+        Args:
+            tags: "weights", "kv_cache"; empty = both.
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``wake-inference``: ``POST /{job_id}/wake-inference``, JSON body, role sampling.
         Request: `arctic.v1.WakeInferenceRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``wake_inference``, ``wake-log-prob``, ``wake_log_prob``.
         """
-        result = await self._call(methods.WAKE_INFERENCE, body, fields, options)
+        result = await self._call(
+            methods.WAKE_INFERENCE,
+            body,
+            {"tags": tags, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.LifecycleResult", result)
 
     def submit_wake_inference(
@@ -1656,31 +3108,55 @@ class AsyncClient(AsyncClientBase):
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
+        tags: Sequence[str] | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.LifecycleResult]:
         """Submit :meth:`wake_inference` without waiting for it: a future of its result.
 
         Colocation: bring the samplers' weights and/or KV cache back.
+
+        Takes the arguments of :meth:`wake_inference`.
         """
-        return self._submit(methods.WAKE_INFERENCE, body, fields, options)
+        return self._submit(
+            methods.WAKE_INFERENCE,
+            body,
+            {"tags": tags, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     async def sleep_training(
         self,
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
+        mode: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: offload the trainer (optimizer and/or weights).
+
+        Args:
+            mode: "all" (default), "optimizer", "weights".
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``sleep-training``: ``POST /{job_id}/sleep-training``, JSON body, role training.
         Request: `arctic.v1.SleepTrainingRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``sleep_training``, ``empty-training-cache``, ``empty_training_cache``.
         """
-        result = await self._call(methods.SLEEP_TRAINING, body, fields, options)
+        result = await self._call(
+            methods.SLEEP_TRAINING,
+            body,
+            {"mode": mode, "job_id": job_id},
+            options,
+            unknown,
+        )
         return cast("types.LifecycleResult", result)
 
     def submit_sleep_training(
@@ -1688,31 +3164,47 @@ class AsyncClient(AsyncClientBase):
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
+        mode: str | None = None,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.LifecycleResult]:
         """Submit :meth:`sleep_training` without waiting for it: a future of its result.
 
         Colocation: offload the trainer (optimizer and/or weights).
+
+        Takes the arguments of :meth:`sleep_training`.
         """
-        return self._submit(methods.SLEEP_TRAINING, body, fields, options)
+        return self._submit(
+            methods.SLEEP_TRAINING,
+            body,
+            {"mode": mode, "job_id": job_id},
+            options,
+            unknown,
+        )
 
     async def wake_training(
         self,
         body: types.WakeTrainingRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.LifecycleResult:
         """Colocation: bring the trainer back.
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``wake-training``: ``POST /{job_id}/wake-training``, JSON body, role training.
         Request: `arctic.v1.WakeTrainingRequest`. Result: `arctic.v1.LifecycleResult`.
         Idempotency: keyed. Fallback: noop.
         Aliases: ``wake_training``.
         """
-        result = await self._call(methods.WAKE_TRAINING, body, fields, options)
+        result = await self._call(methods.WAKE_TRAINING, body, {"job_id": job_id}, options, unknown)
         return cast("types.LifecycleResult", result)
 
     def submit_wake_training(
@@ -1720,31 +3212,57 @@ class AsyncClient(AsyncClientBase):
         body: types.WakeTrainingRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.LifecycleResult]:
         """Submit :meth:`wake_training` without waiting for it: a future of its result.
 
         Colocation: bring the trainer back.
+
+        Takes the arguments of :meth:`wake_training`.
         """
-        return self._submit(methods.WAKE_TRAINING, body, fields, options)
+        return self._submit(methods.WAKE_TRAINING, body, {"job_id": job_id}, options, unknown)
 
     async def get_request(
         self,
         body: types.GetRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
+        cursor: str | None = None,
+        max_events: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> types.RequestStatus:
         """Poll a request (`RequestStatus` as DSSST1 frames; `result_chunk` events become the frames
         themselves over gRPC).
+
+        Args:
+            job_id: The job (default: the client's `job_id`).
+            request_id: The request to poll.
+            cursor: Resume after the events already seen (`next_cursor` of the previous poll).
+            max_events: Events per answer (server default 16, cap 512).
+            options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
+                sub-job).
 
         Op ``get-request``: ``GET /{job_id}/requests/{request_id}``, no body, role gateway.
         Request: `arctic.v1.GetRequestRequest`. Result: `arctic.v1.RequestStatus`.
         Idempotency: safe.
         """
-        result = await self._call(methods.GET_REQUEST, body, fields, options)
+        result = await self._call(
+            methods.GET_REQUEST,
+            body,
+            {
+                "job_id": job_id,
+                "request_id": request_id,
+                "cursor": cursor,
+                "max_events": max_events,
+            },
+            options,
+            unknown,
+        )
         return cast("types.RequestStatus", result)
 
     def submit_get_request(
@@ -1752,11 +3270,28 @@ class AsyncClient(AsyncClientBase):
         body: types.GetRequestRequest | None = None,
         /,
         *,
+        job_id: str | None = None,
+        request_id: str | None = None,
+        cursor: str | None = None,
+        max_events: int | None = None,
         options: CallOptions | None = None,
-        **fields: Any,
+        **unknown: Never,
     ) -> asyncio.Future[types.RequestStatus]:
         """Submit :meth:`get_request` without waiting for it: a future of its result.
 
         Poll a request (`RequestStatus` as DSSST1 frames; `result_chunk` events become the frames themselves over gRPC).
+
+        Takes the arguments of :meth:`get_request`.
         """
-        return self._submit(methods.GET_REQUEST, body, fields, options)
+        return self._submit(
+            methods.GET_REQUEST,
+            body,
+            {
+                "job_id": job_id,
+                "request_id": request_id,
+                "cursor": cursor,
+                "max_events": max_events,
+            },
+            options,
+            unknown,
+        )

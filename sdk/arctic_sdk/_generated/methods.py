@@ -267,7 +267,8 @@ FORWARD: Final = MethodInfo(
     job_scoped=True,
     path_params=("job_id",),
     doc=(
-        "Forward pass without gradient: log-probs (and entropy) of a batch, optionally its loss. A request\n"
+        "Forward pass without gradient: log-probs (and entropy) of a batch and the loss that\n"
+        "forward-backward would report for it (`loss_fn` defaults to cross_entropy in both). A request\n"
         "may target the log-prob sub-job (`X-Arctic-Sub-Job`) for reference-model log-probs."
     ),
 )
@@ -459,7 +460,10 @@ LOAD_CHECKPOINT: Final = MethodInfo(
     grpc_shape=GrpcShape.FRAMES,
     job_scoped=True,
     path_params=("job_id",),
-    doc="Load a checkpoint into the training sub-job (route `/load`, as deployed).",
+    doc=(
+        "Load a checkpoint into the training sub-job (route `/load`, as deployed), or into the sub-job\n"
+        "`target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one."
+    ),
 )
 
 LIST_CHECKPOINTS: Final = MethodInfo(

@@ -9,7 +9,8 @@ names (`str`); `google.protobuf.Struct` is `dict[str, Any]`, `Value` is `Any`; r
 fields are lists and maps are `dict[str, ...]`. A message whose fields all belong to one
 oneof is a union alias of its members' types, and a member message holding exactly one
 repeated scalar field stands for that list (a oneof of text or token ids is
-`str | list[int]`).
+`str | list[int]`). A string field whose `(arctic.v1.field)` lists its `values` is a
+`Literal` of them, named by its `alias` (`LossFn`).
 
 `TENSOR_FIELDS` and `REQUIRED_FIELDS` give, per request type, the `(arctic.v1.field)`
 constraints by dotted field path (singular nested messages are walked; a required field
@@ -21,7 +22,95 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, TypeAlias, TypedDict
+from typing import Any, Final, Literal, TypeAlias, TypedDict
+
+__all__ = [
+    "CancelJobRequest",
+    "CancelJobResponse",
+    "CancelRequestRequest",
+    "CancelRequestResponse",
+    "Checkpoint",
+    "ChunkDescriptor",
+    "Completion",
+    "CreateJobRequest",
+    "CreateJobResponse",
+    "DeleteCheckpointRequest",
+    "DeleteCheckpointResult",
+    "DownloadCheckpointFileRequest",
+    "Error",
+    "ErrorBody",
+    "ExportCheckpointRequest",
+    "ExportCheckpointResult",
+    "ExportedFile",
+    "Features",
+    "FieldRule",
+    "ForwardBackwardRequest",
+    "ForwardBackwardResult",
+    "ForwardRequest",
+    "Frame",
+    "GenerateRequest",
+    "GenerateResult",
+    "GetCapabilitiesRequest",
+    "GetCapabilitiesResponse",
+    "GetCapacityRequest",
+    "GetCapacityResponse",
+    "GetJobRequest",
+    "GetJobResponse",
+    "GetRequestRequest",
+    "InlineEnvelope",
+    "Job",
+    "KlType",
+    "LifecycleResult",
+    "Limits",
+    "ListCheckpointsRequest",
+    "ListCheckpointsResult",
+    "ListJobsRequest",
+    "ListJobsResponse",
+    "LoadCheckpointRequest",
+    "LoadCheckpointResult",
+    "LogProbsRequest",
+    "LossAggMode",
+    "LossConfig",
+    "LossContext",
+    "LossFn",
+    "Metrics",
+    "ModelInputs",
+    "OpMetadata",
+    "OperationRequest",
+    "OperationResult",
+    "Outputs",
+    "Processing",
+    "Prompt",
+    "REQUIRED_FIELDS",
+    "RenewJobLeaseRequest",
+    "RenewJobLeaseResponse",
+    "RequestEvent",
+    "RequestStatus",
+    "ResetPrefixCacheRequest",
+    "ResetPrefixCacheResult",
+    "ResponseOptions",
+    "RouterReplay",
+    "Sample",
+    "SamplingParams",
+    "SaveCheckpointRequest",
+    "SaveCheckpointResult",
+    "SleepInferenceRequest",
+    "SleepTrainingRequest",
+    "StepRequest",
+    "StepResult",
+    "SubJob",
+    "SubJobConfig",
+    "SubJobConfigKeys",
+    "SubmitResponse",
+    "SyncWeightsRequest",
+    "SyncWeightsResult",
+    "TENSOR_FIELDS",
+    "Tensor",
+    "TokenIds",
+    "TopLogprobs",
+    "WakeInferenceRequest",
+    "WakeTrainingRequest",
+]
 
 
 @dataclass(frozen=True)
@@ -35,6 +124,15 @@ class FieldRule:
     shape: tuple[str, ...]
     """Symbolic dimensions (`("B", "S")`); empty = any shape."""
 
+
+LossAggMode: TypeAlias = Literal["token-mean", "seq-mean", "sum"]
+"""The values of `arctic.v1.LossConfig.loss_agg_mode` (default 'token-mean')."""
+
+KlType: TypeAlias = Literal["low_var_kl", "kl", "mse"]
+"""The values of `arctic.v1.LossConfig.kl_type` (default 'low_var_kl')."""
+
+LossFn: TypeAlias = Literal["cross_entropy", "grpo", "ppo", "importance_sampling", "cispo", "weighted_logprob"]
+"""The values of `arctic.v1.Processing.loss_fn` (default 'cross_entropy')."""
 
 Prompt: TypeAlias = "str | list[int]"
 """One prompt: text, or token ids.
@@ -181,18 +279,24 @@ class SubJobConfig(TypedDict, total=False):
     training_config: dict[str, Any]
     """Training sub-jobs: `max_seq_len`, `n_gpus`, `train_batch_size`, `gradient_clipping`,
     `optimizer` ({"name", lr, betas, ...}), `zero_stage`, `micro_batch_size`, and any DeepSpeed
-    config keys under `deepspeed` (passed through).
+    config keys under `deepspeed` (passed through). A server may accept more keys (it lists
+    them in the capabilities' `config_keys`) and refuses the rest with `unsupported_option`.
     """
 
     inference_config: dict[str, Any]
-    """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments)."""
+    """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments);
+    extensions as for `training_config`.
+    """
 
 
 class CreateJobRequest(TypedDict, total=False):
     """The `arctic.v1.CreateJobRequest` message."""
 
     sub_job_configs: list[SubJobConfig]
+    """The sub-jobs: one training sub-job and any sampling / log-prob ones (at least one)."""
+
     experiment_name: str
+    """Free-form experiment name, shown in ListJobs."""
 
     labels: dict[str, str]
     """Free-form labels, filterable in ListJobs."""
@@ -262,6 +366,7 @@ class GetJobRequest(TypedDict, total=False):
     """The `arctic.v1.GetJobRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
 
 
 class GetJobResponse(TypedDict, total=False):
@@ -292,6 +397,7 @@ class CancelJobRequest(TypedDict, total=False):
     """The `arctic.v1.CancelJobRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
 
 
 class CancelJobResponse(TypedDict, total=False):
@@ -304,6 +410,7 @@ class RenewJobLeaseRequest(TypedDict, total=False):
     """The `arctic.v1.RenewJobLeaseRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
 
     lease_seconds: int
     """New lease length in seconds; 0 = the job's lease length."""
@@ -335,7 +442,10 @@ class GetRequestRequest(TypedDict, total=False):
     """Poll a request."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
+
     request_id: str
+    """The request to poll."""
 
     cursor: str
     """Resume after the events already seen (`next_cursor` of the previous poll)."""
@@ -386,7 +496,10 @@ class CancelRequestRequest(TypedDict, total=False):
     """The `arctic.v1.CancelRequestRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
+
     request_id: str
+    """The request to cancel (`X-Arctic-Request-Id` of its answer)."""
 
 
 class CancelRequestResponse(TypedDict, total=False):
@@ -428,6 +541,19 @@ class GetCapabilitiesResponse(TypedDict, total=False):
     """\"onprem", "gateway", "fake", or a vendor name."""
 
     server_version: str
+
+    config_keys: SubJobConfigKeys
+    """The sub-job config keys this server accepts: the standard ones (`SubJobConfig`) and its own
+    extensions. Absent = the standard keys only.
+    """
+
+
+class SubJobConfigKeys(TypedDict, total=False):
+    """Keys of `SubJobConfig.training_config` / `inference_config` a server accepts, per role."""
+
+    training: list[str]
+    sampling: list[str]
+    log_prob: list[str]
 
 
 class Features(TypedDict, total=False):
@@ -512,8 +638,9 @@ class ModelInputs(TypedDict, total=False):
     """
 
     labels: Any
-    """Token-aligned SFT targets; -100 = ignored. Used by `cross_entropy` when `loss_mask` is absent.
-    Tensor (a DSSST1 array): I64 or I32, shape [B, S].
+    """Token-aligned SFT targets (`cross_entropy` only): column i is the token scored at position i
+    instead of `input_ids[:, i]`; -100 = not trained (the loss mask when `loss_mask` is absent).
+    Tensor (a DSSST1 array): I64 or I32, shape [B, S]. Read only by loss_fn cross_entropy.
     """
 
 
@@ -526,8 +653,8 @@ class LossContext(TypedDict, total=False):
     """
 
     advantages: Any
-    """Token-aligned advantages (grpo, ppo, importance_sampling, cispo).
-    Tensor (a DSSST1 array): F32 or F64 or BF16 or F16, shape [B, S].
+    """Token-aligned advantages (grpo, ppo, importance_sampling, cispo; required by them).
+    Tensor (a DSSST1 array): F32 or F64 or BF16 or F16, shape [B, S]. Read only by loss_fn grpo, ppo, importance_sampling, cispo.
     """
 
     loss_mask: Any
@@ -537,26 +664,31 @@ class LossContext(TypedDict, total=False):
     """
 
     old_log_probs_shifted: Any
-    """Behaviour-policy log-probs (the sampler's), shifted. Absent = on-policy (π_old = π).
-    Tensor (a DSSST1 array): F32 or F64, shape [B, S].
+    """Behaviour-policy log-probs (the sampler's), shifted, for the ratio losses. Absent =
+    on-policy (π_old = π).
+    Tensor (a DSSST1 array): F32 or F64, shape [B, S]. Read only by loss_fn grpo, ppo, importance_sampling, cispo.
     """
 
     ref_log_probs_shifted: Any
-    """Reference-model log-probs, shifted; enables the KL term when `config.kl_coeff` > 0.
+    """Reference-model log-probs, shifted: `metrics.kl` is reported against them (with
+    `config.kl_type`), and `config.kl_coeff` > 0 adds the KL penalty (and requires them).
     Tensor (a DSSST1 array): F32 or F64, shape [B, S].
     """
 
     weights: Any
-    """Token-aligned per-token weights for `weighted_logprob`: loss = -sum(w * logprob) (custom
-    client-side losses: compute w on the client from a forward's log-probs).
-    Tensor (a DSSST1 array): F32 or F64, shape [B, S].
+    """Token-aligned per-token weights (finite reals): the per-token loss is `-w * logprob`
+    for `weighted_logprob` (required) and `cross_entropy` (absent = 1), so all-zero weights train
+    nothing. Tinker's cross_entropy `weights`; a client-side custom loss sends
+    w = -dL/dlogprob from a forward's log-probs with `loss_agg_mode` "sum".
+    Tensor (a DSSST1 array): F32 or F64, shape [B, S]. Read only by loss_fn cross_entropy, weighted_logprob.
     """
 
 
 class LossConfig(TypedDict, total=False):
-    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed).
+    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed),
+    and so is a key the chosen loss does not read (`invalid_argument`, see the per-loss table).
     Losses per token (r = exp(logp - old), A = advantage, both at the prediction position):
-      cross_entropy       -logp
+      cross_entropy       -w * logp                    (w = `context.weights`, absent = 1)
       ppo / grpo          -min(r * A, clip(r, 1 - eps_clip, 1 + eps_clip_high) * A)
       importance_sampling -r * A                       (old = the sampler's log-probs)
       cispo               -stopgrad(clip(r, 1 - eps_clip, 1 + eps_clip_high)) * A * logp
@@ -566,10 +698,11 @@ class LossConfig(TypedDict, total=False):
     `loss_agg_mode`. A value set to 0 is used as 0; only an absent value takes the default.
     """
 
-    loss_agg_mode: str
+    loss_agg_mode: LossAggMode
     """\"token-mean" (default): sum over the call's masked tokens / their count — or /
     `global_num_tokens` when that is > 0; "seq-mean": mean over rows of each row's token-mean;
     "sum": plain sum.
+    Default: token-mean.
     """
 
     global_num_tokens: int
@@ -578,10 +711,14 @@ class LossConfig(TypedDict, total=False):
     """
 
     eps_clip: float
-    """PPO/GRPO lower clip ε (default 0.2); ratio clipped to [1 - eps_clip, 1 + eps_clip_high]."""
+    """PPO/GRPO/CISPO lower clip ε (default 0.2); ratio clipped to [1 - eps_clip, 1 + eps_clip_high].
+    Default: 0.2. Read only by loss_fn grpo, ppo, cispo.
+    """
 
     eps_clip_high: float
-    """Upper clip ε (default = eps_clip)."""
+    """Upper clip ε (default = eps_clip).
+    Read only by loss_fn grpo, ppo, cispo.
+    """
 
     entropy_coeff: float
     """Entropy bonus coefficient (default 0): loss -= entropy_coeff * entropy."""
@@ -589,8 +726,11 @@ class LossConfig(TypedDict, total=False):
     kl_coeff: float
     """KL penalty coefficient on `ref_log_probs_shifted` (default 0 = off)."""
 
-    kl_type: str
-    """\"low_var_kl" (default, k3), "kl" (k1), "mse" (k2)."""
+    kl_type: KlType
+    """\"low_var_kl" (default, k3), "kl" (k1), "mse" (k2): the KL estimator of the penalty and of
+    `metrics.kl`; read only with `context.ref_log_probs_shifted`.
+    Default: low_var_kl. Read only with `context.ref_log_probs_shifted`.
+    """
 
     temperature: float
     """Logits are divided by this before log-probs (default 1.0)."""
@@ -604,12 +744,20 @@ class Processing(TypedDict, total=False):
     returns `outputs.entropy`.
     """
 
-    loss_fn: str
-    """\"cross_entropy" (SFT, default), "grpo", "ppo", "importance_sampling", "cispo",
-    "weighted_logprob".
+    loss_fn: LossFn
+    """\"cross_entropy" (SFT, the default of forward-backward and forward alike), "grpo", "ppo",
+    "importance_sampling", "cispo", "weighted_logprob".
+    Default: cross_entropy.
     """
 
     config: LossConfig
+
+    balance_rows: bool
+    """forward-backward on a multi-rank (data-parallel) trainer: assign the call's rows to ranks so
+    that their real-token counts balance (ZoRRO's load balancer) instead of in contiguous
+    slices. Results come back in the caller's row order and equal the unbalanced ones (the
+    assignment changes cost, not the maths); a single-rank trainer has nothing to balance.
+    """
 
 
 class ForwardBackwardRequest(TypedDict, total=False):
@@ -625,7 +773,10 @@ class ForwardBackwardRequest(TypedDict, total=False):
     """Required."""
 
     context: LossContext
+    """Per-token training signal (loss mask, advantages, log-probs, weights)."""
+
     processing: Processing
+    """The loss (`loss_fn`, default cross_entropy), its `config` and post-processors."""
 
 
 class Metrics(TypedDict, total=False):
@@ -657,14 +808,21 @@ class Metrics(TypedDict, total=False):
     """Mean entropy of the predicting distribution (when entropy was computed)."""
 
     kl: float
-    """Mean KL penalty term against `ref_log_probs_shifted` (when `kl_coeff` > 0); `low_var_kl` is
-    clamped to [-10, 10] per token.
+    """Mean KL term against `ref_log_probs_shifted` (whenever they are given, with `kl_type`'s
+    estimator; added to the loss when `kl_coeff` > 0); `low_var_kl` is clamped to [-10, 10].
     """
 
     num_sequences: int
     """Rows in the call."""
 
     global_step: int
+
+    rank_tokens_max: int
+    """forward-backward: real (attention_mask) tokens of the busiest and of the least busy
+    data-parallel rank in this call; both equal the call's real tokens on a single-rank trainer.
+    """
+
+    rank_tokens_min: int
 
 
 class Outputs(TypedDict, total=False):
@@ -691,16 +849,24 @@ class ForwardBackwardResult(TypedDict, total=False):
 
 class ForwardRequest(TypedDict, total=False):
     """DSSST1 body of forward (no gradient). The result is a `ForwardBackwardResult` with
-    `outputs.logprobs_shifted` always set and `loss` computed when `processing.loss_fn` is given.
+    `outputs.logprobs_shifted` always set and the `loss` and metrics forward-backward would report
+    for the same body: `processing.loss_fn` defaults to "cross_entropy" here too, with the same
+    per-loss field rules. On a sampling sub-job (a vLLM sampler scores the prompt tokens at
+    temperature 1) entropy, another temperature, `labels` and `position_ids` are
+    `unsupported_option`.
     """
 
     args: list[Any]
+    """Always empty (deployed field, kept for compatibility)."""
 
     kwargs: ModelInputs
     """Required."""
 
     context: LossContext
+    """Per-token training signal, as in forward-backward."""
+
     processing: Processing
+    """The loss (`loss_fn`, default cross_entropy), its `config` and post-processors."""
 
 
 class LogProbsRequest(TypedDict, total=False):
@@ -746,8 +912,9 @@ class SamplingParams(TypedDict, total=False):
     seed: int
 
     logprobs: int
-    """Number of top log-probs per generated token (0 = the sampled token's log-prob only, when
-    set); absent = no log-probs.
+    """Log-probs of the generated tokens: 0 = each sampled token's log-prob (`Sample.logprobs`);
+    k > 0 = also the k most likely tokens at each position (`Sample.top_logprobs`); absent =
+    none. At most 20.
     """
 
     presence_penalty: float
@@ -755,6 +922,29 @@ class SamplingParams(TypedDict, total=False):
     repetition_penalty: float
     min_tokens: int
     ignore_eos: bool
+
+    min_p: float
+    """Min-p sampling: only tokens whose probability is at least `min_p` times the most likely
+    token's are sampled. In [0, 1]; absent or 0 = off; 1 keeps only the most likely token(s).
+    """
+
+    include_stop_str_in_output: bool
+    """Keep the stop string (or the stop token's text) that ended a sample at the end of its `text`
+    (default false: `text` ends before it). `token_ids` are the same either way.
+    """
+
+    prompt_logprobs: int
+    """Log-probs of the prompt tokens (`Completion.prompt_logprobs`): 0 = each prompt token's
+    log-prob given the tokens before it; k > 0 = also the top k (`prompt_top_logprobs`);
+    absent = none. At most 20.
+    """
+
+
+class TopLogprobs(TypedDict, total=False):
+    """The k most likely tokens at one position, most likely first."""
+
+    token_ids: list[int]
+    logprobs: list[float]
 
 
 class TokenIds(TypedDict, total=False):
@@ -772,6 +962,7 @@ class GenerateRequest(TypedDict, total=False):
     """Required."""
 
     sampling_params: SamplingParams
+    """vLLM-named sampling parameters (absent = the defaults: n 1, max_tokens 16)."""
 
     routing_key: str
     """Requests with the same routing key go to the same replica (prefix-cache reuse)."""
@@ -795,12 +986,29 @@ class Sample(TypedDict, total=False):
     stop_reason: str
     """The stop string that ended the sample, when one did."""
 
+    top_logprobs: list[TopLogprobs]
+    """When `sampling_params.logprobs` = k > 0: per sampled token, the k most likely tokens at its
+    position (the sampled one may be among them or not, so
+    `logprobs[j] <= top_logprobs[j].logprobs[0]`).
+    """
+
 
 class Completion(TypedDict, total=False):
     """Samples of one prompt."""
 
     prompt_token_ids: list[int]
     samples: list[Sample]
+
+    prompt_logprobs: list[float]
+    """When `sampling_params.prompt_logprobs` is set: `prompt_logprobs[i]` is the log-prob of
+    `prompt_token_ids[i]` given the tokens before it; `prompt_logprobs[0]` is 0 (nothing
+    predicts the first token).
+    """
+
+    prompt_top_logprobs: list[TopLogprobs]
+    """When `sampling_params.prompt_logprobs` = k > 0: the k most likely tokens at each prompt
+    position (the first entry is empty).
+    """
 
 
 class GenerateResult(TypedDict, total=False):
@@ -821,7 +1029,9 @@ class SyncWeightsRequest(TypedDict, total=False):
     """Default: the job's training sub-job."""
 
     target_sub_job_ids: list[str]
-    """Default: every sampling and log-prob sub-job of the job."""
+    """Default: every sampling sub-job of the job. A log-prob sub-job (the reference model) is
+    updated only when named here: it stays frozen otherwise.
+    """
 
     method: str
     """\"auto" (default), "nccl", "cuda_ipc", "shm", "safetensors"."""
@@ -830,6 +1040,7 @@ class SyncWeightsRequest(TypedDict, total=False):
     """Legacy knobs; honoured when the method allows."""
 
     low_memory: bool
+    """Legacy: stream the weights in pieces (honoured when the method allows)."""
 
 
 class SyncWeightsResult(TypedDict, total=False):
@@ -849,6 +1060,7 @@ class ResetPrefixCacheRequest(TypedDict, total=False):
     """Wait for in-flight generates to finish first (default true)."""
 
     timeout_s: float
+    """Seconds to wait for the drain (0 = the server's default); >= 0."""
 
 
 class ResetPrefixCacheResult(TypedDict, total=False):
@@ -864,9 +1076,16 @@ class OperationRequest(TypedDict, total=False):
     """
 
     operation_type: str
+    """The operation (see above)."""
+
     sub_job_id: str
+    """The target sub-job id (`{job}:{role}:{index}`)."""
+
     sub_job_type: str
+    """The target sub-job's role (training, sampling, log_prob)."""
+
     payload: dict[str, Any]
+    """The operation's body (for "forward": a ForwardRequest)."""
 
 
 class OperationResult(TypedDict, total=False):
@@ -906,11 +1125,15 @@ class LoadCheckpointRequest(TypedDict, total=False):
     """JSON body of load."""
 
     checkpoint_id: str
+    """The checkpoint to load (required)."""
 
     source_job_id: str
     """Load a checkpoint saved by another job of the same token."""
 
     target_sub_job_id: str
+    """The sub-job to load it into (default: the training sub-job). Loading into a sampling
+    sub-job changes its weights, so it bumps the `weight_version` its generates report.
+    """
 
 
 class LoadCheckpointResult(TypedDict, total=False):
@@ -923,6 +1146,7 @@ class ListCheckpointsRequest(TypedDict, total=False):
     """The `arctic.v1.ListCheckpointsRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
 
 
 class ListCheckpointsResult(TypedDict, total=False):
@@ -935,7 +1159,10 @@ class ExportCheckpointRequest(TypedDict, total=False):
     """The `arctic.v1.ExportCheckpointRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
+
     checkpoint_id: str
+    """The checkpoint to export."""
 
 
 class ExportedFile(TypedDict, total=False):
@@ -961,15 +1188,23 @@ class DownloadCheckpointFileRequest(TypedDict, total=False):
     """The `arctic.v1.DownloadCheckpointFileRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
+
     checkpoint_id: str
+    """The exported checkpoint."""
+
     filename: str
+    """A file name of its export (`ExportedFile.filename`)."""
 
 
 class DeleteCheckpointRequest(TypedDict, total=False):
     """The `arctic.v1.DeleteCheckpointRequest` message."""
 
     job_id: str
+    """The job (default: the client's `job_id`)."""
+
     checkpoint_id: str
+    """The checkpoint to delete."""
 
 
 class DeleteCheckpointResult(TypedDict, total=False):

@@ -8,12 +8,17 @@
     again = create_arctic_rl_client(handle, client.get_server_state())
 
 The `{batch, meta, processing}` body is lowered to the canonical frame once, here
-(`arctic_sdk.compat.lowering`); responses carry the legacy mirrors (`avg_loss`,
-`batch.logprobs` / `batch.log_probs`, per-rank `metrics["grad_norm"]`, `mfu`).
+(`arctic_sdk.compat.lowering`, in the deployed alignment contract); responses carry the legacy
+mirrors (`avg_loss`, `batch.logprobs` / `batch.log_probs`, per-rank `metrics["grad_norm"]`,
+`mfu`). The config's DeepSpeed-shaped fields become the CreateJob body in `job_config.py`; the
+current Arctic-Platform client's nested config is `arctic_sdk.compat.unified`; the opt-in
+`arctic_platform` import alias is the `compat-alias/` distribution (README "Framework
+integrations").
 """
 
 from .client import ArcticRLClient, ArcticServerState, create_arctic_rl_client
 from .config import ArcticRLClientConfig, LegacyConfigWarning
+from .job_config import UnsupportedConfigError
 from .launch import LaunchedServer, launch_onprem
 from .lowering import Lowered, UnsupportedKnobsError, lower
 
@@ -24,6 +29,7 @@ __all__ = [
     "LaunchedServer",
     "LegacyConfigWarning",
     "Lowered",
+    "UnsupportedConfigError",
     "UnsupportedKnobsError",
     "create_arctic_rl_client",
     "launch_onprem",

@@ -14,19 +14,26 @@ client that created the job cancels it (and stops a server it launched) on `shut
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import os
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import Any, cast
 
 import numpy as np
 
 from .._client_base import CallOptions
+from .._core.capabilities import config_keys_of
 from .._generated.client import AsyncClient, Client
-from ..errors import InvalidArgumentError, UnimplementedError
-from .config import ArcticRLClientConfig
+from ..errors import ArcticError, InvalidArgumentError, UnsupportedOptionError
+from .config import ArcticRLClientConfig, LegacyConfigWarning
+from .job_config import UnsupportedConfigError, plan_job
+from .knobs import LOGPROB_KEYS
 from .launch import LaunchedServer, launch_onprem, reachable
-from .lowering import is_canonical, lower, to_numpy
+from .lifecycle import LegacyLifecycle
+from .lowering import Lowered, is_canonical, lower, to_numpy
 from .responses import forward_response, generate_results, sampling_params, step_response
 
 __all__ = ["ArcticRLClient", "ArcticServerState", "create_arctic_rl_client"]
@@ -58,7 +65,7 @@ def create_arctic_rl_client(
     return ArcticRLClient(cfg, state)
 
 
-class ArcticRLClient:
+class ArcticRLClient(LegacyLifecycle):
     """Legacy async surface; every call is lowered to one canonical op (or a short sequence)."""
 
     def __init__(
@@ -80,12 +87,14 @@ class ArcticRLClient:
         else:
             self._sub_jobs = {}
         self._config = config
+        self._issued = Issued()
+        self.transport = Transport(self.get_server_state)
         self._ensure_server()
         kw = self._config.sdk_kwargs()
         self._control = Client(**kw, job_id=self._config.job_id)
         try:
             if self._config.job_id is None:
-                self._control.create_job(cast(Any, self._config.create_job_body()))
+                self._control.create_job(cast(Any, self._plan_job()))
                 self._config = self._config.model_copy(
                     update={"job_id": self._control.job_id, "owner": True}
                 )
@@ -101,6 +110,20 @@ class ArcticRLClient:
             raise
         self._sdk = AsyncClient(**kw, job_id=self._config.job_id)
 
+    def _plan_job(self) -> dict[str, Any]:
+        """The CreateJob body for the server's advertised config keys; the warnings of the
+        mapping (each naming its fields) are emitted, its refusals raised (job_config.py)."""
+        try:
+            doc = dict(self._control.get_capabilities())
+        except ArcticError:  # a server without the route (the deployed Cortex): the standard
+            doc = {}
+        plan = plan_job(self._config, config_keys_of(doc))
+        if plan.problems:
+            raise UnsupportedConfigError(plan.problems)
+        for msg in plan.warnings:
+            warnings.warn(msg, LegacyConfigWarning, stacklevel=4)
+        return plan.body
+
     def _ensure_server(self) -> None:
         cfg = self._config
         if cfg.backend != "onprem" or cfg.base_url:
@@ -110,7 +133,13 @@ class ArcticRLClient:
         if cfg.should_launch(up):
             tokens = (cfg.pat.get_secret_value(),) if cfg.pat is not None else ()
             self._launched = launch_onprem(
-                host, port, python=cfg.server_python, tokens=tokens, timeout=cfg.startup_timeout
+                host,
+                port,
+                python=cfg.server_python,
+                tokens=tokens,
+                timeout=cfg.startup_timeout,
+                echo=cfg.server_logs,
+                env=_server_env(cfg),
             )
             self._config = cfg.model_copy(update={"base_url": self._launched.base_url})
 
@@ -184,7 +213,7 @@ class ArcticRLClient:
     ) -> dict[str, Any]:
         """forward-backward of a `{batch, meta, processing}` body (or a canonical frame)."""
         if router_replay is not None:
-            raise InvalidArgumentError(
+            raise UnsupportedOptionError(
                 "router_replay is not supported",
                 code="unsupported_option",
                 details={"options": ["router_replay"]},
@@ -192,9 +221,18 @@ class ArcticRLClient:
         body = _with_processing(payload, processing)
         if is_canonical(body):
             return dict(await self._sdk.forward_backward(cast(Any, body)))
-        low = lower(body, train=True)
+        low = lower(body, train=True, aligned=self._issued.aligned(body.get("batch") or {}))
         result = await self._sdk.forward_backward(cast(Any, low.frame))
-        return forward_response(result, low.lift_outputs(result), self.training_job_id)
+        return forward_response(result, self._lift(low, result), self.training_job_id)
+
+    def _lift(self, low: Lowered, result: Mapping[str, Any]) -> dict[str, Any]:
+        """The legacy `batch` of a result; its log-prob tensors are remembered (by identity)
+        with their alignment, so one sent back unchanged is lowered as what it is."""
+        batch = low.lift_outputs(result)
+        for name in ("logprobs", "entropy"):
+            if batch.get(name) is not None:
+                self._issued.add(batch[name], low.align)
+        return batch
 
     async def fwd_no_grad(
         self,
@@ -209,11 +247,14 @@ class ArcticRLClient:
             return dict(await self._sdk.forward(cast(Any, body), options=opts))
         low = lower(body, train=False)
         result = await self._sdk.forward(cast(Any, low.frame), options=opts)
-        return forward_response(result, low.lift_outputs(result), self.training_job_id)
+        job = self.log_prob_job_id if opts is not None else self.training_job_id
+        return forward_response(result, self._lift(low, result), job)
 
     async def step(self, learning_rate: float | None = None) -> dict[str, Any]:
         fields = {} if learning_rate is None else {"learning_rate": float(learning_rate)}
-        return step_response(await self._sdk.step(cast(Any, fields)), self.training_job_id)
+        result = await self._sdk.step(cast(Any, fields))
+        ranks = max(1, self._config.training_gpus)
+        return step_response(result, self.training_job_id, ranks)
 
     async def log_probs(
         self,
@@ -223,7 +264,7 @@ class ArcticRLClient:
     ) -> dict[str, Any]:
         """Score token-id sequences (prompt + completion) with the log-prob sub-job."""
         if top_k != 1:
-            raise InvalidArgumentError(
+            raise UnsupportedOptionError(
                 f"top_k={top_k}: only the scored token's log-prob (1)",
                 code="unsupported_option",
                 details={"options": ["top_k"]},
@@ -244,78 +285,6 @@ class ArcticRLClient:
         result = await self._sdk.log_probs(input_ids=ids, attention_mask=mask)
         lp = to_numpy(result["outputs"]["logprobs_shifted"], "logprobs")
         return forward_response(result, {"logprobs": lp}, self.log_prob_job_id)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    async def save_checkpoint(
-        self,
-        checkpoint_id: str | None = None,
-        checkpoint_type: str | None = None,
-        path: str | None = None,
-        *,
-        step: int | None = None,
-        export_hf: bool = False,
-        save_total_limit: int | None = None,
-        stage_info: Any = None,
-    ) -> dict[str, Any]:
-        refused = [
-            n
-            for n, v in (("save_total_limit", save_total_limit), ("stage_info", stage_info))
-            if v is not None
-        ]
-        if refused:
-            raise InvalidArgumentError(
-                f"save_checkpoint: {refused} cannot be honoured",
-                code="unsupported_option",
-                details={"options": refused},
-            )
-        cid = checkpoint_id or (PurePath(path).name if path else None)
-        if cid is None and step is not None:
-            cid = f"step-{step}"
-        fields: dict[str, Any] = {}
-        if cid:
-            fields["checkpoint_id"] = cid
-        if checkpoint_type:
-            fields["checkpoint_type"] = checkpoint_type
-        result = await self._sdk.save_checkpoint(**fields)
-        ck = dict(result.get("checkpoint") or {})
-        out = {
-            "job_id": self.training_job_id,
-            "path": ck.get("checkpoint_id"),
-            "global_step": ck.get("global_steps", 0),
-            "hf_path": None,
-            **result,
-        }
-        if export_hf:
-            exported = await self._sdk.export_checkpoint(checkpoint_id=ck.get("checkpoint_id"))
-            out["hf_path"] = exported.get("checkpoint_id")
-            out["export"] = exported
-        return out
-
-    async def save_weights(self, path: str) -> dict[str, Any]:
-        """A weights-only checkpoint named after the last component of `path`."""
-        return await self.save_checkpoint(PurePath(path).name, "weights-only")
-
-    async def load_checkpoint(
-        self,
-        path: str | None = None,
-        *,
-        step: int | None = None,
-    ) -> dict[str, Any]:
-        cid = PurePath(path).name if path else (f"step-{step}" if step is not None else None)
-        if cid is None:
-            listed = (await self._sdk.list_checkpoints()).get("checkpoints") or []
-            if not listed:
-                raise InvalidArgumentError("load_checkpoint: the job has no checkpoint yet")
-            cid = max(listed, key=lambda c: int(c.get("global_steps") or 0))["checkpoint_id"]
-        result = await self._sdk.load_checkpoint(checkpoint_id=cid)
-        ck = dict(result.get("checkpoint") or {})
-        return {
-            "job_id": self.training_job_id,
-            "path": cid,
-            "global_step": ck.get("global_steps", 0),
-            **result,
-        }
 
     # ------------------------------------------------------------------ sampling
 
@@ -340,10 +309,30 @@ class ArcticRLClient:
         self,
         cuda_ipc: bool | None = None,
         low_memory: bool | None = None,
+        *,
+        target_sub_job_ids: Sequence[str] | None = None,
     ) -> dict[str, Any]:
-        fields = {
-            k: v for k, v in (("cuda_ipc", cuda_ipc), ("low_memory", low_memory)) if v is not None
+        """The trainer's weights into the sampling sub-job — as the deployed clients did; the
+        log-prob (reference) sub-job only when `target_sub_job_ids` names it, so a KL term's
+        reference model stays frozen. `cuda_ipc` / `low_memory` default to the config's."""
+        cfg = self._config
+        fields: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("cuda_ipc", cfg.cuda_ipc if cuda_ipc is None else cuda_ipc),
+                ("low_memory", cfg.low_memory if low_memory is None else low_memory),
+            )
+            if v is not None
         }
+        default = [self.sampling_job_id] if self.sampling_job_id else []
+        targets = list(target_sub_job_ids or default)
+        if not targets:
+            return {
+                "job_id": self.training_job_id,
+                "status": "skipped",
+                "reason": "the job has no sampling sub-job to sync into",
+            }
+        fields["target_sub_job_ids"] = targets
         result = await self._sdk.sync_weights(cast(Any, fields))
         return {"job_id": self.training_job_id, "status": "ok", **result}
 
@@ -353,52 +342,6 @@ class ArcticRLClient:
         del retry_interval_s  # client-side polling knob of the deployed client
         result = await self._sdk.reset_prefix_cache(drain=drain, timeout_s=timeout_s)
         return {"job_id": self.sampling_job_id, "sampling": result}
-
-    # ------------------------------------------------------------------ colocation lifecycle
-
-    async def sleep_inference(self, level: int = 1) -> dict[str, Any]:
-        result = await self._sdk.sleep_inference(level=int(level))
-        return {"job_id": self.sampling_job_id, "sampling": result}
-
-    async def wake_inference(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
-        fields = {"tags": list(tags)} if tags else {}
-        result = await self._sdk.wake_inference(cast(Any, fields))
-        return {"job_id": self.sampling_job_id, "sampling": result}
-
-    async def sleep_log_prob(self) -> dict[str, Any]:
-        return await self._log_prob_lifecycle(sleep=True)
-
-    async def wake_log_prob(self) -> dict[str, Any]:
-        return await self._log_prob_lifecycle(sleep=False)
-
-    async def _log_prob_lifecycle(self, *, sleep: bool) -> dict[str, Any]:
-        opts = self._sub("log_prob")
-        if opts is None:
-            result: Any = {"applied": False, "reason": "the job has no log-prob sub-job"}
-        elif sleep:
-            result = await self._sdk.sleep_inference(level=1, options=opts)
-        else:
-            result = await self._sdk.wake_inference(options=opts)
-        return {"job_id": self.log_prob_job_id, "log_prob": result}
-
-    async def sleep_training(self, mode: str = "all") -> dict[str, Any]:
-        result = await self._sdk.sleep_training(mode=mode)
-        return {"job_id": self.training_job_id, "workers": [result]}
-
-    async def wake_training(self) -> dict[str, Any]:
-        result = await self._sdk.wake_training()
-        return {"job_id": self.training_job_id, "workers": [result]}
-
-    async def empty_training_cache(self) -> dict[str, Any]:
-        """Frees the trainer's cached memory (the spec's alias of sleep-training)."""
-        return await self.sleep_training()
-
-    async def weight_norm(self) -> dict[str, Any]:
-        raise UnimplementedError(
-            "weight_norm has no canonical op (neither verl nor SkyRL calls it); export a "
-            "checkpoint and compute the norm from its safetensors",
-            code="unimplemented",
-        )
 
     # ------------------------------------------------------------------ teardown
 
@@ -415,6 +358,44 @@ class ArcticRLClient:
         self._control.close()
         if self._launched is not None:
             self._launched.stop()
+
+
+class Issued:
+    """Log-prob arrays this client returned (weakly, by identity) with their alignment."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self._refs: deque[tuple[weakref.ref[Any], str]] = deque(maxlen=keep)
+
+    def add(self, obj: Any, align: str) -> None:
+        with contextlib.suppress(TypeError):  # not weak-referenceable: nothing to remember
+            self._refs.append((weakref.ref(obj), align))
+
+    def aligned(self, batch: Mapping[str, Any]) -> dict[str, str]:
+        """The known alignment of each log-prob input that is one of those arrays."""
+        out: dict[str, str] = {}
+        for name in LOGPROB_KEYS:
+            value = batch.get(name)
+            for ref, align in self._refs:
+                if value is not None and ref() is value:
+                    out[name] = align
+        return out
+
+
+class Transport:
+    """`client.transport`, as the Arctic-Platform verl plugin reads it (`get_server_state`)."""
+
+    def __init__(self, server_state: Callable[[], Any]) -> None:
+        self._server_state = server_state
+
+    def get_server_state(self) -> Any:
+        """The client's `get_server_state()`: what re-attaches another process to the job."""
+        return self._server_state()
+
+
+def _server_env(cfg: ArcticRLClientConfig) -> dict[str, str] | None:
+    if cfg.server_cuda_visible_devices is None:
+        return None
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": cfg.server_cuda_visible_devices}
 
 
 def _with_processing(

@@ -11,8 +11,10 @@ legacy names of the deployed configs (`arctic.md` §6):
   hard-code `backend="local"`); the Cortex fields then fall back to `ARCTIC_CORTEX_*`.
 - Field aliases: `sample_gpus` → `sampling_gpus`, `sampling_engine` (a dict) → `vllm_config`,
   `arctic_rl_server_state` → the `server_state` argument. Dropped legacy fields
-  (`reference_model`, `job_name`, `ray_auto_attach`, `server_logs`, `health_check_interval`)
-  warn and are ignored. Any other unknown field is refused (all of them named).
+  (`reference_model`, `job_name`, `ray_auto_attach`, `health_check_interval`) warn and are
+  ignored. Any other unknown field is refused (all of them named). The DeepSpeed-shaped fields
+  (`ds_config`, `ds_worker_config`, `training_config`, ...) become the CreateJob body in
+  `job_config.py`, each honoured, refused or warned about by name.
 - `comm_protocol`: `"http"`, `"grpc"`, or `"ray"` (the deployed Ray transport; served over HTTP
   here — no Ray is needed — and, as with Ray, the client launches the local server itself when
   none answers at `host:port`).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -40,7 +43,7 @@ BACKEND_ALIASES = {
 DEPRECATED_BACKENDS = frozenset({"dss-platform", "dss_platform", "neutrino", "remote"})
 FIELD_ALIASES = {"sample_gpus": "sampling_gpus"}
 DROPPED_FIELDS = frozenset(
-    {"reference_model", "job_name", "ray_auto_attach", "server_logs", "health_check_interval"}
+    {"reference_model", "job_name", "ray_auto_attach", "health_check_interval"}
 )
 ENV_BACKEND = ("ARCTIC_BACKEND", "ARCTIC_RL_BACKEND")
 # Legacy Cortex env names (skyrl-verl-cortex-compat) -> our fields; ARCTIC_CORTEX_* are read by
@@ -84,11 +87,23 @@ class ArcticRLClientConfig(BaseModel):
     None = only for `comm_protocol="ray"` and only when nothing answers there."""
     server_python: str | None = None
     """Interpreter of a launched server (default: this one)."""
+    server_cuda_visible_devices: str | None = None
+    """`CUDA_VISIBLE_DEVICES` of a launched server (default: this process's environment)."""
+    max_retries: int | None = None
+    """Retries of one call on 429 / retryable 5xx / connection failures (the SDK's default)."""
     startup_timeout: float = 300.0
+    server_logs: bool = False
+    """Echo a launched server's output to this process's stdout."""
     job_ready_timeout: float = 600.0
     request_timeout: float = 1800.0
 
     model_name: str = ""
+    dtype: str | None = None
+    """Weights dtype of every sub-job (`float32`, `bfloat16`, `float16`; default: the bf16 / fp16
+    switch of `ds_config`, else the server's)."""
+    max_seq_len: int | None = None
+    """Every sub-job's `max_seq_len` (default: `training_config.max_length`, else
+    `vllm_config.max_model_len`)."""
     checkpoint_path: str | None = None
     seed: int = 42
     full_determinism: bool = False
@@ -200,72 +215,16 @@ class ArcticRLClientConfig(BaseModel):
             kw["token"] = self.pat
         if self.grpc_target:
             kw["grpc_target"] = self.grpc_target
+        if self.max_retries is not None:
+            kw["max_retries"] = self.max_retries
         return kw
 
-    def create_job_body(self) -> dict[str, Any]:
-        """The CreateJob body of this config: one sub-job per role with GPUs (training always)."""
-        subs: list[dict[str, Any]] = []
-        base = {"model_name": self.model_name, "seed": self.seed}
-        max_len = (self.training_config or {}).get("max_length") or (self.vllm_config or {}).get(
-            "max_model_len"
-        )
-        subs.append({"job_type": "training", **base, "training_config": self._training()})
-        if self.sampling_gpus > 0:
-            inf: dict[str, Any] = {"n_gpus": self.sampling_gpus}
-            if self.vllm_config:
-                inf["vllm_config"] = dict(self.vllm_config)
-            if max_len:
-                inf["max_seq_len"] = int(max_len)
-            subs.append({"job_type": "sampling", **base, "inference_config": inf})
-        if self.log_prob_gpus > 0:
-            lp: dict[str, Any] = {"n_gpus": self.log_prob_gpus}
-            if self.log_prob_engine == "vllm" and self.backend == "onprem":
-                lp["engine"] = "vllm"  # an on-prem extension; its default is a torch forward
-            subs.append({"job_type": "log_prob", **base, "inference_config": lp})
-        body: dict[str, Any] = {"sub_job_configs": subs}
-        if self.experiment_name:
-            body["experiment_name"] = self.experiment_name
-        if self.lease_seconds:
-            body["lease_seconds"] = self.lease_seconds
-        return body
+    def create_job_body(self, keys: Mapping[str, frozenset[str]] | None = None) -> dict[str, Any]:
+        """The CreateJob body for a server accepting `keys` (`job_config.plan_job`: refusals
+        raise `UnsupportedConfigError`; the warnings are the client's to emit)."""
+        from .job_config import UnsupportedConfigError, plan_job
 
-    def _training(self) -> dict[str, Any]:
-        """`training_config` of the training sub-job from the legacy DeepSpeed-shaped fields."""
-        tc = dict(self.training_config or {})
-        ds = {k: v for k, v in self.ds_config.items()}
-        out: dict[str, Any] = {"n_gpus": max(self.training_gpus, 1)}
-        max_len = tc.get("max_length")
-        if max_len:
-            out["max_seq_len"] = int(max_len)
-        opt = dict(tc.get("optimizer") or {})
-        ds_opt = ds.pop("optimizer", None) or {}
-        params = dict(ds_opt.get("params") or {})
-        merged = {**params, **{k: v for k, v in opt.items() if k != "gradient_clipping"}}
-        if merged or ds_opt:
-            o: dict[str, Any] = {"name": str(ds_opt.get("type") or "adamw").lower()}
-            for k in ("lr", "betas", "eps", "weight_decay"):
-                if merged.get(k) is not None:
-                    o[k] = list(merged[k]) if k == "betas" else float(merged[k])
-            out["optimizer"] = o
-        clip = opt.get(
-            "gradient_clipping", tc.get("gradient_clipping", ds.pop("gradient_clipping", None))
-        )
-        if clip is not None:
-            out["gradient_clipping"] = float(clip)
-        zero = ds.pop("zero_optimization", None)
-        if isinstance(zero, dict) and zero.get("stage") is not None:
-            out["zero_stage"] = int(zero["stage"])
-            rest = {k: v for k, v in zero.items() if k != "stage"}
-            if rest:
-                ds["zero_optimization"] = rest
-        # The protocol owns accumulation (gradients add up until `step`) and the batch split.
-        for k in (
-            "train_batch_size",
-            "train_micro_batch_size_per_gpu",
-            "gradient_accumulation_steps",
-            "sequence_parallel_size",
-        ):
-            ds.pop(k, None)
-        if ds:
-            out["deepspeed"] = ds
-        return out
+        plan = plan_job(self, keys)
+        if plan.problems:
+            raise UnsupportedConfigError(plan.problems)
+        return plan.body

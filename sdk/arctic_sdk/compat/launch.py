@@ -68,11 +68,14 @@ class LaunchedServer:
                 self.proc.stdout.close()
 
 
-def _drain(proc: subprocess.Popen[bytes], out: deque[str]) -> None:
+def _drain(proc: subprocess.Popen[bytes], out: deque[str], echo: bool = False) -> None:
     assert proc.stdout is not None
     try:
         for raw in proc.stdout:
-            out.append(raw.decode("utf-8", "replace").rstrip())
+            line = raw.decode("utf-8", "replace").rstrip()
+            out.append(line)
+            if echo:  # `server_logs`: the launched server's output on this process's stdout
+                print(f"[arctic server] {line}", flush=True)
     except (OSError, ValueError):  # closed by stop()
         pass
     finally:
@@ -89,6 +92,7 @@ def launch_onprem(
     timeout: float = 300.0,
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    echo: bool = False,
 ) -> LaunchedServer:
     """Start the on-prem server on host:port and wait until it serves."""
     ready = Path(tempfile.mkdtemp(prefix="arctic-launch-")) / "ready.json"
@@ -119,7 +123,7 @@ def launch_onprem(
         start_new_session=True,  # its own process group: stop() takes its workers down too
     )
     server = LaunchedServer(proc, f"http://{host}:{port}")
-    server._drainer = threading.Thread(target=_drain, args=(proc, server.output), daemon=True)
+    server._drainer = threading.Thread(target=_drain, args=(proc, server.output, echo), daemon=True)
     server._drainer.start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

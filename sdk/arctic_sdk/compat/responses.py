@@ -7,8 +7,9 @@ the integrations read back (`adapters.md` §1.3, §2.2, `arctic.md` §2.6):
   metrics plus verl's names (`actor/pg_loss`, `actor/pg_clipfrac`, `actor/ppo_kl`,
   `actor/pg_clipfrac_lower`, `actor/entropy`, `kl_loss`, `kl_coef`) and `mfu` (always present:
   verl pops it); `batch` with `logprobs` and `log_probs` (and `entropy`), in the caller's layout.
-- step: `metrics["grad_norm"]` and `metrics["last_lr"]` as per-rank lists (SkyRL reads
-  `grad_norm[0]`, verl `last_lr[-1]`), plus scalar `lr` and `mfu`; `batch: {}`.
+- step: `metrics["grad_norm"]` and `metrics["last_lr"]` as per-rank lists, one entry per
+  data-parallel rank (SkyRL reads `grad_norm[0]`, verl `last_lr[-1]`), plus scalar `lr` and
+  `mfu`; `batch: {}`.
 - generate: a flat list of `{text, token_ids, finish_reason, ...}`, prompt-major.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import refused_locally
 
 __all__ = ["forward_response", "generate_results", "sampling_params", "step_response"]
 
@@ -38,6 +39,8 @@ SAMPLING_FIELDS = frozenset(
         "repetition_penalty",
         "min_tokens",
         "ignore_eos",
+        "min_p",
+        "include_stop_str_in_output",
     }
 )
 #: vLLM knobs that only shape the text and are honoured by how results are built: accepted.
@@ -82,15 +85,16 @@ def forward_response(
     }
 
 
-def step_response(result: Mapping[str, Any], job_id: str | None) -> dict[str, Any]:
-    """A legacy step answer: per-rank lists for `grad_norm` and `last_lr` (one rank here)."""
+def step_response(result: Mapping[str, Any], job_id: str | None, ranks: int = 1) -> dict[str, Any]:
+    """A legacy step answer: per-data-parallel-rank lists for `grad_norm` and `last_lr` (every
+    rank of the trainer steps with the same global norm and rate)."""
     metrics: dict[str, Any] = dict(result.get("metrics") or {})
     grad = metrics.get("grad_norm")
     lr = metrics.get("lr")
     if grad is not None:
-        metrics["grad_norm"] = [_scalar(grad)]
+        metrics["grad_norm"] = [_scalar(grad)] * ranks
     if lr is not None:
-        metrics["last_lr"] = [_scalar(lr)]
+        metrics["last_lr"] = [_scalar(lr)] * ranks
         metrics["lr"] = _scalar(lr)
     metrics.setdefault("mfu", 0.0)
     return {"job_id": job_id, "metrics": metrics, "batch": {}}
@@ -122,11 +126,11 @@ def sampling_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
         else:
             problems.append(f"sampling_params.{key}")
     if problems:
-        raise InvalidArgumentError(
+        raise refused_locally(
+            "unsupported_option",
             f"{len(problems)} sampling knob(s) cannot be honoured, nothing was sent: "
             + ", ".join(problems)
             + f" (known: {sorted(SAMPLING_FIELDS)}, max_new_tokens)",
-            code="unsupported_option",
             details={"options": problems},
         )
     return out

@@ -114,7 +114,8 @@ class ServicerBase:
         raise _unimplemented(self, methods.FORWARD_BACKWARD)
 
     async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        """Forward pass without gradient: log-probs (and entropy) of a batch, optionally its loss. A request
+        """Forward pass without gradient: log-probs (and entropy) of a batch and the loss that
+        forward-backward would report for it (`loss_fn` defaults to cross_entropy in both). A request
         may target the log-prob sub-job (`X-Arctic-Sub-Job`) for reference-model log-probs.
 
         Op ``forward``: ``POST /{job_id}/forward``, DSSST1 body (a chunk group), role training.
@@ -202,7 +203,8 @@ class ServicerBase:
         raise _unimplemented(self, methods.SAVE_CHECKPOINT)
 
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        """Load a checkpoint into the training sub-job (route `/load`, as deployed).
+        """Load a checkpoint into the training sub-job (route `/load`, as deployed), or into the sub-job
+        `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
 
         Op ``load-checkpoint``: ``POST /{job_id}/load``, JSON body, role training.
         Request: `arctic.v1.LoadCheckpointRequest`. Result: `arctic.v1.LoadCheckpointResult`.

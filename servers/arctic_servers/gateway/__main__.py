@@ -2,8 +2,11 @@
 
     python -m arctic_servers.gateway --db PATH --tokens-file FILE [--host 127.0.0.1]
         [--port 8080] [--grpc-port 50051] [--engine fake|onprem] [--worker-python PY]
-        [--gpus 8] [--ray-address HOST:PORT] [--admin] [--ready-file F]
+        [--gpus 8] [--ray-address HOST:PORT] [--admin] [--ready-file F] [--no-engine-check]
     python -m arctic_servers.gateway hash-token TOKEN   # the line to put in a tokens file
+
+With `--engine onprem` (and no Ray) it first checks that `--worker-python` can run the engines,
+as `python -m arctic_servers.onprem check` does, and names the fix when it cannot.
 
 State (jobs, requests, idempotency keys, chunk groups, results) is in the SQLite file `--db`;
 worker logs, specs and checkpoints in `--data-dir` (default: `{db}-data` beside it). Restart on
@@ -66,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--fake-latency", default="", help='fake workers: "step=0.5,generate=1"')
     ap.add_argument("--admin", action="store_true", help="serve /_admin/jobs/{job}[/stats]")
     ap.add_argument("--ready-file", type=Path, default=None, help="write the URLs as JSON here")
+    ap.add_argument(
+        "--no-engine-check", action="store_true", help="--engine onprem: skip the engine check"
+    )
     ap.add_argument("command", nargs="*", help="hash-token TOKEN")
     return ap
 
@@ -137,6 +143,27 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def engines_usable(args: argparse.Namespace) -> bool:
+    """--engine onprem: the workers' Python can run the engines (else the fix is printed)."""
+    import importlib.util
+
+    from ..onprem.__main__ import check
+
+    if importlib.util.find_spec("transformers") is None:
+        print(
+            "warning: transformers is not installed in the gateway's Python: the OpenAI-compatible "
+            'routes cannot load a model\'s tokenizer (pip install "arctic-sdk[gateway]")',
+            file=sys.stderr,
+        )
+    if args.ray_address:
+        print("engine check skipped: the workers run on the Ray cluster's nodes", file=sys.stderr)
+        return True
+    if check(args.worker_python) == 0:
+        return True
+    print("(--no-engine-check starts the gateway anyway)", file=sys.stderr)
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command:
@@ -149,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.db is None:
         parser().error("--db is required")
+    if args.engine == "onprem" and not args.no_engine_check and not engines_usable(args):
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return asyncio.run(_serve(args))
 

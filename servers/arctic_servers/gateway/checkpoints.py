@@ -68,13 +68,28 @@ class Checkpoints(GatewayBase):
         if source != job.job_id and not ctx.resumed:
             self.jobs.visible(source, self.owner(ctx))  # the same token's jobs only
         meta = self.ckpts.meta(source, ckpt)
-        args = cf.load_args(self.ckpts.path(source, ckpt), meta)
-        # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
-        res = await self.call(ctx, sub, "load", **args)  # not-an-op
+        root = self.ckpts.path(source, ckpt)
+        if sub.role == "training" or self.profile.name == "fake":  # fake workers load any role
+            args = cf.load_args(root, meta)
+            # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
+            res = await self.call(ctx, sub, "load", **args)  # not-an-op
+        else:  # a vLLM sampler or scorer takes the checkpoint's exported HF weights
+            out = await self._export(root, meta)
+            res = await self.call(ctx, sub, "load_weights", path=str(out / cf.EXPORT_WEIGHTS))
         if sub.role == "training":
             job.global_step = int(res.get("global_steps", job.global_step))
-            self.jobs.save(job)
+        else:  # a sampler's weights changed: its generates report a new weight version
+            job.weight_version += 1
+            sub.weight_version = job.weight_version
+        self.jobs.save(job)
         return {"checkpoint": cf.public(meta)}
+
+    async def _export(self, root: Path, meta: dict[str, Any]) -> Path:
+        """The checkpoint's HF export directory, made on first use."""
+        out = root / "export"
+        if not out.is_dir() or not any(out.iterdir()):
+            await self.profile.export(root, meta, out)
+        return out
 
     async def list_checkpoints(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         return {"checkpoints": self.ckpts.listing(self.job(ctx).job_id)}
@@ -83,10 +98,7 @@ class Checkpoints(GatewayBase):
         job = self.job(ctx)
         ckpt = str(body["checkpoint_id"])
         meta = self.ckpts.meta(job.job_id, ckpt)
-        root = self.ckpts.path(job.job_id, ckpt)
-        out = root / "export"
-        if not out.is_dir() or not any(out.iterdir()):
-            await self.profile.export(root, meta, out)
+        await self._export(self.ckpts.path(job.job_id, ckpt), meta)
         files = await self.ckpts.exported(job.job_id, ckpt)
         return {"checkpoint_id": ckpt, "files": files, "expires_at": ""}
 

@@ -91,7 +91,7 @@ class FakeEngine:
 
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._begin(M.FORWARD_BACKWARD.python_name)
-        call = training.parse_train(body, self.vocab, need_loss=True)
+        call = training.parse_train(body, self.vocab)
         result, lr = training.run(call, self.model_step, forward=False)
         assert lr is not None
         for t, g in lr.grad.items():
@@ -103,7 +103,7 @@ class FakeEngine:
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._begin(M.FORWARD.python_name)
-        call = training.parse_train(body, self.vocab, need_loss=False)
+        call = training.parse_train(body, self.vocab)
         result, _ = training.run(call, self.model_step, forward=True)
         result["metrics"]["global_step"] = self.global_step
         return result
@@ -149,15 +149,9 @@ class FakeEngine:
         ids_list = sampling.prompt_ids(body, self.vocab, self.max_seq_len)
         seed = p.seed if p.seed is not None else sampling.draw_seed()
         self.weight_version = int(weight_version)
-        results = []
-        for ids in ids_list:
-            samples = [
-                sampling.sample(
-                    ids, k, p, seed, self.weight_version, self.model_step, self.max_seq_len
-                )
-                for k in range(p.n)
-            ]
-            results.append({"prompt_token_ids": ids, "samples": samples})
+        results = sampling.completions(
+            ids_list, p, seed, self.weight_version, self.model_step, self.max_seq_len
+        )
         return {"results": results, "weight_version": self.weight_version}
 
     # ------------------------------------------------------------------ weights

@@ -20,12 +20,16 @@ from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo
 
 from ..protocol.checkpoint_files import run_export
+from ..protocol.errors import ProtocolError
 from .model import SubJob
 from .settings import GatewaySettings
 
 
 def _has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+GATEWAY_REFUSED = "checkpoint_path"
 
 
 class FakeProfile:
@@ -66,11 +70,15 @@ class FakeProfile:
     def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
         from conformance.fake import sampling, training
 
+        from ..onprem import checks
+
         vocab = sub.vocab_size or 151_936
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            training.parse_train(body, vocab, need_loss=method is M.FORWARD_BACKWARD)
+            training.parse_train(body, vocab)
+            if method is M.FORWARD and sub.role == "sampling":  # as the vLLM sampler refuses
+                checks.vllm_forward(body)
         elif method is M.LOG_PROBS:
-            training.check_tokens(body["input_ids"], body.get("attention_mask"), "", vocab)
+            training.check_tokens(body["input_ids"], body.get("attention_mask"), vocab)
         elif method is M.GENERATE:
             sampling.parse_params(body)
             sampling.prompt_ids(body, vocab, sub.max_seq_len)
@@ -98,9 +106,29 @@ class OnpremProfile:
         self.settings = settings
         self.cuda = _has_cuda() or bool(settings.ray_address)
 
+    @property
+    def config_keys(self) -> dict[str, list[str]]:
+        """The on-prem engines' keys, but `checkpoint_path`: checkpoints live in the gateway's
+        store, not at a path of some host."""
+        from ..onprem.settings import config_keys
+        from ..protocol.jobs import config_keys_json
+
+        keys = {role: frozenset(ks - {GATEWAY_REFUSED}) for role, ks in config_keys().items()}
+        return config_keys_json(keys)
+
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
         from ..onprem.settings import sub_job_specs
 
+        for i, cfg in enumerate(body.get("sub_job_configs") or []):
+            if GATEWAY_REFUSED in (cfg.get("training_config") or {}):
+                path = f"sub_job_configs[{i}].training_config.{GATEWAY_REFUSED}"
+                raise ProtocolError(
+                    "unsupported_option",
+                    f"{path}: the gateway keeps checkpoints in its store (save / load / list), "
+                    "not at a path of some host",
+                    options=[path],
+                    field=path,
+                )
         return [
             SubJob(
                 sub_job_id="",
@@ -131,7 +159,9 @@ class OnpremProfile:
         from ..onprem import checks
 
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            checks.train_body(body, sub.vocab_size, need_loss=method is M.FORWARD_BACKWARD)
+            checks.train_body(body, sub.vocab_size)
+            if method is M.FORWARD and engine_kind(sub.role, sub.config) == "vllm":
+                checks.vllm_forward(body)
         elif method is M.LOG_PROBS:
             checks.log_probs_body(body, sub.vocab_size)
         elif method is M.GENERATE:

@@ -35,6 +35,12 @@ class _OperationChecks:
 class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
     operation_types = OPERATION_TYPES
 
+    @property
+    def config_keys(self) -> dict[str, list[str]] | None:
+        """The capabilities' `config_keys`: the engine profile's (standard keys by default)."""
+        keys = getattr(self.profile, "config_keys", None)
+        return dict(keys) if keys else None
+
     # ------------------------------------------------------------------ protocol hooks
 
     async def authorize_job(self, ctx: CallContext, *, running: bool) -> None:

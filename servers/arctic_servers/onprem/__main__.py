@@ -4,6 +4,11 @@
         [--model DIR] [--job training,sampling] [--lr 1e-5] [--data-dir DIR] [--token T ...]
         [--threads N | training=N,sampling=N,log_prob=N[,pin]] [--worker-python PY]
         [--max-slots 16] [--prewarm deepspeed,vllm] [--admin] [--verbose-workers]
+        [--no-engine-check]
+    python -m arctic_servers.onprem check [--worker-python PY]
+
+`serve` first checks that the engines' Python can run the engines (`check` does only that) and,
+when it cannot, names the command that repairs it (arctic_servers.engines.install_check).
 
 With no `--model`, sub-jobs run the embedded tiny Qwen2 model (built once, deterministically, in
 `~/.cache/arctic/`). `--job` pre-creates one job (its id is printed); more jobs come through
@@ -73,7 +78,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ready-file", type=Path, default=None, help="write the URLs as JSON here once serving"
     )
+    p.add_argument(
+        "--no-engine-check",
+        action="store_true",
+        help="start without checking the engines' Python first",
+    )
+    c = sub.add_parser("check", help="check that the engines' Python can run the engines")
+    c.add_argument(
+        "--worker-python", default=sys.executable, help="interpreter of the engine workers"
+    )
     return ap
+
+
+def check(worker_python: str) -> int:
+    """0 when the engines can run in `worker_python`; else 1, with the fix on stderr."""
+    from ..engines.install_check import EngineCheckError, check_engines
+
+    try:
+        result = check_engines(worker_python)
+    except EngineCheckError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(result.message(), file=sys.stdout if result.ok else sys.stderr, flush=True)
+    return 0 if result.ok else 1
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -139,8 +166,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     args = parser().parse_args(argv)
+    if args.command == "check":
+        return check(args.worker_python)
     if args.command != "serve":
         parser().print_help(sys.stderr)
+        return 2
+    if not args.no_engine_check and check(args.worker_python) != 0:
+        print("(--no-engine-check starts the server anyway)", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return asyncio.run(_serve(args))

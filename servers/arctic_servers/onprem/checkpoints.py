@@ -18,6 +18,7 @@ from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
 from . import checks
 from .base import OnpremBase
+from .jobs import SubJob
 from .settings import servers_dir, thread_env
 
 
@@ -49,6 +50,10 @@ class Checkpoints(OnpremBase):
             "zero_stage": (sub.worker.info if sub.worker else {}).get("zero_stage"),
         }
         self._ckpts.write_meta(job.job_id, ckpt, meta)
+        keep = sub.spec.config.get("checkpoint_path")
+        if keep:  # train_options.py: also kept where a later sub-job resumes from
+            dest = Path(str(keep)) / ckpt
+            await asyncio.to_thread(_copy_tree, root, dest)
         return {"checkpoint": cf.public(meta)}
 
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
@@ -61,10 +66,16 @@ class Checkpoints(OnpremBase):
         if source != job.job_id:
             self.jobs.visible(source, self._owner(ctx))  # same token only
         meta = self._ckpts.meta(source, ckpt)
-        args = cf.load_args(self._ckpts.path(source, ckpt), meta)
-        # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
-        res = await self._call(sub, "load", **args)  # not-an-op
-        job.global_step = int(res.get("global_steps", job.global_step))
+        if sub.role == "training":
+            args = cf.load_args(self._ckpts.path(source, ckpt), meta)
+            # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
+            res = await self._call(sub, "load", **args)  # not-an-op
+            job.global_step = int(res.get("global_steps", job.global_step))
+        else:  # a sampler or scorer takes the checkpoint's exported HF weights
+            out = await self._export(source, ckpt, meta)
+            await self._call(sub, "load_weights", path=str(out / cf.EXPORT_WEIGHTS))
+            job.weight_version += 1  # its weights changed: its generates say so
+            sub.weight_version = job.weight_version
         return {"checkpoint": cf.public(meta)}
 
     async def list_checkpoints(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
@@ -73,15 +84,19 @@ class Checkpoints(OnpremBase):
     async def export_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
         ckpt = str(body["checkpoint_id"])
-        meta = self._ckpts.meta(job.job_id, ckpt)
-        root = self._ckpts.path(job.job_id, ckpt)
-        out = root / "export"
-        lock = self._exports.setdefault((job.job_id, ckpt), asyncio.Lock())
-        async with lock:
-            if not (out / "model.safetensors").is_file():
-                await self._run_export(root, meta, out)
+        await self._export(job.job_id, ckpt, self._ckpts.meta(job.job_id, ckpt))
         files = await self._ckpts.exported(job.job_id, ckpt)
         return {"checkpoint_id": ckpt, "files": files, "expires_at": ""}
+
+    async def _export(self, job_id: str, ckpt: str, meta: Mapping[str, Any]) -> Path:
+        """The checkpoint's HF export directory, made once (a subprocess) on first use."""
+        root = self._ckpts.path(job_id, ckpt)
+        out = root / "export"
+        lock = self._exports.setdefault((job_id, ckpt), asyncio.Lock())
+        async with lock:
+            if not (out / cf.EXPORT_WEIGHTS).is_file():
+                await self._run_export(root, meta, out)
+        return out
 
     async def _run_export(self, root: Path, meta: Mapping[str, Any], out: Path) -> None:
         env = dict(os.environ)
@@ -103,3 +118,25 @@ class Checkpoints(OnpremBase):
         job = self._job(ctx)
         await self._ckpts.delete(job.job_id, str(body["checkpoint_id"]))
         return {"deleted": True}
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dest)
+
+
+async def resume(sub: SubJob, root: Path) -> dict[str, Any] | None:
+    """A training sub-job's `checkpoint_path` at start: load the newest resumable checkpoint
+    saved there (most global steps, then the latest); None when it holds none."""
+    dirs = cf.CheckpointDirs(lambda _job: root)
+    found = [c for c in dirs.listing("") if c.get("checkpoint_type") == "resumable"]
+    if not found:
+        return None
+    newest = max(found, key=lambda c: (int(c.get("global_steps") or 0), c.get("created_at", "")))
+    ckpt = str(newest["checkpoint_id"])
+    meta = dirs.meta("", ckpt)
+    assert sub.worker is not None
+    res = await sub.worker.call("load", **cf.load_args(root / ckpt, meta))  # not-an-op
+    return {"checkpoint_id": ckpt, "path": str(root / ckpt), **dict(res)}

@@ -17,6 +17,7 @@ import numpy as np
 
 from arctic_sdk._generated import methods as M
 
+from ..protocol import fields
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
 from . import loss_config
@@ -83,8 +84,9 @@ def tokens(ids: Any, mask: Any, path: str, vocab: int) -> np.ndarray | None:
     return m
 
 
-def train_body(body: Mapping[str, Any], vocab: int, *, need_loss: bool) -> None:
-    """ForwardBackwardRequest / ForwardRequest."""
+def train_body(body: Mapping[str, Any], vocab: int) -> None:
+    """ForwardBackwardRequest / ForwardRequest: both have a loss (`loss_fn` defaults to
+    cross_entropy, PROTOCOL.md §9), so both get its checks."""
     if body.get("args"):
         raise bad("args", "must be empty (a deployed field kept for compatibility)", expected="[]")
     kw: Mapping[str, Any] = body["kwargs"]
@@ -122,17 +124,38 @@ def train_body(body: Mapping[str, Any], vocab: int, *, need_loss: bool) -> None:
             options=unknown,
             field="processing.post",
         )
-    if not need_loss and not proc.get("loss_fn"):
-        cfg = proc.get("config") or {}
-        t = cfg.get("temperature")
-        if t is not None and not (isinstance(t, int | float) and float(t) > 0):
-            raise bad("processing.config.temperature", f"{t!r} is not > 0", expected="> 0")
-        return
     try:
         st = loss_config.parse_processing({k: v for k, v in proc.items() if k != "post"})
         loss_config.check_context(st, {k: v for k, v in ctx.items() if v is not None})
     except loss_config.LossConfigError as exc:
         raise ProtocolError(exc.code, exc.message, **exc.details) from None
+
+
+def vllm_forward(body: Mapping[str, Any]) -> None:
+    """A forward on a vLLM sub-job: vLLM scores the prompt tokens at temperature 1, so entropy,
+    another temperature, `labels` and `position_ids` cannot be honoured (`unsupported_option`,
+    all named); the loss itself is computed from those log-probs."""
+    proc: Mapping[str, Any] = body.get("processing") or {}
+    cfg: Mapping[str, Any] = proc.get("config") or {}
+    kw: Mapping[str, Any] = body.get("kwargs") or {}
+    bad = [
+        name
+        for name, on in (
+            ("processing.post=compute_entropy", "compute_entropy" in (proc.get("post") or [])),
+            ("processing.config.entropy_coeff", bool(cfg.get("entropy_coeff"))),
+            ("processing.config.temperature", cfg.get("temperature") not in (None, 1, 1.0)),
+            ("kwargs.labels", kw.get("labels") is not None),
+            ("kwargs.position_ids", kw.get("position_ids") is not None),
+        )
+        if on
+    ]
+    if bad:
+        raise ProtocolError(
+            "unsupported_option",
+            f"a vLLM sub-job scores the prompt tokens at temperature 1 only: {', '.join(bad)}",
+            options=bad,
+            field=bad[0].split("=")[0],
+        )
 
 
 def log_probs_body(body: Mapping[str, Any], vocab: int) -> None:
@@ -194,7 +217,7 @@ def sampling_params(body: Mapping[str, Any]) -> None:
     if mt is not None and int(mt) < 0:
         raise bad("sampling_params.max_tokens", f"{mt} is negative", expected=">= 0 (0 = 16)")
     mn = sp.get("min_tokens")
-    if mn is not None and (int(mn) < 0 or (mt and int(mn) > int(mt))):
+    if mn is not None and (int(mn) < 0 or int(mn) > (int(mt) if mt else 16)):  # absent/0 = 16
         raise bad(
             "sampling_params.min_tokens",
             f"{mn} is not in [0, max_tokens]",
@@ -211,13 +234,14 @@ def sampling_params(body: Mapping[str, Any]) -> None:
     tk = sp.get("top_k")
     if tk is not None and int(tk) < -1:
         raise bad("sampling_params.top_k", f"{tk} is not >= -1", expected=">= -1 (0 or -1 = off)")
-    lp = sp.get("logprobs")
-    if lp is not None and not 0 <= int(lp) <= MAX_LOGPROBS:
-        raise bad(
-            "sampling_params.logprobs",
-            f"{lp} is not in [0, {MAX_LOGPROBS}]",
-            expected=f"0..{MAX_LOGPROBS}",
-        )
+    for name in ("logprobs", "prompt_logprobs"):
+        lp = sp.get(name)
+        if lp is not None and not 0 <= int(lp) <= MAX_LOGPROBS:
+            raise bad(
+                f"sampling_params.{name}",
+                f"{lp} is not in [0, {MAX_LOGPROBS}]",
+                expected=f"0..{MAX_LOGPROBS}",
+            )
     rp = num("repetition_penalty")
     if rp is not None and rp < 0:
         raise bad(
@@ -227,6 +251,7 @@ def sampling_params(body: Mapping[str, Any]) -> None:
         v = num(name)
         if v is not None and not -2 <= v <= 2:
             raise bad(f"sampling_params.{name}", f"{v} is not in [-2, 2]", expected="[-2, 2]")
+    fields.min_p(sp)
     for i, s in enumerate(sp.get("stop") or []):
         if not isinstance(s, str) or s == "":
             raise bad(

@@ -6,8 +6,10 @@ Every rank is one `TrainingEngine` under torch.distributed: DeepSpeed all-reduce
 in `step` (ZeRO 0/1) or in each backward (ZeRO 2/3). forward-backward, so that the result equals
 one rank on the same batch for every loss:
 
-1. rank 0 checks the call and splits its rows into W contiguous slices (sizes differ by at most
-   one; with B < W some ranks get none);
+1. rank 0 checks the call and assigns its rows to the W ranks (`row_balance`): W contiguous
+   slices (sizes differ by at most one; with B < W some ranks get none), or, with
+   `processing.balance_rows`, token-balanced (ZoRRO's load balancer); each rank runs its rows on
+   the columns that hold their real tokens only;
 2. each rank computes its slice's log-probs (and entropy), keeping the graph when the slice fits
    one micro-batch (else a no-grad pass per micro-batch), and sends them to rank 0;
 3. rank 0 computes the whole call's loss on the gathered log-probs (normalised over the whole
@@ -16,8 +18,10 @@ one rank on the same batch for every loss:
    W ranks, the factor W makes that average the sum, i.e. the single-rank gradient). Ranks with
    fewer (or no) rows add zero-loss passes where ZeRO 2/3 need every rank in every collective.
 
-Loss, metrics, log-probs (caller's row order): rank 0's. step/save/load/sleep/wake: every rank.
-forward, log-probs, weight export: rank 0 (with ZeRO-3 the others join its parameter gathers)."""
+Loss, metrics, log-probs (caller's rows and columns): rank 0's, the same whichever assignment
+(`rank_tokens_max` / `rank_tokens_min` say how balanced it was). step/save/load/sleep/wake:
+every rank. forward, log-probs, weight export: rank 0 (with ZeRO-3 the others join its
+parameter gathers)."""
 
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import losses
+from . import losses, row_balance
 from .batch import Batch
 from .call_loss import _loss_processing, fb_targets, loss_and_gradients
 from .ranks import RankGroup, RankLost, world_size
@@ -42,12 +46,25 @@ ENGINE_START_TIMEOUT_S = 600.0
 DRAIN_TIMEOUT_S = 120.0  # followers finishing a command rank 0 failed
 
 
-def _slice_body(body: Mapping[str, Any], lo: int, hi: int) -> dict[str, Any]:
-    """The rows [lo, hi) of a forward-backward body: the model inputs and processing only (the
-    loss context stays with rank 0, which computes the loss)."""
+def _slice_body(body: Mapping[str, Any], rows: np.ndarray, cols: tuple[int, int]) -> dict[str, Any]:
+    """The rows `rows` of a forward-backward body on the columns `cols` that hold their real
+    tokens: the model inputs and processing only (the loss context stays with rank 0, which
+    computes the loss)."""
     kw = body.get("kwargs") or {}
-    out = {k: np.asarray(v)[lo:hi] for k, v in kw.items() if v is not None}
+    lo, hi = cols
+    out = {k: np.asarray(v)[rows, lo:hi] for k, v in kw.items() if v is not None}
     return {"kwargs": out, "processing": dict(body.get("processing") or {})}
+
+
+def _scatter(
+    shape: tuple[int, int], parts: list[np.ndarray | None], idx: list[np.ndarray], cols: list[Any]
+) -> np.ndarray:
+    """Each rank's [rows, window] result back at its rows and columns of the call's [B, S]."""
+    out = np.zeros(shape, np.float32)
+    for part, rows, (lo, hi) in zip(parts, idx, cols, strict=True):
+        if part is not None and len(rows):
+            out[rows, lo:hi] = part
+    return out
 
 
 def _numpy(t: torch.Tensor | None) -> np.ndarray | None:
@@ -252,32 +269,34 @@ class DataParallelTrainer:
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         eng = self.local
         b, proc, st = eng._fb_batch(body)
-        n_rows, w = int(b.shape[0]), self.world
-        bounds = [
-            (int(s[0]), int(s[-1]) + 1) if len(s) else (0, 0)
-            for s in np.array_split(np.arange(n_rows), w)
-        ]
+        w = self.world
+        # rows per rank (contiguous, or token-balanced: `processing.balance_rows`) and the
+        # columns holding their real tokens
+        idx = row_balance.assign(b.mask_np, w, bool(b.processing.get("balance_rows")))
+        cols = [row_balance.window(b.mask_np, rows) for rows in idx]
         two_phase = self.stage == 3
         mbs = eng.micro_batch_size
-        n = max(1, *(_passes(hi - lo, mbs) for lo, hi in bounds))
+        n = max(1, *(_passes(len(rows), mbs) for rows in idx))
         n_fwd = n if two_phase else 0
         n_bwd = n if self.stage >= 2 else 1
         fwd_args = {
-            r: {"body": _slice_body(body, *bounds[r]), "n_fwd": n_fwd, "two_phase": two_phase}
+            r: {"body": _slice_body(body, idx[r], cols[r]), "n_fwd": n_fwd, "two_phase": two_phase}
             for r in range(1, w)
         }
         mine, theirs = self._collective(
             "fb_forward",
-            lambda: eng.rank_fb_forward(_slice_body(body, *bounds[0]), n_fwd, two_phase),
+            lambda: eng.rank_fb_forward(_slice_body(body, idx[0], cols[0]), n_fwd, two_phase),
             fwd_args,
         )
         parts = [mine, *(theirs[r] for r in range(1, w))]
+        shape = (int(b.shape[0]), int(b.shape[1]))
         try:
-            lp = torch.as_tensor(
-                np.concatenate([p["lp"] for p in parts if p["lp"] is not None]), device=eng.dev
-            )
-            ents = [p["ent"] for p in parts if p["ent"] is not None]
-            ent = torch.as_tensor(np.concatenate(ents), device=eng.dev) if ents else None
+            lps = _scatter(shape, [p["lp"] for p in parts], idx, cols)
+            lp = torch.as_tensor(lps, device=eng.dev)
+            ent = None
+            if any(p["ent"] is not None for p in parts):
+                ents = _scatter(shape, [p["ent"] for p in parts], idx, cols)
+                ent = torch.as_tensor(ents, device=eng.dev)
             res, g_lp_t, g_ent_t = loss_and_gradients(b, proc, st, lp, ent)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -287,10 +306,10 @@ class DataParallelTrainer:
         g_ent = None if g_ent_t is None else g_ent_t.detach().cpu().numpy()
 
         def share(r: int) -> dict[str, Any]:
-            lo, hi = bounds[r]
+            rows, (lo, hi) = idx[r], cols[r]
             return {
-                "g_lp": g_lp[lo:hi],
-                "g_ent": None if g_ent is None else g_ent[lo:hi],
+                "g_lp": g_lp[rows, lo:hi],
+                "g_ent": None if g_ent is None else g_ent[rows, lo:hi],
                 "n_bwd": n_bwd,
                 "scale": float(w),
             }
@@ -300,7 +319,8 @@ class DataParallelTrainer:
             lambda: eng.rank_fb_backward(**share(0)),
             {r: share(r) for r in range(1, w)},
         )
-        return eng._fb_result(b, res, lp, ent)  # acc_calls: in rank_fb_backward, on every rank
+        # acc_calls: in rank_fb_backward, on every rank
+        return eng._fb_result(b, res, lp, ent, row_balance.rank_tokens(b.mask_np, idx))
 
     # -- ops on rank 0 (others join the ZeRO-3 gathers) ----------------------------------------
 

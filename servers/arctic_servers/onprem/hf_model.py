@@ -30,8 +30,34 @@ def load_hf_model(model_dir: str, dtype: str, attn: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=_TORCH_DTYPES[dtype], attn_implementation=attn
+        model_dir, dtype=_TORCH_DTYPES[dtype], attn_implementation=resolve_attn(attn)
     )
+
+
+def resolve_attn(requested: str) -> str:
+    """The attention implementation this host runs for `requested`: a flash kernel needs CUDA
+    and its package, else `sdpa` (the same attention maths) is used (train_options.py)."""
+    import importlib.util
+
+    from .train_options import FLASH_PACKAGES
+
+    package = FLASH_PACKAGES.get(requested)
+    if package is None:
+        return requested
+    if torch.cuda.is_available() and importlib.util.find_spec(package) is not None:
+        return requested
+    return "sdpa"
+
+
+def enable_determinism(conf: Mapping[str, Any], seed: int) -> bool:
+    """`full_determinism`: transformers' full determinism (deterministic algorithms, seeded
+    RNGs) before the model is built; whether it is on."""
+    if not conf.get("full_determinism"):
+        return False
+    from transformers import enable_full_determinism
+
+    enable_full_determinism(seed)
+    return bool(torch.are_deterministic_algorithms_enabled())
 
 
 def _read_vocab(model_dir: str) -> int:

@@ -41,6 +41,7 @@ class SubJob:
     reason: str = ""
     worker: WorkerHandle | None = None
     weight_version: int = 0
+    resumed: dict[str, Any] | None = None  # the checkpoint_path checkpoint it started from
 
     @property
     def engine(self) -> str:
@@ -196,12 +197,34 @@ class JobManager(JobQueue[Job]):
             first, _err = failed[0]
             self.end(job, "failed", f"sub-job {first.sub_job_id} failed to start: {first.reason}")
             return
+        if not await self._resume_all(job):
+            return
         for s in job.sub_jobs:
             s.state, s.reason = "running", ""
         self._enter(job, "running", "")
         if job.lease_seconds:
             # engines take seconds to minutes to start: the lease counts from running
             self._arm_lease(job, job.lease_seconds)
+
+    async def _resume_all(self, job: Job) -> bool:
+        """Training sub-jobs with a `checkpoint_path` resume from it before the job runs."""
+        from .checkpoints import resume
+
+        for s in job.sub_jobs:
+            cp = s.spec.config.get("checkpoint_path") if s.role == "training" else None
+            if not cp:
+                continue
+            try:
+                s.resumed = await resume(s, Path(str(cp)))
+            except Exception as exc:
+                what = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                s.state, s.reason = "failed", f"resume from checkpoint_path {cp}: {what}"
+                self.end(job, "failed", f"sub-job {s.sub_job_id}: {s.reason}")
+                return False
+            if s.resumed:
+                job.global_step = int(s.resumed.get("global_steps") or 0)
+                log.info("job %s: %s resumed from %s", job.job_id, s.sub_job_id, s.resumed)
+        return not job.terminal
 
     # ------------------------------------------------------------------ warm worker pool
 

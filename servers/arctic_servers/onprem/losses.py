@@ -227,8 +227,8 @@ def compute_loss(
 
     metrics: dict[str, float] = {}
     lp = torch.where(on, logprobs_shifted.to(dtype), 0.0)
-    if st.loss_fn == "cross_entropy":
-        per = -lp
+    if st.loss_fn == "cross_entropy":  # per-token weights (Tinker's), absent = 1
+        per = -lp if context.get("weights") is None else -pred("weights", True) * lp
     elif st.loss_fn == "weighted_logprob":
         per = -pred("weights", True) * lp
     else:
@@ -248,9 +248,10 @@ def compute_loss(
             per = torch.maximum(unclipped, clipped)
             metrics["clip_fraction"] = mean((clipped > unclipped).to(dtype))
         metrics["approx_kl"] = mean(old - lp.detach())  # k1, verl's ppo_kl (training.proto)
-    if st.kl_coeff > 0:
+    if context.get("ref_log_probs_shifted") is not None:  # reported; a penalty when kl_coeff > 0
         kl = _kl(lp, pred("ref_log_probs_shifted", False), st.kl_type)
-        per = per + st.kl_coeff * torch.where(on, kl, 0.0)
+        if st.kl_coeff > 0:
+            per = per + st.kl_coeff * torch.where(on, kl, 0.0)
         metrics["kl"] = mean(kl)
     if entropy_shifted is not None:
         ent = torch.where(on, entropy_shifted.to(dtype), 0.0)

@@ -27,7 +27,7 @@ from ..protocol.operation_types import (
 )
 from . import checks
 from .dataplane import DataPlane
-from .jobs import Job
+from .jobs import Job, engine_kind
 
 
 class Operations(DataPlane):
@@ -42,7 +42,9 @@ class Operations(DataPlane):
         elif otype == OP_FORWARD:
             fwd = _forward_body(payload)
             sub = operation_sub(job, body, "training")
-            checks.train_body(fwd, self._vocab_of(sub), need_loss=False)
+            checks.train_body(fwd, self._vocab_of(sub))
+            if engine_kind(sub.role, sub.spec.config) == "vllm":
+                checks.vllm_forward(fwd)
 
     async def operation(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)

@@ -25,8 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from .vllm_scoring import VllmScoring
 from .worker import WorkerError
 
 EXT_CLS = "arctic_servers.onprem.vllm_ext.OnpremWorkerExtension"
@@ -65,7 +64,29 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-class SamplingEngine:
+def top_of(position: Mapping[int, Any], k: int) -> dict[str, list[Any]]:
+    """`TopLogprobs` of one position of vLLM's logprobs ({token id: Logprob}): the k tokens of
+    rank 1..k (vLLM adds the sampled token when it ranks lower), most likely first."""
+    ranked = sorted(position.items(), key=lambda kv: (kv[1].rank or 1 << 30, -kv[1].logprob))
+    top = [(int(t), float(lp.logprob)) for t, lp in ranked if (lp.rank or 1 << 30) <= k][:k]
+    if len(top) < k:  # no ranks: the k largest log-probs
+        by_lp = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:k]
+        top = [(int(t), float(lp.logprob)) for t, lp in by_lp]
+    return {"token_ids": [t for t, _ in top], "logprobs": [lp for _, lp in top]}
+
+
+def prompt_logprobs_of(prompt: Sequence[int], plp: Any, k: int) -> dict[str, Any]:
+    """`Completion.prompt_logprobs` (0 first: nothing predicts the first token) and, for k > 0,
+    `prompt_top_logprobs` (empty first) from vLLM's `prompt_logprobs`."""
+    lps = [0.0] + [float(plp[i][t].logprob) for i, t in enumerate(prompt) if i > 0]
+    out: dict[str, Any] = {"prompt_logprobs": lps}
+    if k > 0:
+        empty: dict[str, list[Any]] = {"token_ids": [], "logprobs": []}
+        out["prompt_top_logprobs"] = [empty] + [top_of(plp[i], k) for i in range(1, len(prompt))]
+    return out
+
+
+class SamplingEngine(VllmScoring):
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.cuda = _cuda()
         set_vllm_env(self.cuda)
@@ -153,10 +174,16 @@ class SamplingEngine:
             kw["seed"] = int(sp["seed"])
         if sp.get("logprobs") is not None:
             kw["logprobs"] = int(sp["logprobs"])
+        if sp.get("prompt_logprobs") is not None:
+            kw["prompt_logprobs"] = int(sp["prompt_logprobs"])
         if sp.get("min_tokens"):
             kw["min_tokens"] = int(sp["min_tokens"])
         if sp.get("ignore_eos"):
             kw["ignore_eos"] = True
+        if sp.get("min_p"):
+            kw["min_p"] = float(sp["min_p"])
+        if sp.get("include_stop_str_in_output"):
+            kw["include_stop_str_in_output"] = True
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as exc:
@@ -213,7 +240,7 @@ class SamplingEngine:
             outs = self.llm.generate(inputs, per_prompt, use_tqdm=False)
         except ValueError as exc:
             raise WorkerError("invalid_argument", f"generate: {exc}") from None
-        want_lp = params.logprobs is not None
+        want_lp, top_k = params.logprobs is not None, int(params.logprobs or 0)
         results = []
         for ro in outs:
             samples = []
@@ -226,12 +253,18 @@ class SamplingEngine:
                 }
                 if want_lp and co.logprobs is not None:
                     s["logprobs"] = [float(co.logprobs[j][t].logprob) for j, t in enumerate(toks)]
+                    if top_k > 0:
+                        s["top_logprobs"] = [
+                            top_of(co.logprobs[j], top_k) for j in range(len(toks))
+                        ]
                 if isinstance(co.stop_reason, str):
                     s["stop_reason"] = co.stop_reason
                 samples.append(s)
-            results.append(
-                {"prompt_token_ids": [int(t) for t in ro.prompt_token_ids], "samples": samples}
-            )
+            prompt = [int(t) for t in ro.prompt_token_ids]
+            c: dict[str, Any] = {"prompt_token_ids": prompt, "samples": samples}
+            if params.prompt_logprobs is not None:
+                c.update(prompt_logprobs_of(prompt, ro.prompt_logprobs, params.prompt_logprobs))
+            results.append(c)
         return {"results": results}
 
     # -- streaming ---------------------------------------------------------------------------
@@ -346,72 +379,6 @@ class SamplingEngine:
             "running": len(self.streams),
             **self.stream_counts,
             "engine_unfinished": int(self.llm.llm_engine.get_num_unfinished_requests()),
-        }
-
-    # -- scoring (forward / log-probs targeted at a vLLM sub-job) -----------------------------
-
-    def _score(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        b, s = ids.shape
-        out = np.zeros((b, s), np.float32)
-        rows, where = [], []
-        for r in range(b):
-            cols = np.nonzero(mask[r])[0]
-            if len(cols) < 2:
-                continue
-            rows.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids[r, cols]]))
-            where.append((r, cols))
-        if not rows:
-            return out
-        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        for ro, (r, cols) in zip(self.llm.generate(rows, sp, use_tqdm=False), where, strict=True):
-            plp = ro.prompt_logprobs
-            toks = ro.prompt_token_ids
-            for j in range(1, len(cols)):
-                if cols[j] != cols[j - 1] + 1:
-                    continue  # a hole in the mask: not a prediction of adjacent columns
-                out[r, cols[j - 1]] = plp[j][toks[j]].logprob
-        return out
-
-    def _score_body(self, kw: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.asarray(kw["input_ids"]).astype(np.int64)
-        mask = kw.get("attention_mask")
-        m = (
-            np.ones(ids.shape, np.int64)
-            if mask is None
-            else (np.asarray(mask) != 0).astype(np.int64)
-        )
-        return self._score(ids, m), m
-
-    def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        proc = body.get("processing") or {}
-        if proc.get("loss_fn") or "compute_entropy" in (proc.get("post") or []):
-            raise WorkerError(
-                "unsupported_option",
-                "a vLLM sub-job scores log-probs only: no loss_fn, no compute_entropy",
-                options=["processing.loss_fn", "processing.post=compute_entropy"],
-            )
-        lp, m = self._score_body(body["kwargs"])
-        n = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum())
-        return {
-            "loss": 0.0,
-            "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": int(m.shape[0])},
-            "outputs": {"logprobs_shifted": lp},
-        }
-
-    def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        if body.get("entropy"):
-            raise WorkerError(
-                "unsupported_option", "a vLLM sub-job does not compute entropy", options=["entropy"]
-            )
-        lp, m = self._score_body(body)
-        n = int(((m[:, :-1] != 0) & (m[:, 1:] != 0)).sum())
-        return {
-            "loss": 0.0,
-            "metrics": {"loss": 0.0, "num_tokens": n, "num_sequences": int(m.shape[0])},
-            "outputs": {"logprobs_shifted": lp},
         }
 
     # -- weights, cache, lifecycle -------------------------------------------------------------

@@ -17,7 +17,7 @@ from . import losses
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets
 from .ds_setup import device
-from .hf_model import _read_vocab, load_hf_model, load_state_file
+from .hf_model import _read_vocab, enable_determinism, load_hf_model, load_state_file
 from .worker import WorkerError
 
 
@@ -76,36 +76,20 @@ class _Forward:
             )
 
     def forward_result(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """ForwardRequest -> ForwardBackwardResult (log-probs always; loss when asked)."""
+        """ForwardRequest -> ForwardBackwardResult: log-probs always, and the loss and metrics
+        forward-backward would report (`loss_fn` defaults to cross_entropy in both)."""
         b = Batch(body, self.dev)
         self._check_ids(b)
-        proc = b.processing
-        with_loss = bool(proc.get("loss_fn"))
-        st = losses.parse_processing(_loss_processing(proc)) if with_loss else None
-        temp = (
-            st.temperature
-            if st is not None
-            else float((proc.get("config") or {}).get("temperature") or 1.0)
+        proc = _loss_processing(b.processing)
+        st = losses.parse_processing(proc)
+        losses.check_context(st, b.context)
+        want_ent = "compute_entropy" in b.post or st.needs_entropy
+        lp, ent = self._scored(
+            b, temperature=st.temperature, targets=fb_targets(b, st), entropy=want_ent
         )
-        want_ent = "compute_entropy" in b.post or (st is not None and st.needs_entropy)
-        lp, ent = self._scored(b, temperature=temp, targets=fb_targets(b, st), entropy=want_ent)
-        metrics: dict[str, Any]
-        if st is not None:
-            losses.check_context(st, b.context)
-            res = batch_loss(b, _loss_processing(proc), lp, ent)
-            metrics = dict(res.metrics)
-            loss = float(res.metrics["loss"])
-        else:
-            loss = 0.0
-            metrics = {
-                "loss": 0.0,
-                "num_tokens": int(b.pair.sum()),
-                "num_sequences": int(b.shape[0]),
-            }
-            if ent is not None:
-                metrics["entropy"] = (
-                    float(ent[torch.as_tensor(b.pair)].mean()) if b.pair.any() else 0.0
-                )
+        res = batch_loss(b, proc, lp, ent)
+        metrics: dict[str, Any] = dict(res.metrics)
+        loss = float(res.metrics["loss"])
         outputs: dict[str, Any] = {"logprobs_shifted": b.out(lp)}
         if ent is not None and "compute_entropy" in b.post:
             outputs["entropy"] = b.out(ent)
@@ -129,20 +113,29 @@ class ScoringEngine(_Forward):
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        torch.manual_seed(int(spec.get("seed") or 0))
+        seed = int(spec.get("seed") or 0)
         self.spec = dict(spec)
-        self.dev = device()
         cfg = spec.get("config") or {}
+        self.deterministic = enable_determinism(cfg, seed)
+        torch.manual_seed(seed)
+        self.dev = device()
+        self.attn_requested = str(cfg.get("attn_implementation") or "eager")
         self.model = load_hf_model(
-            spec["model_dir"],
-            spec.get("dtype") or "float32",
-            cfg.get("attn_implementation", "eager"),
+            spec["model_dir"], spec.get("dtype") or "float32", self.attn_requested
         )
         self.model.to(self.dev).eval()
         self.vocab_size = _read_vocab(spec["model_dir"])
 
     def info(self) -> dict[str, Any]:
-        return {"engine": "hf", "vocab_size": self.vocab_size, "device": str(self.dev)}
+        module = getattr(self.model, "module", self.model)
+        return {
+            "engine": "hf",
+            "vocab_size": self.vocab_size,
+            "device": str(self.dev),
+            "attn_implementation": str(module.config._attn_implementation),
+            "attn_requested": self.attn_requested,
+            "full_determinism": self.deterministic,
+        }
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.forward_result(body)

@@ -17,17 +17,21 @@ from typing import Any
 
 from arctic_sdk._generated import methods as M
 
+from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
-from ..protocol.sub_jobs import check_training_sub_job
+from ..protocol.jobs import sub_job_by_id
 from . import checks
 from .checkpoints import Checkpoints
-from .jobs import Job
+from .jobs import Job, engine_kind
 from .operations import Operations
-from .settings import DEFAULT_MODEL_NAMES, embedded_model_names, sub_job_specs
+from .settings import DEFAULT_MODEL_NAMES, config_keys, embedded_model_names, sub_job_specs
 
 
 class OnpremServicer(Operations, Checkpoints):
+    #: the capabilities' `config_keys`: the standard keys and the on-prem extensions
+    config_keys = pj.config_keys_json(config_keys())
+
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure)."""
         job = self._job(ctx)
@@ -35,7 +39,9 @@ class OnpremServicer(Operations, Checkpoints):
         sub = self.target(job, ctx) if m is not M.OPERATION else None
         if m is M.FORWARD_BACKWARD or m is M.FORWARD:
             assert sub is not None
-            checks.train_body(body, self._vocab_of(sub), need_loss=m is M.FORWARD_BACKWARD)
+            checks.train_body(body, self._vocab_of(sub))
+            if m is M.FORWARD and engine_kind(sub.role, sub.spec.config) == "vllm":
+                checks.vllm_forward(body)
         elif m is M.LOG_PROBS:
             assert sub is not None
             checks.log_probs_body(body, self._vocab_of(sub))
@@ -52,8 +58,8 @@ class OnpremServicer(Operations, Checkpoints):
                 raise checks.bad("checkpoint_id", "is required", "missing_field")
             checks.checkpoint_id(body["checkpoint_id"])
             tid = body.get("target_sub_job_id")
-            if tid:
-                check_training_sub_job(job, tid, "target_sub_job_id")
+            if tid:  # any sub-job: a sampler loads the checkpoint's exported weights
+                sub_job_by_id(job, tid)
         elif m is M.SYNC_WEIGHTS:
             self._check_sync(job, body, "")
         elif m is M.RESET_PREFIX_CACHE:
@@ -114,6 +120,7 @@ class OnpremServicer(Operations, Checkpoints):
                 "threads": s.worker.threads if s.worker else None,
                 "info": dict(s.worker.info) if s.worker else {},
                 "weight_version": s.weight_version,
+                "resumed": s.resumed,
                 "log_tail": list(s.worker.logs)[-20:] if s.worker else [],
             }
             for s in job.sub_jobs

@@ -18,17 +18,27 @@ from typing import Any
 from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
 from ..protocol.jobs import role_of
+from ..protocol.sub_job_config import check_standard_keys, int_at
+from . import train_options as opts
 
 ROLES = ("training", "sampling", "log_prob")
 DTYPES = ("float32", "bfloat16", "float16")
 # Names that mean "the embedded default model" (an empty model_name means it too).
 DEFAULT_MODEL_NAMES = frozenset({"", "tiny", "arctic-tiny", "tiny-qwen2", "default"})
-# the standard config keys, with the on-prem extensions
-TRAINING_KEYS = pj.TRAINING_KEYS | {"attn_implementation", "num_threads"}
-# the log-prob engine ("hf" = a torch forward, "vllm"), threads
-INFERENCE_KEYS = pj.INFERENCE_KEYS | {"engine", "num_threads"}
-OPTIMIZER_KEYS = frozenset({"name", "type", "lr", "betas", "eps", "weight_decay", "momentum"})
-OPTIMIZERS = ("adamw", "adam", "sgd")
+# the standard config keys, with the on-prem extensions (train_options.py)
+TRAINING_KEYS = pj.TRAINING_KEYS | {
+    "attn_implementation",
+    "num_threads",
+    "lr_scheduler",
+    "activation_checkpointing",
+    "full_determinism",
+    "checkpoint_path",
+}
+# threads; a log-prob sub-job also: its engine ("hf" = a torch forward, "deepspeed" = a
+# forward-only DeepSpeed engine configured by `deepspeed`, "vllm"), attention, determinism
+INFERENCE_KEYS = pj.INFERENCE_KEYS | {"num_threads"}
+LOG_PROB_KEYS = INFERENCE_KEYS | {"engine", "deepspeed", "attn_implementation", "full_determinism"}
+LOG_PROB_ENGINES = ("hf", "deepspeed", "vllm")
 
 
 def default_cache_dir() -> Path:
@@ -124,26 +134,6 @@ def _bad(path: str, message: str, code: str = "invalid_argument", **details: Any
     return ProtocolError(code, f"field {path}: {message}", field=path, **details)
 
 
-def _int(conf: Mapping[str, Any], key: str, path: str, *, lo: int = 1) -> int | None:
-    v = conf.get(key)
-    if v is None:
-        return None
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)  # Struct numbers arrive as floats over gRPC
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise _bad(f"{path}.{key}", f"{v!r} is not an integer >= {lo}", expected=f">= {lo}")
-    return v
-
-
-def _num(conf: Mapping[str, Any], key: str, path: str, *, lo: float = 0.0) -> float | None:
-    v = conf.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not float(v) >= lo:
-        raise _bad(f"{path}.{key}", f"{v!r} is not a number >= {lo}", expected=f">= {lo}")
-    return float(v)
-
-
 @dataclass
 class SubJobSpec:
     """A checked sub-job config."""
@@ -154,36 +144,6 @@ class SubJobSpec:
     seed: int
     config: dict[str, Any]
     n_gpus: int = 1
-
-
-def check_optimizer(opt: Any, path: str) -> None:
-    if not isinstance(opt, Mapping):
-        raise _bad(path, "must be an object", expected='{"name": "adamw", "lr": ...}')
-    unknown = sorted(str(k) for k in opt if k not in OPTIMIZER_KEYS)
-    if unknown:
-        opts = [f"{path}.{k}" for k in unknown]
-        raise ProtocolError(
-            "unsupported_option",
-            f"unknown optimizer key(s): {', '.join(opts)}; known: {sorted(OPTIMIZER_KEYS)}",
-            options=opts,
-            field=opts[0],
-        )
-    name = str(opt.get("name") or opt.get("type") or "adamw").lower()
-    if name not in OPTIMIZERS:
-        raise _bad(
-            f"{path}.name", f"{name!r} is not one of {list(OPTIMIZERS)}", expected=OPTIMIZERS
-        )
-    _num(opt, "lr", path)
-    _num(opt, "eps", path)
-    _num(opt, "weight_decay", path)
-    _num(opt, "momentum", path)
-    betas = opt.get("betas")
-    if betas is not None and (
-        not isinstance(betas, list | tuple)
-        or len(betas) != 2
-        or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas)
-    ):
-        raise _bad(f"{path}.betas", f"{betas!r} is not two numbers in [0, 1)", expected="[b1, b2]")
 
 
 def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
@@ -209,40 +169,49 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         if cfg.get(other):
             raise _bad(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
         conf: dict[str, Any] = dict(cfg.get(own) or {})
-        known = TRAINING_KEYS if role == "training" else INFERENCE_KEYS
+        known = config_keys()[role]
         unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
         cpath = f"{path}.{own}"
         # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
-        n_gpus = _int(conf, "n_gpus", cpath) or 1
-        _int(conf, "max_seq_len", cpath)
-        _int(conf, "num_threads", cpath)
+        n_gpus = check_standard_keys(conf, role, cpath)  # the rules every server shares
+        int_at(conf, "num_threads", cpath)
         if role == "training":
-            stage = _int(conf, "zero_stage", cpath, lo=0)
-            if stage is not None and stage > 3:
-                raise _bad(
-                    f"{cpath}.zero_stage", f"{stage} is not 0, 1, 2 or 3", expected=[0, 1, 2, 3]
-                )
-            _int(conf, "micro_batch_size", cpath)
-            _int(conf, "train_batch_size", cpath)
-            _num(conf, "gradient_clipping", cpath)
-            if conf.get("optimizer") is not None:
-                check_optimizer(conf["optimizer"], f"{cpath}.optimizer")
             ds = conf.get("deepspeed")
-            if ds is not None and not isinstance(ds, Mapping):
-                raise _bad(f"{cpath}.deepspeed", "must be an object (DeepSpeed config keys)")
-            attn = conf.get("attn_implementation")
-            if attn is not None and attn not in ("eager", "sdpa"):
-                raise _bad(f"{cpath}.attn_implementation", f"{attn!r}", expected=["eager", "sdpa"])
+            if conf.get("lr_scheduler") is not None:
+                if isinstance(ds, Mapping) and ds.get("scheduler") is not None:
+                    raise _bad(
+                        f"{cpath}.lr_scheduler",
+                        "and deepspeed.scheduler both set a learning-rate schedule",
+                        expected="one of them",
+                    )
+                conf["lr_scheduler"] = opts.check_scheduler(
+                    conf["lr_scheduler"], f"{cpath}.lr_scheduler"
+                )
+            opts.check_bool(conf, "activation_checkpointing", cpath)
+            if conf.get("checkpoint_path") is not None:
+                cp = opts.check_checkpoint_path(conf["checkpoint_path"], f"{cpath}.checkpoint_path")
+                if Path(cp).exists() and not Path(cp).is_dir():
+                    raise _bad(f"{cpath}.checkpoint_path", f"{cp!r} is not a directory")
         else:
-            vc = conf.get("vllm_config")
-            if vc is not None and not isinstance(vc, Mapping):
-                raise _bad(f"{cpath}.vllm_config", "must be an object (vLLM engine arguments)")
             engine = conf.get("engine")
-            allowed = ("vllm", "hf") if role == "log_prob" else ("vllm",)
+            allowed = LOG_PROB_ENGINES if role == "log_prob" else ("vllm",)
             if engine is not None and engine not in allowed:
                 raise _bad(
                     f"{cpath}.engine", f"{engine!r} is not one of {list(allowed)}", expected=allowed
                 )
+            ds = conf.get("deepspeed")
+            if ds is not None and (engine != "deepspeed" or not isinstance(ds, Mapping)):
+                raise _bad(
+                    f"{cpath}.deepspeed",
+                    "configures the forward-only DeepSpeed log-prob engine: an object, with "
+                    'engine "deepspeed"',
+                    expected='{"zero_optimization": {...}} with engine "deepspeed"',
+                )
+            if ds is not None:
+                opts.check_forward_only_deepspeed(ds, f"{cpath}.deepspeed")
+        if conf.get("attn_implementation") is not None:
+            opts.check_attn(conf["attn_implementation"], f"{cpath}.attn_implementation")
+        opts.check_bool(conf, "full_determinism", cpath)
         seed = cfg.get("seed") or 0
         out.append(
             SubJobSpec(role, str(cfg.get("model_name") or ""), dtype, int(seed), conf, n_gpus)
@@ -262,6 +231,11 @@ def embedded_model_names() -> list[str]:
     from ..engines.tiny_model import CONFIGS
 
     return sorted({n for n in DEFAULT_MODEL_NAMES if n} | set(CONFIGS))
+
+
+def config_keys() -> dict[str, frozenset[str]]:
+    """The sub-job config keys this server accepts, per role (advertised in the capabilities)."""
+    return {"training": TRAINING_KEYS, "sampling": INFERENCE_KEYS, "log_prob": LOG_PROB_KEYS}
 
 
 def resolve_model(name: str, settings: ServerSettings) -> Path:

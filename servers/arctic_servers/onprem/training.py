@@ -16,17 +16,16 @@
   activations are alive at a time.
 
 The forward passes it shares with the scorer are `scoring._Forward`; the loss of a call and its
-gradient, shared with the multi-rank trainer, are in `call_loss.py`.
+gradient, shared with the multi-rank trainer, are in `call_loss.py`; weights and checkpoints in
+`training_weights.py`; the on-prem options (schedule, checkpointing, attention, determinism) in
+`train_options.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,16 +36,17 @@ from .call_loss import _loss_processing, batch_loss, fb_targets, loss_and_gradie
 
 # ds_config, load_hf_model and set_ds_env are also imported from here by bench/server.py
 from .ds_setup import _unlink_allreduce_buffers, device, ds_config, set_ds_env
-from .hf_model import _read_vocab, load_hf_model, write_hf_dir
+from .hf_model import _read_vocab, enable_determinism, load_hf_model
 from .scoring import _Forward
-from .worker import WorkerError
+from .train_options import lr_factor
+from .training_weights import TrainerWeights
 
 CPU_TRAINER_REASON = (
     "CPU trainer: nothing to offload (weights and optimizer already live in host memory)"
 )
 
 
-class TrainingEngine(_Forward):
+class TrainingEngine(TrainerWeights, _Forward):
     def __init__(self, spec: Mapping[str, Any]) -> None:
         t0 = time.perf_counter()
         set_ds_env()
@@ -59,17 +59,26 @@ class TrainingEngine(_Forward):
         self.dtype = str(spec.get("dtype") or "float32")
         self.dev = device()
         self.cuda = self.dev.type == "cuda"
-        torch.manual_seed(int(spec.get("seed") or 0))
-        model = load_hf_model(
-            spec["model_dir"], self.dtype, self.conf.get("attn_implementation", "eager")
-        )
+        seed = int(spec.get("seed") or 0)
+        self.deterministic = enable_determinism(self.conf, seed)
+        torch.manual_seed(seed)
+        self.attn_requested = str(self.conf.get("attn_implementation") or "eager")
+        model = load_hf_model(spec["model_dir"], self.dtype, self.attn_requested)
+        if self.conf.get("activation_checkpointing"):
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         model.train()
         t_model = time.perf_counter()
         self.ds_config = ds_config(self.conf, self.dtype, cuda=self.cuda)
+        self.schedule = self.conf.get("lr_scheduler")
+        self.lr_override: float | None = None
         engine, _opt, _dl, _sched = deepspeed.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=self.ds_config,
+            lr_scheduler=_lr_scheduler(self.schedule),
         )
         self.engine = engine
         _unlink_allreduce_buffers()
@@ -95,8 +104,15 @@ class TrainingEngine(_Forward):
             "device": str(self.dev),
             "optimizer": type(self.engine.optimizer).__name__,
             "lr": self._lr(),
+            "lr_scheduler": self.schedule,
             "micro_batch_size": self.micro_batch_size,
             "threads": torch.get_num_threads(),
+            "attn_implementation": str(self.engine.module.config._attn_implementation),
+            "attn_requested": self.attn_requested,
+            "activation_checkpointing": bool(
+                getattr(self.engine.module, "is_gradient_checkpointing", False)
+            ),
+            "full_determinism": self.deterministic,
             **self.timings,
         }
 
@@ -228,10 +244,18 @@ class TrainingEngine(_Forward):
         return passes
 
     def _fb_result(
-        self, b: Batch, res: losses.LossResult, lp: torch.Tensor, ent: torch.Tensor | None
+        self,
+        b: Batch,
+        res: losses.LossResult,
+        lp: torch.Tensor,
+        ent: torch.Tensor | None,
+        rank_tokens: list[int] | None = None,
     ) -> dict[str, Any]:
-        """Account a forward-backward call's loss and tokens until `step`; its result."""
+        """Account a forward-backward call's loss and tokens until `step`; its result (with the
+        real tokens each data-parallel rank ran: the whole call's on one rank)."""
         metrics = dict(res.metrics)
+        per_rank = rank_tokens or [int(b.mask_np.sum())]
+        metrics["rank_tokens_max"], metrics["rank_tokens_min"] = max(per_rank), min(per_rank)
         self.acc_loss += float(metrics["loss"])
         self.acc_tokens += int(metrics["num_tokens"])
         metrics["global_step"] = int(self.engine.global_steps)
@@ -282,8 +306,11 @@ class TrainingEngine(_Forward):
         return float(torch.stack(norms).norm()) if norms else 0.0
 
     def op_step(self, learning_rate: float | None = None) -> dict[str, Any]:
-        if learning_rate is not None:
-            self._set_lr(float(learning_rate))
+        if learning_rate is not None:  # replaces the schedule for this and later steps
+            self.lr_override = float(learning_rate)
+        if self.lr_override is not None:
+            self._set_lr(self.lr_override)
+        applied = self._lr()  # the rate this step uses (a schedule moves it after the step)
         local_norm = self._grad_norm_local() if self.stage == 0 else None
         if self.acc_calls == 0:
             # nothing accumulated: back-propagate a zero loss, so that every ZeRO stage's
@@ -299,106 +326,11 @@ class TrainingEngine(_Forward):
             "loss": self.acc_loss,
             "num_tokens": self.acc_tokens,
             "grad_norm": float(gn),
-            "lr": self._lr(),
+            "lr": applied,
             "global_step": int(self.engine.global_steps),
         }
         self._reset_accum()
         return {"metrics": metrics}
-
-    # -- weights -----------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights in HF names, on CPU (ZeRO-3 parameters gathered first)."""
-        import deepspeed
-
-        module = self.engine.module
-        if self.stage == 3:
-            params = list(module.parameters())
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                return {
-                    n: p.detach().clone().cpu().contiguous() for n, p in module.named_parameters()
-                }
-        return {n: p.detach().cpu().contiguous() for n, p in module.named_parameters()}
-
-    def op_export_weights(self, path: str | None = None, method: str = "shm") -> dict[str, Any]:
-        from safetensors.torch import save, save_file
-
-        t = time.perf_counter()
-        if method in ("cuda_ipc", "nccl"):
-            from .weight_sync import trainer_export_gpu
-
-            return trainer_export_gpu(self, method)
-        sd = self.state_dict()
-        nbytes = sum(v.numel() * v.element_size() for v in sd.values())
-        out: dict[str, Any] = {"num_tensors": len(sd), "num_bytes": nbytes}
-        if path:
-            tmp = path + ".tmp"
-            save_file(sd, tmp)
-            os.replace(tmp, path)
-            out["path"] = path
-        else:
-            out["blob"] = save(sd)
-        out["seconds"] = time.perf_counter() - t
-        return out
-
-    def op_nccl_broadcast(self, host: str, port: int) -> dict[str, Any]:  # pragma: no cover - GPU
-        from .weight_sync import trainer_nccl_broadcast
-
-        return trainer_nccl_broadcast(self, host, port)
-
-    # -- checkpoints -------------------------------------------------------------------------
-
-    def op_save(
-        self, directory: str, tag: str, checkpoint_type: str, client_state: dict[str, Any]
-    ) -> dict[str, Any]:
-        root = Path(directory)
-        root.mkdir(parents=True, exist_ok=True)
-        client_state = dict(client_state, global_steps=int(self.engine.global_steps))
-        if checkpoint_type == "weights-only":
-            write_hf_dir(self.state_dict(), self.model_dir, root / tag / "hf")
-            (root / tag / "client_state.json").write_text(json.dumps(client_state))
-        else:
-            self.engine.save_checkpoint(str(root), tag=tag, client_state=client_state)
-        size = sum(f.stat().st_size for f in (root / tag).rglob("*") if f.is_file())
-        return {"size_bytes": size, "global_steps": int(self.engine.global_steps)}
-
-    def op_load(self, directory: str, tag: str, checkpoint_type: str) -> dict[str, Any]:
-        root = Path(directory)
-        if checkpoint_type == "weights-only":
-            self._load_weights_only(root / tag / "hf" / "model.safetensors")
-            cs = json.loads((root / tag / "client_state.json").read_text())
-        else:
-            path, cs = self.engine.load_checkpoint(
-                str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
-            )
-            if path is None:
-                raise WorkerError(
-                    "checkpoint_not_found", f"DeepSpeed found no checkpoint {tag!r} in {root}"
-                )
-        self.engine.optimizer.zero_grad()
-        self._reset_accum()
-        return {"global_steps": int(self.engine.global_steps), "client_state": cs or {}}
-
-    def _load_weights_only(self, path: Path) -> None:
-        import deepspeed
-        from safetensors.torch import load_file
-
-        sd = load_file(str(path))
-        module = self.engine.module
-        params = list(module.parameters())
-        ctx = (
-            deepspeed.zero.GatheredParameters(params, modifier_rank=0)
-            if self.stage == 3
-            else _Null()
-        )
-        with ctx, torch.no_grad():
-            for n, p in module.named_parameters():
-                p.copy_(sd[n].to(p.dtype))
-        # ZeRO 1/2 keep fp32 master copies in the optimizer; refresh them from the module
-        opt = self.engine.optimizer
-        refresh = getattr(opt, "refresh_fp32_params", None)
-        if callable(refresh):
-            refresh()
 
     # -- colocation lifecycle ----------------------------------------------------------------
 
@@ -423,9 +355,12 @@ class TrainingEngine(_Forward):
         return reload_trainer(self)
 
 
-class _Null:
-    def __enter__(self) -> None:
+def _lr_scheduler(schedule: Mapping[str, Any] | None) -> Any:
+    """DeepSpeed's client scheduler for `lr_scheduler` (train_options.py; stepped by each
+    `engine.step()`, saved and loaded with resumable checkpoints), or None."""
+    if not schedule:
         return None
+    from torch.optim.lr_scheduler import LambdaLR
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+    sched = dict(schedule)
+    return lambda optimizer: LambdaLR(optimizer, lambda t: lr_factor(int(t), sched))

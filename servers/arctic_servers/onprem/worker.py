@@ -61,14 +61,15 @@ class WorkerError(Exception):
 
 
 def error_body(exc: BaseException, what: str) -> dict[str, Any]:
-    if isinstance(exc, WorkerError):
-        return exc.body()
-    try:
-        from .losses import LossConfigError
-    except ImportError:  # pragma: no cover - torch missing
-        LossConfigError = ()  # type: ignore[assignment,misc]
-    if isinstance(exc, LossConfigError):
-        return {"code": exc.code, "message": exc.message, "details": exc.details}
+    """The error body of an engine's exception. Matched by shape, not class: the worker runs as
+    `__main__`, so the engines' `WorkerError` (imported as `arctic_servers.onprem.worker`) is not
+    this module's class; `LossConfigError` carries a spec code the same way."""
+    from arctic_sdk._generated.error_codes import ERRORS
+
+    code, message = getattr(exc, "code", None), getattr(exc, "message", None)
+    if isinstance(code, str) and code in ERRORS and isinstance(message, str):
+        details = getattr(exc, "details", None)
+        return {"code": code, "message": message, "details": dict(details or {})}
     tb = traceback.format_exc(limit=8)
     return {
         "code": "internal",
@@ -88,6 +89,10 @@ def set_threads(n: int) -> None:
 
 def build_engine(role: str, spec: dict[str, Any]) -> Any:
     engine = spec.get("engine") or {"training": "deepspeed", "sampling": "vllm"}.get(role, "hf")
+    if engine == "deepspeed" and role == "log_prob":  # a forward-only reference model
+        from .ds_scoring import DeepSpeedScoringEngine
+
+        return DeepSpeedScoringEngine(spec)
     if engine == "deepspeed":
         from .ranks import world_size
 

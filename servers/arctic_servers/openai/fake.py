@@ -16,7 +16,7 @@ from typing import Any
 
 from conformance.fake import sampling as fake_sampling
 from conformance.fake import tokenizer
-from conformance.fake.numerics import token_logprob, token_stream
+from conformance.fake.numerics import draws, token_logprob
 
 from .sampler import ModelCard, OpenAIError, Sample, StreamEvent, cut_at_stop
 from .tokenized import FakeTokenizer, TokenizedSampler, content_text
@@ -113,12 +113,13 @@ class FakeSampler(TokenizedSampler):
         seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
         s_seed, s_idx = (0, 0) if p.greedy else (seed, index)
         budget = min(p.max_tokens, self.max_model_len - len(prompt))
-        stream = token_stream(s_seed, s_idx, self.weight_version, prompt, budget)
+        stream = draws(s_seed, s_idx, self.weight_version, prompt, budget)
         tokens: list[int] = []
-        for j, t in enumerate(stream):
+        for j, z in enumerate(stream):
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             prev = tokens[-1] if tokens else prompt[-1]
+            t = fake_sampling.next_token(z, prompt, tokens, p, self.model_step)
             tokens.append(t)
             lp = None
             if p.logprobs is not None:
@@ -127,12 +128,12 @@ class FakeSampler(TokenizedSampler):
             ev = StreamEvent([t], lp, text, time.time())
             if len(tokens) >= p.min_tokens:
                 if t in p.stop_token_ids:
-                    ev.text = tokenizer.decode(tokens[:-1])
+                    ev.text = text if p.include_stop_str else tokenizer.decode(tokens[:-1])
                     ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", t
                 else:
                     cut, stop = cut_at_stop(text, p.stop)
                     if stop is not None:
-                        ev.text = cut
+                        ev.text = cut + stop if p.include_stop_str else cut
                         ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", stop
             if not ev.finished and j == len(stream) - 1:
                 ev.finished, ev.finish_reason = True, "length"

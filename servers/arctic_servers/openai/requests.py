@@ -95,6 +95,13 @@ def sampling_params(body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
         sp["stop_token_ids"] = ids
     if body.get("ignore_eos"):
         sp["ignore_eos"] = True
+    mp = _num(body, "min_p", lo=0.0)  # vLLM's extra sampling parameters
+    if mp is not None:
+        if mp > 1:
+            raise _bad("min_p", f"{mp} is above 1")
+        sp["min_p"] = mp
+    if body.get("include_stop_str_in_output"):
+        sp["include_stop_str_in_output"] = True
     want = body.get("logprobs")
     top = body.get("top_logprobs") if chat else (want if not isinstance(want, bool) else None)
     if top:

@@ -7,7 +7,7 @@ and hands out a `Sampler` per model. A `Sampler` tokenizes, renders chat templat
 Sampling parameters use vLLM's names (`training.proto` `SamplingParams`): `n`, `temperature`,
 `top_p`, `top_k`, `max_tokens`, `min_tokens`, `stop`, `stop_token_ids`, `seed`, `logprobs`
 (0 = the sampled token's log-prob), `presence_penalty`, `frequency_penalty`,
-`repetition_penalty`, `ignore_eos`.
+`repetition_penalty`, `ignore_eos`, `min_p`, `include_stop_str_in_output`.
 """
 
 from __future__ import annotations

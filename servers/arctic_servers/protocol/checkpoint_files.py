@@ -26,6 +26,7 @@ from .jobs import JobRecord, rfc3339
 
 PUBLIC = ("checkpoint_id", "checkpoint_type", "global_steps", "avg_loss", "created_at")
 ENGINE_TAG = "ds"  # the DeepSpeed tag (subdirectory) the trainer saves under
+EXPORT_WEIGHTS = "model.safetensors"  # the weights file of an `export/` directory
 
 
 def public(meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from .chunk_groups import ChunkGroups
 from .config import ProtocolConfig, token_digest
 from .context import CallContext
 from .errors import ProtocolError
+from .jobs import config_keys_json
 from .sequencer import Sequencer
 from .stores import (
     ChunkStore,
@@ -146,6 +147,8 @@ class CoreBase:
             },
             "server": c.server,
             "server_version": c.server_version,
+            # the sub-job config keys accepted: the standard ones and the server's extensions
+            "config_keys": getattr(self.servicer, "config_keys", None) or config_keys_json(),
         }
 
     # ------------------------------------------------------------------ bodies

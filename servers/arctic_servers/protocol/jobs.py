@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
+from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk._generated import methods as M
 from arctic_sdk._spec import MethodInfo, Role
 
@@ -31,20 +32,17 @@ ROLES = {
     "log_probability": "log_prob",
 }
 # The keys of a sub-job's `training_config` / `inference_config` every server knows (jobs.proto);
-# a server may accept more, and refuses the rest with `unsupported_option`.
-TRAINING_KEYS = frozenset(
-    {
-        "max_seq_len",
-        "n_gpus",
-        "train_batch_size",
-        "gradient_clipping",
-        "optimizer",
-        "zero_stage",
-        "micro_batch_size",
-        "deepspeed",
-    }
-)
-INFERENCE_KEYS = frozenset({"max_seq_len", "n_gpus", "vllm_config"})
+# a server may accept more (and advertises them), and refuses the rest with `unsupported_option`.
+TRAINING_KEYS = STANDARD_CONFIG_KEYS["training"]
+INFERENCE_KEYS = STANDARD_CONFIG_KEYS["sampling"]
+
+
+def config_keys_json(keys: Mapping[str, frozenset[str]] | None = None) -> dict[str, list[str]]:
+    """The capabilities' `config_keys` (jobs.proto `SubJobConfigKeys`): per role, the keys a
+    server accepts (default: the standard ones)."""
+    return {role: sorted((keys or STANDARD_CONFIG_KEYS)[role]) for role in STANDARD_CONFIG_KEYS}
+
+
 CANCEL_REASON = "cancelled by CancelJob"
 LEASE_EXPIRED = "lease expired"
 # Data-plane ops a job that is not running may still serve (checkpoint files outlive compute).

@@ -46,7 +46,8 @@ def check_sync_sub_jobs(job: JobRecord[Any], body: Mapping[str, Any], path: str)
 
 def sync_sub_jobs(job: JobRecord[S], body: Mapping[str, Any]) -> tuple[S, list[S]]:
     """A weight sync's source (default: the training sub-job) and the targets that exist
-    (default: every sampling and log_prob sub-job)."""
+    (default: every sampling sub-job; a log_prob sub-job — the reference model — only when the
+    body names it, so it stays frozen unless a caller asks)."""
     src_id = body.get("source_sub_job_id")
     src = job.find_sub_job(str(src_id)) if src_id else job.sub_job("training")
     if src is None:
@@ -57,7 +58,7 @@ def sync_sub_jobs(job: JobRecord[S], body: Mapping[str, Any]) -> tuple[S, list[S
             role="training",
         )
     ids = body.get("target_sub_job_ids") or [
-        s.sub_job_id for s in job.sub_jobs if s.role in ("sampling", "log_prob")
+        s.sub_job_id for s in job.sub_jobs if s.role == "sampling"
     ]
     targets = [t for t in (job.find_sub_job(str(i)) for i in ids) if t is not None]
     return src, targets

@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor
 
-from arctic_sdk._body_check import BodyError, check_body, dtype_name, unknown_fields_message
+from arctic_sdk._body_check import BodyError, check_body, dtype_name, leftover_error
 
 from .errors import ProtocolError
 
@@ -24,25 +24,14 @@ def validate_body(desc: Descriptor, body: Any) -> None:
     """Check `body` against the message `desc`; raise `ProtocolError` on the first problem.
 
     Unknown fields are collected over the whole body and reported together
-    (`invalid_argument`, `details.unknown_fields`), so a caller fixes them in one round.
+    (`invalid_argument`, `details.unknown_fields`, each with the fields expected at its place and
+    a "did you mean"), so a caller fixes them in one round; then unknown knobs
+    (`unsupported_option`), missing fields, and fields the chosen loss does not read.
     """
     try:
         found = check_body(desc, body, options_apart=True, synonyms=True)
-    except BodyError as bad:
-        raise ProtocolError(
-            bad.code, f"field {bad.path}: {bad.message}", field=bad.path, **bad.details
-        ) from None
-    if found.unknown:
-        raise ProtocolError(
-            "invalid_argument",
-            unknown_fields_message(desc, found.unknown),
-            field=found.unknown[0],
-            unknown_fields=found.unknown,
-        )
-    if found.unsupported:
-        raise ProtocolError(
-            "unsupported_option",
-            f"unknown option(s) {', '.join(found.unsupported)}; this server cannot honour them",
-            field=found.unsupported[0],
-            options=found.unsupported,
-        )
+        bad = leftover_error(desc, found)
+    except BodyError as exc:
+        bad = exc
+    if bad is not None:
+        raise ProtocolError(bad.code, bad.text, field=bad.path, **bad.details)

@@ -151,12 +151,15 @@ class SubJobConfig(_message.Message):
     def training_config(self) -> _struct_pb2.Struct:
         """Training sub-jobs: `max_seq_len`, `n_gpus`, `train_batch_size`, `gradient_clipping`,
         `optimizer` ({"name", lr, betas, ...}), `zero_stage`, `micro_batch_size`, and any DeepSpeed
-        config keys under `deepspeed` (passed through).
+        config keys under `deepspeed` (passed through). A server may accept more keys (it lists
+        them in the capabilities' `config_keys`) and refuses the rest with `unsupported_option`.
         """
 
     @_builtins.property
     def inference_config(self) -> _struct_pb2.Struct:
-        """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments)."""
+        """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments);
+        extensions as for `training_config`.
+        """
 
     def __init__(
         self,
@@ -206,6 +209,7 @@ class CreateJobRequest(_message.Message):
     COMMENT_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     experiment_name: _builtins.str
+    """Free-form experiment name, shown in ListJobs."""
     comment: _builtins.str
     """Free-text comment shown in ListJobs (who owns the job, what it is for)."""
     lease_seconds: _builtins.int
@@ -213,7 +217,9 @@ class CreateJobRequest(_message.Message):
     reason "lease expired". 0 = the server default; servers advertise the default and maximum.
     """
     @_builtins.property
-    def sub_job_configs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubJobConfig]: ...
+    def sub_job_configs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubJobConfig]:
+        """The sub-jobs: one training sub-job and any sampling / log-prob ones (at least one)."""
+
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels, filterable in ListJobs."""
@@ -372,6 +378,7 @@ class GetJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     def __init__(
         self,
         *,
@@ -457,6 +464,7 @@ class CancelJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     def __init__(
         self,
         *,
@@ -497,6 +505,7 @@ class RenewJobLeaseRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     lease_seconds: _builtins.int
     """New lease length in seconds; 0 = the job's lease length."""
     def __init__(
@@ -592,7 +601,9 @@ class GetRequestRequest(_message.Message):
     CURSOR_FIELD_NUMBER: _builtins.int
     MAX_EVENTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     request_id: _builtins.str
+    """The request to poll."""
     cursor: _builtins.str
     """Resume after the events already seen (`next_cursor` of the previous poll)."""
     max_events: _builtins.int
@@ -705,7 +716,9 @@ class CancelRequestRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     request_id: _builtins.str
+    """The request to cancel (`X-Arctic-Request-Id` of its answer)."""
     def __init__(
         self,
         *,
@@ -779,6 +792,7 @@ class GetCapabilitiesResponse(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     SERVER_FIELD_NUMBER: _builtins.int
     SERVER_VERSION_FIELD_NUMBER: _builtins.int
+    CONFIG_KEYS_FIELD_NUMBER: _builtins.int
     spec_version: _builtins.str
     """Spec version, "arctic.v1"."""
     server: _builtins.str
@@ -800,6 +814,12 @@ class GetCapabilitiesResponse(_message.Message):
     def features(self) -> Global___Features: ...
     @_builtins.property
     def limits(self) -> Global___Limits: ...
+    @_builtins.property
+    def config_keys(self) -> Global___SubJobConfigKeys:
+        """The sub-job config keys this server accepts: the standard ones (`SubJobConfig`) and its own
+        extensions. Absent = the standard keys only.
+        """
+
     def __init__(
         self,
         *,
@@ -811,14 +831,45 @@ class GetCapabilitiesResponse(_message.Message):
         limits: Global___Limits | None = ...,
         server: _builtins.str = ...,
         server_version: _builtins.str = ...,
+        config_keys: Global___SubJobConfigKeys | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config_keys", b"config_keys", "features", b"features", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "limits", b"limits", "operation_types", b"operation_types", "routes", b"routes", "server", b"server", "server_version", b"server_version", "spec_version", b"spec_version", "wire_formats", b"wire_formats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_keys", b"config_keys", "features", b"features", "limits", b"limits", "operation_types", b"operation_types", "routes", b"routes", "server", b"server", "server_version", b"server_version", "spec_version", b"spec_version", "wire_formats", b"wire_formats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetCapabilitiesResponse: _TypeAlias = GetCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class SubJobConfigKeys(_message.Message):
+    """Keys of `SubJobConfig.training_config` / `inference_config` a server accepts, per role."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAINING_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    LOG_PROB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def training(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def sampling(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def log_prob(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        training: _abc.Iterable[_builtins.str] | None = ...,
+        sampling: _abc.Iterable[_builtins.str] | None = ...,
+        log_prob: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_prob", b"log_prob", "sampling", b"sampling", "training", b"training"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubJobConfigKeys: _TypeAlias = SubJobConfigKeys  # noqa: Y015
 
 @_typing.final
 class Features(_message.Message):

@@ -26,25 +26,25 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61rctic/v1/options.proto\x12\tarctic.v1\x1a google/protobuf/descriptor.proto\"\xde\x02\n\tOpOptions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhttp_method\x18\x02 \x01(\t\x12\x11\n\thttp_path\x18\x03 \x01(\t\x12!\n\x04\x62ody\x18\x04 \x01(\x0e\x32\x13.arctic.v1.BodyKind\x12\x1d\n\x04role\x18\x05 \x01(\x0e\x32\x0f.arctic.v1.Role\x12\x30\n\x0bidempotency\x18\x06 \x01(\x0e\x32\x1b.arctic.v1.IdempotencyClass\x12%\n\x08\x66\x61llback\x18\x07 \x01(\x0e\x32\x13.arctic.v1.Fallback\x12\x16\n\x0eoperation_type\x18\x08 \x01(\t\x12\x0f\n\x07\x61liases\x18\t \x03(\t\x12\x14\n\x0crequest_type\x18\n \x01(\t\x12\x15\n\rresponse_type\x18\x0b \x01(\t\x12\x18\n\x10inline_preferred\x18\x0c \x01(\x08\x12\x10\n\x08protocol\x18\r \x01(\x08\"_\n\x0c\x45rrorOptions\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x12\x13\n\x0bgrpc_status\x18\x02 \x01(\t\x12\x12\n\nuser_fault\x18\x03 \x01(\x08\x12\x11\n\tretryable\x18\x04 \x01(\x08\"O\n\x0c\x46ieldOptions\x12\x10\n\x08required\x18\x01 \x01(\x08\x12\x0e\n\x06\x64types\x18\x02 \x03(\t\x12\r\n\x05shape\x18\x03 \x01(\t\x12\x0e\n\x06tensor\x18\x04 \x01(\x08*c\n\x08\x42odyKind\x12\x19\n\x15\x42ODY_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x42ODY_KIND_NONE\x10\x01\x12\x12\n\x0e\x42ODY_KIND_JSON\x10\x02\x12\x14\n\x10\x42ODY_KIND_DSSST1\x10\x03*g\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_GATEWAY\x10\x01\x12\x11\n\rROLE_TRAINING\x10\x02\x12\x11\n\rROLE_SAMPLING\x10\x03\x12\x11\n\rROLE_LOG_PROB\x10\x04*\x91\x01\n\x10IdempotencyClass\x12!\n\x1dIDEMPOTENCY_CLASS_UNSPECIFIED\x10\x00\x12\x1a\n\x16IDEMPOTENCY_CLASS_SAFE\x10\x01\x12\x1b\n\x17IDEMPOTENCY_CLASS_KEYED\x10\x02\x12!\n\x1dIDEMPOTENCY_CLASS_CHUNK_GROUP\x10\x03*\x85\x01\n\x08\x46\x61llback\x12\x18\n\x14\x46\x41LLBACK_UNSPECIFIED\x10\x00\x12\x11\n\rFALLBACK_NONE\x10\x01\x12\x16\n\x12\x46\x41LLBACK_OPERATION\x10\x02\x12\x11\n\rFALLBACK_NOOP\x10\x03\x12!\n\x1d\x46\x41LLBACK_WEIGHT_SYNC_SEQUENCE\x10\x04:B\n\x02op\x12\x1e.google.protobuf.MethodOptions\x18\xb8\x8e\x03 \x01(\x0b\x32\x14.arctic.v1.OpOptions:K\n\x05\x65rror\x12!.google.protobuf.EnumValueOptions\x18\xb9\x8e\x03 \x01(\x0b\x32\x17.arctic.v1.ErrorOptions:G\n\x05\x66ield\x12\x1d.google.protobuf.FieldOptions\x18\xba\x8e\x03 \x01(\x0b\x32\x17.arctic.v1.FieldOptionsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61rctic/v1/options.proto\x12\tarctic.v1\x1a google/protobuf/descriptor.proto\"\xde\x02\n\tOpOptions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhttp_method\x18\x02 \x01(\t\x12\x11\n\thttp_path\x18\x03 \x01(\t\x12!\n\x04\x62ody\x18\x04 \x01(\x0e\x32\x13.arctic.v1.BodyKind\x12\x1d\n\x04role\x18\x05 \x01(\x0e\x32\x0f.arctic.v1.Role\x12\x30\n\x0bidempotency\x18\x06 \x01(\x0e\x32\x1b.arctic.v1.IdempotencyClass\x12%\n\x08\x66\x61llback\x18\x07 \x01(\x0e\x32\x13.arctic.v1.Fallback\x12\x16\n\x0eoperation_type\x18\x08 \x01(\t\x12\x0f\n\x07\x61liases\x18\t \x03(\t\x12\x14\n\x0crequest_type\x18\n \x01(\t\x12\x15\n\rresponse_type\x18\x0b \x01(\t\x12\x18\n\x10inline_preferred\x18\x0c \x01(\x08\x12\x10\n\x08protocol\x18\r \x01(\x08\"_\n\x0c\x45rrorOptions\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x12\x13\n\x0bgrpc_status\x18\x02 \x01(\t\x12\x12\n\nuser_fault\x18\x03 \x01(\x08\x12\x11\n\tretryable\x18\x04 \x01(\x08\"\xa7\x01\n\x0c\x46ieldOptions\x12\x10\n\x08required\x18\x01 \x01(\x08\x12\x0e\n\x06\x64types\x18\x02 \x03(\t\x12\r\n\x05shape\x18\x03 \x01(\t\x12\x0e\n\x06tensor\x18\x04 \x01(\x08\x12\x0e\n\x06values\x18\x05 \x03(\t\x12\x0e\n\x06losses\x18\x06 \x03(\t\x12\x15\n\rdefault_value\x18\x07 \x01(\t\x12\x10\n\x08requires\x18\x08 \x01(\t\x12\r\n\x05\x61lias\x18\t \x01(\t*c\n\x08\x42odyKind\x12\x19\n\x15\x42ODY_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x42ODY_KIND_NONE\x10\x01\x12\x12\n\x0e\x42ODY_KIND_JSON\x10\x02\x12\x14\n\x10\x42ODY_KIND_DSSST1\x10\x03*g\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_GATEWAY\x10\x01\x12\x11\n\rROLE_TRAINING\x10\x02\x12\x11\n\rROLE_SAMPLING\x10\x03\x12\x11\n\rROLE_LOG_PROB\x10\x04*\x91\x01\n\x10IdempotencyClass\x12!\n\x1dIDEMPOTENCY_CLASS_UNSPECIFIED\x10\x00\x12\x1a\n\x16IDEMPOTENCY_CLASS_SAFE\x10\x01\x12\x1b\n\x17IDEMPOTENCY_CLASS_KEYED\x10\x02\x12!\n\x1dIDEMPOTENCY_CLASS_CHUNK_GROUP\x10\x03*\x85\x01\n\x08\x46\x61llback\x12\x18\n\x14\x46\x41LLBACK_UNSPECIFIED\x10\x00\x12\x11\n\rFALLBACK_NONE\x10\x01\x12\x16\n\x12\x46\x41LLBACK_OPERATION\x10\x02\x12\x11\n\rFALLBACK_NOOP\x10\x03\x12!\n\x1d\x46\x41LLBACK_WEIGHT_SYNC_SEQUENCE\x10\x04:B\n\x02op\x12\x1e.google.protobuf.MethodOptions\x18\xb8\x8e\x03 \x01(\x0b\x32\x14.arctic.v1.OpOptions:K\n\x05\x65rror\x12!.google.protobuf.EnumValueOptions\x18\xb9\x8e\x03 \x01(\x0b\x32\x17.arctic.v1.ErrorOptions:G\n\x05\x66ield\x12\x1d.google.protobuf.FieldOptions\x18\xba\x8e\x03 \x01(\x0b\x32\x17.arctic.v1.FieldOptionsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'arctic_sdk._generated.arctic.v1.options_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BODYKIND']._serialized_start=603
-  _globals['_BODYKIND']._serialized_end=702
-  _globals['_ROLE']._serialized_start=704
-  _globals['_ROLE']._serialized_end=807
-  _globals['_IDEMPOTENCYCLASS']._serialized_start=810
-  _globals['_IDEMPOTENCYCLASS']._serialized_end=955
-  _globals['_FALLBACK']._serialized_start=958
-  _globals['_FALLBACK']._serialized_end=1091
+  _globals['_BODYKIND']._serialized_start=692
+  _globals['_BODYKIND']._serialized_end=791
+  _globals['_ROLE']._serialized_start=793
+  _globals['_ROLE']._serialized_end=896
+  _globals['_IDEMPOTENCYCLASS']._serialized_start=899
+  _globals['_IDEMPOTENCYCLASS']._serialized_end=1044
+  _globals['_FALLBACK']._serialized_start=1047
+  _globals['_FALLBACK']._serialized_end=1180
   _globals['_OPOPTIONS']._serialized_start=73
   _globals['_OPOPTIONS']._serialized_end=423
   _globals['_ERROROPTIONS']._serialized_start=425
   _globals['_ERROROPTIONS']._serialized_end=520
-  _globals['_FIELDOPTIONS']._serialized_start=522
-  _globals['_FIELDOPTIONS']._serialized_end=601
+  _globals['_FIELDOPTIONS']._serialized_start=523
+  _globals['_FIELDOPTIONS']._serialized_end=690
 # @@protoc_insertion_point(module_scope)

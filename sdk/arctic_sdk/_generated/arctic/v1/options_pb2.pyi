@@ -255,7 +255,9 @@ Global___ErrorOptions: _TypeAlias = ErrorOptions  # noqa: Y015
 
 @_typing.final
 class FieldOptions(_message.Message):
-    """Constraints of a tensor-valued field inside a DSSST1 body."""
+    """Constraints of a body field: tensors (dtypes, symbolic shape), required fields, the values
+    a string takes, and the loss-specific fields of forward-backward / forward.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -263,6 +265,11 @@ class FieldOptions(_message.Message):
     DTYPES_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
     TENSOR_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    LOSSES_FIELD_NUMBER: _builtins.int
+    DEFAULT_VALUE_FIELD_NUMBER: _builtins.int
+    REQUIRES_FIELD_NUMBER: _builtins.int
+    ALIAS_FIELD_NUMBER: _builtins.int
     required: _builtins.bool
     """The field must be present."""
     shape: _builtins.str
@@ -271,9 +278,30 @@ class FieldOptions(_message.Message):
     """
     tensor: _builtins.bool
     """The field is a tensor (or a JSON number/array coerced to one)."""
+    default_value: _builtins.str
+    """The value an absent field means (documentation and generated defaults)."""
+    requires: _builtins.str
+    """A dotted path from the body's root without which this field is not read: sent without it,
+    the field is refused like a field its loss does not read.
+    """
+    alias: _builtins.str
+    """Name of the generated type of `values` (a `Literal` in Python), e.g. "LossFn"."""
     @_builtins.property
     def dtypes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Allowed DSSST1 dtype names (`proto/DSSST1.md` §4); empty = any."""
+
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A string field (or each item of a repeated one) takes only these values; any other is
+        `invalid_argument` naming the field, its value and these. Empty = any string.
+        """
+
+    @_builtins.property
+    def losses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The field is read only by these values of `processing.loss_fn` (the per-loss field table of a
+        forward-backward / forward body): sent with another loss it is refused with
+        `invalid_argument` naming the field and the loss. Empty = every loss reads it.
+        """
 
     def __init__(
         self,
@@ -282,10 +310,15 @@ class FieldOptions(_message.Message):
         dtypes: _abc.Iterable[_builtins.str] | None = ...,
         shape: _builtins.str = ...,
         tensor: _builtins.bool = ...,
+        values: _abc.Iterable[_builtins.str] | None = ...,
+        losses: _abc.Iterable[_builtins.str] | None = ...,
+        default_value: _builtins.str = ...,
+        requires: _builtins.str = ...,
+        alias: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtypes", b"dtypes", "required", b"required", "shape", b"shape", "tensor", b"tensor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "default_value", b"default_value", "dtypes", b"dtypes", "losses", b"losses", "required", b"required", "requires", b"requires", "shape", b"shape", "tensor", b"tensor", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,6 +18,11 @@ prediction: `t[:, i]` is the log-prob of `input_ids[:, i + 1]`, and its last col
 is never trained (nothing predicts the first token). Rows may be left- or right-padded:
 `attention_mask` says which columns are real, and results come back in the caller's row order
 and column positions (padding columns of results are 0).
+
+Per-loss fields. A field of `kwargs`, `context` or `processing.config` that only some losses
+read names them in its `(arctic.v1.field).losses` (empty = every loss reads it); a field the
+chosen `processing.loss_fn` does not read is refused with `invalid_argument` naming the field
+and the loss, never ignored. PROTOCOL.md §9 renders the table from these options.
 """
 
 from collections import abc as _abc
@@ -90,7 +95,9 @@ class ModelInputs(_message.Message):
 
     @_builtins.property
     def labels(self) -> Global___Tensor:
-        """Token-aligned SFT targets; -100 = ignored. Used by `cross_entropy` when `loss_mask` is absent."""
+        """Token-aligned SFT targets (`cross_entropy` only): column i is the token scored at position i
+        instead of `input_ids[:, i]`; -100 = not trained (the loss mask when `loss_mask` is absent).
+        """
 
     def __init__(
         self,
@@ -126,7 +133,7 @@ class LossContext(_message.Message):
 
     @_builtins.property
     def advantages(self) -> Global___Tensor:
-        """Token-aligned advantages (grpo, ppo, importance_sampling, cispo)."""
+        """Token-aligned advantages (grpo, ppo, importance_sampling, cispo; required by them)."""
 
     @_builtins.property
     def loss_mask(self) -> Global___Tensor:
@@ -136,16 +143,22 @@ class LossContext(_message.Message):
 
     @_builtins.property
     def old_log_probs_shifted(self) -> Global___Tensor:
-        """Behaviour-policy log-probs (the sampler's), shifted. Absent = on-policy (π_old = π)."""
+        """Behaviour-policy log-probs (the sampler's), shifted, for the ratio losses. Absent =
+        on-policy (π_old = π).
+        """
 
     @_builtins.property
     def ref_log_probs_shifted(self) -> Global___Tensor:
-        """Reference-model log-probs, shifted; enables the KL term when `config.kl_coeff` > 0."""
+        """Reference-model log-probs, shifted: `metrics.kl` is reported against them (with
+        `config.kl_type`), and `config.kl_coeff` > 0 adds the KL penalty (and requires them).
+        """
 
     @_builtins.property
     def weights(self) -> Global___Tensor:
-        """Token-aligned per-token weights for `weighted_logprob`: loss = -sum(w * logprob) (custom
-        client-side losses: compute w on the client from a forward's log-probs).
+        """Token-aligned per-token weights (finite reals): the per-token loss is `-w * logprob`
+        for `weighted_logprob` (required) and `cross_entropy` (absent = 1), so all-zero weights train
+        nothing. Tinker's cross_entropy `weights`; a client-side custom loss sends
+        w = -dL/dlogprob from a forward's log-probs with `loss_agg_mode` "sum".
         """
 
     def __init__(
@@ -168,9 +181,10 @@ Global___LossContext: _TypeAlias = LossContext  # noqa: Y015
 
 @_typing.final
 class LossConfig(_message.Message):
-    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed).
+    """Loss configuration. Unknown keys are refused with `unsupported_option` (all of them listed),
+    and so is a key the chosen loss does not read (`invalid_argument`, see the per-loss table).
     Losses per token (r = exp(logp - old), A = advantage, both at the prediction position):
-      cross_entropy       -logp
+      cross_entropy       -w * logp                    (w = `context.weights`, absent = 1)
       ppo / grpo          -min(r * A, clip(r, 1 - eps_clip, 1 + eps_clip_high) * A)
       importance_sampling -r * A                       (old = the sampler's log-probs)
       cispo               -stopgrad(clip(r, 1 - eps_clip, 1 + eps_clip_high)) * A * logp
@@ -200,7 +214,7 @@ class LossConfig(_message.Message):
     batch over several forward-backward calls before one step gives the same update.
     """
     eps_clip: _builtins.float
-    """PPO/GRPO lower clip ε (default 0.2); ratio clipped to [1 - eps_clip, 1 + eps_clip_high]."""
+    """PPO/GRPO/CISPO lower clip ε (default 0.2); ratio clipped to [1 - eps_clip, 1 + eps_clip_high]."""
     eps_clip_high: _builtins.float
     """Upper clip ε (default = eps_clip)."""
     entropy_coeff: _builtins.float
@@ -208,7 +222,9 @@ class LossConfig(_message.Message):
     kl_coeff: _builtins.float
     """KL penalty coefficient on `ref_log_probs_shifted` (default 0 = off)."""
     kl_type: _builtins.str
-    """"low_var_kl" (default, k3), "kl" (k1), "mse" (k2)."""
+    """"low_var_kl" (default, k3), "kl" (k1), "mse" (k2): the KL estimator of the penalty and of
+    `metrics.kl`; read only with `context.ref_log_probs_shifted`.
+    """
     temperature: _builtins.float
     """Logits are divided by this before log-probs (default 1.0)."""
     def __init__(
@@ -240,9 +256,16 @@ class Processing(_message.Message):
     POST_FIELD_NUMBER: _builtins.int
     LOSS_FN_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    BALANCE_ROWS_FIELD_NUMBER: _builtins.int
     loss_fn: _builtins.str
-    """"cross_entropy" (SFT, default), "grpo", "ppo", "importance_sampling", "cispo",
-    "weighted_logprob".
+    """"cross_entropy" (SFT, the default of forward-backward and forward alike), "grpo", "ppo",
+    "importance_sampling", "cispo", "weighted_logprob".
+    """
+    balance_rows: _builtins.bool
+    """forward-backward on a multi-rank (data-parallel) trainer: assign the call's rows to ranks so
+    that their real-token counts balance (ZoRRO's load balancer) instead of in contiguous
+    slices. Results come back in the caller's row order and equal the unbalanced ones (the
+    assignment changes cost, not the maths); a single-rank trainer has nothing to balance.
     """
     @_builtins.property
     def post(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -258,10 +281,11 @@ class Processing(_message.Message):
         post: _abc.Iterable[_builtins.str] | None = ...,
         loss_fn: _builtins.str = ...,
         config: Global___LossConfig | None = ...,
+        balance_rows: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "loss_fn", b"loss_fn", "post", b"post"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["balance_rows", b"balance_rows", "config", b"config", "loss_fn", b"loss_fn", "post", b"post"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -287,9 +311,13 @@ class ForwardBackwardRequest(_message.Message):
     @_builtins.property
     def kwargs(self) -> Global___ModelInputs: ...
     @_builtins.property
-    def context(self) -> Global___LossContext: ...
+    def context(self) -> Global___LossContext:
+        """Per-token training signal (loss mask, advantages, log-probs, weights)."""
+
     @_builtins.property
-    def processing(self) -> Global___Processing: ...
+    def processing(self) -> Global___Processing:
+        """The loss (`loss_fn`, default cross_entropy), its `config` and post-processors."""
+
     def __init__(
         self,
         *,
@@ -324,6 +352,8 @@ class Metrics(_message.Message):
     KL_FIELD_NUMBER: _builtins.int
     NUM_SEQUENCES_FIELD_NUMBER: _builtins.int
     GLOBAL_STEP_FIELD_NUMBER: _builtins.int
+    RANK_TOKENS_MAX_FIELD_NUMBER: _builtins.int
+    RANK_TOKENS_MIN_FIELD_NUMBER: _builtins.int
     loss: _builtins.float
     num_tokens: _builtins.int
     """Trained tokens in this call (non-zero mask entries)."""
@@ -341,12 +371,17 @@ class Metrics(_message.Message):
     entropy: _builtins.float
     """Mean entropy of the predicting distribution (when entropy was computed)."""
     kl: _builtins.float
-    """Mean KL penalty term against `ref_log_probs_shifted` (when `kl_coeff` > 0); `low_var_kl` is
-    clamped to [-10, 10] per token.
+    """Mean KL term against `ref_log_probs_shifted` (whenever they are given, with `kl_type`'s
+    estimator; added to the loss when `kl_coeff` > 0); `low_var_kl` is clamped to [-10, 10].
     """
     num_sequences: _builtins.int
     """Rows in the call."""
     global_step: _builtins.int
+    rank_tokens_max: _builtins.int
+    """forward-backward: real (attention_mask) tokens of the busiest and of the least busy
+    data-parallel rank in this call; both equal the call's real tokens on a single-rank trainer.
+    """
+    rank_tokens_min: _builtins.int
     def __init__(
         self,
         *,
@@ -360,10 +395,12 @@ class Metrics(_message.Message):
         kl: _builtins.float = ...,
         num_sequences: _builtins.int = ...,
         global_step: _builtins.int = ...,
+        rank_tokens_max: _builtins.int = ...,
+        rank_tokens_min: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "global_step", b"global_step", "grad_norm", b"grad_norm", "kl", b"kl", "loss", b"loss", "lr", b"lr", "num_sequences", b"num_sequences", "num_tokens", b"num_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approx_kl", b"approx_kl", "clip_fraction", b"clip_fraction", "entropy", b"entropy", "global_step", b"global_step", "grad_norm", b"grad_norm", "kl", b"kl", "loss", b"loss", "lr", b"lr", "num_sequences", b"num_sequences", "num_tokens", b"num_tokens", "rank_tokens_max", b"rank_tokens_max", "rank_tokens_min", b"rank_tokens_min"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -431,7 +468,11 @@ Global___ForwardBackwardResult: _TypeAlias = ForwardBackwardResult  # noqa: Y015
 @_typing.final
 class ForwardRequest(_message.Message):
     """DSSST1 body of forward (no gradient). The result is a `ForwardBackwardResult` with
-    `outputs.logprobs_shifted` always set and `loss` computed when `processing.loss_fn` is given.
+    `outputs.logprobs_shifted` always set and the `loss` and metrics forward-backward would report
+    for the same body: `processing.loss_fn` defaults to "cross_entropy" here too, with the same
+    per-loss field rules. On a sampling sub-job (a vLLM sampler scores the prompt tokens at
+    temperature 1) entropy, another temperature, `labels` and `position_ids` are
+    `unsupported_option`.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -441,13 +482,19 @@ class ForwardRequest(_message.Message):
     CONTEXT_FIELD_NUMBER: _builtins.int
     PROCESSING_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def args(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Value]: ...
+    def args(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Value]:
+        """Always empty (deployed field, kept for compatibility)."""
+
     @_builtins.property
     def kwargs(self) -> Global___ModelInputs: ...
     @_builtins.property
-    def context(self) -> Global___LossContext: ...
+    def context(self) -> Global___LossContext:
+        """Per-token training signal, as in forward-backward."""
+
     @_builtins.property
-    def processing(self) -> Global___Processing: ...
+    def processing(self) -> Global___Processing:
+        """The loss (`loss_fn`, default cross_entropy), its `config` and post-processors."""
+
     def __init__(
         self,
         *,
@@ -562,6 +609,9 @@ class SamplingParams(_message.Message):
     REPETITION_PENALTY_FIELD_NUMBER: _builtins.int
     MIN_TOKENS_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
+    MIN_P_FIELD_NUMBER: _builtins.int
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _builtins.int
+    PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
     n: _builtins.int
     temperature: _builtins.float
     top_p: _builtins.float
@@ -569,14 +619,28 @@ class SamplingParams(_message.Message):
     max_tokens: _builtins.int
     seed: _builtins.int
     logprobs: _builtins.int
-    """Number of top log-probs per generated token (0 = the sampled token's log-prob only, when
-    set); absent = no log-probs.
+    """Log-probs of the generated tokens: 0 = each sampled token's log-prob (`Sample.logprobs`);
+    k > 0 = also the k most likely tokens at each position (`Sample.top_logprobs`); absent =
+    none. At most 20.
     """
     presence_penalty: _builtins.float
     frequency_penalty: _builtins.float
     repetition_penalty: _builtins.float
     min_tokens: _builtins.int
     ignore_eos: _builtins.bool
+    min_p: _builtins.float
+    """Min-p sampling: only tokens whose probability is at least `min_p` times the most likely
+    token's are sampled. In [0, 1]; absent or 0 = off; 1 keeps only the most likely token(s).
+    """
+    include_stop_str_in_output: _builtins.bool
+    """Keep the stop string (or the stop token's text) that ended a sample at the end of its `text`
+    (default false: `text` ends before it). `token_ids` are the same either way.
+    """
+    prompt_logprobs: _builtins.int
+    """Log-probs of the prompt tokens (`Completion.prompt_logprobs`): 0 = each prompt token's
+    log-prob given the tokens before it; k > 0 = also the top k (`prompt_top_logprobs`);
+    absent = none. At most 20.
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -598,13 +662,20 @@ class SamplingParams(_message.Message):
         repetition_penalty: _builtins.float = ...,
         min_tokens: _builtins.int = ...,
         ignore_eos: _builtins.bool = ...,
+        min_p: _builtins.float | None = ...,
+        include_stop_str_in_output: _builtins.bool = ...,
+        prompt_logprobs: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "logprobs", b"logprobs", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_min_p", b"_min_p", "_prompt_logprobs", b"_prompt_logprobs", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "logprobs", b"logprobs", "min_p", b"min_p", "prompt_logprobs", b"prompt_logprobs", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_tokens", b"min_tokens", "n", b"n", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_min_p", b"_min_p", "_prompt_logprobs", b"_prompt_logprobs", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "n", b"n", "presence_penalty", b"presence_penalty", "prompt_logprobs", b"prompt_logprobs", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__logprobs: _TypeAlias = _typing.Literal["logprobs"]  # noqa: Y015
     _WhichOneofArgType__logprobs: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs"]  # noqa: Y015
+    _WhichOneofReturnType__min_p: _TypeAlias = _typing.Literal["min_p"]  # noqa: Y015
+    _WhichOneofArgType__min_p: _TypeAlias = _typing.Literal["_min_p", b"_min_p"]  # noqa: Y015
+    _WhichOneofReturnType__prompt_logprobs: _TypeAlias = _typing.Literal["prompt_logprobs"]  # noqa: Y015
+    _WhichOneofArgType__prompt_logprobs: _TypeAlias = _typing.Literal["_prompt_logprobs", b"_prompt_logprobs"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
@@ -616,6 +687,10 @@ class SamplingParams(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__logprobs) -> _WhichOneofReturnType__logprobs | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_p) -> _WhichOneofReturnType__min_p | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__prompt_logprobs) -> _WhichOneofReturnType__prompt_logprobs | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
@@ -625,6 +700,32 @@ class SamplingParams(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 
 Global___SamplingParams: _TypeAlias = SamplingParams  # noqa: Y015
+
+@_typing.final
+class TopLogprobs(_message.Message):
+    """The k most likely tokens at one position, most likely first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs", "token_ids", b"token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopLogprobs: _TypeAlias = TopLogprobs  # noqa: Y015
 
 @_typing.final
 class Prompt(_message.Message):
@@ -692,7 +793,9 @@ class GenerateRequest(_message.Message):
     @_builtins.property
     def prompts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Prompt]: ...
     @_builtins.property
-    def sampling_params(self) -> Global___SamplingParams: ...
+    def sampling_params(self) -> Global___SamplingParams:
+        """vLLM-named sampling parameters (absent = the defaults: n 1, max_tokens 16)."""
+
     def __init__(
         self,
         *,
@@ -720,6 +823,7 @@ class Sample(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     STOP_REASON_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     finish_reason: _builtins.str
     """"stop", "length" or "abort"."""
@@ -731,6 +835,13 @@ class Sample(_message.Message):
     def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """Log-prob of each sampled token (when `sampling_params.logprobs` is set)."""
 
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprobs]:
+        """When `sampling_params.logprobs` = k > 0: per sampled token, the k most likely tokens at its
+        position (the sampled one may be among them or not, so
+        `logprobs[j] <= top_logprobs[j].logprobs[0]`).
+        """
+
     def __init__(
         self,
         *,
@@ -739,10 +850,11 @@ class Sample(_message.Message):
         finish_reason: _builtins.str = ...,
         logprobs: _abc.Iterable[_builtins.float] | None = ...,
         stop_reason: _builtins.str = ...,
+        top_logprobs: _abc.Iterable[Global___TopLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "stop_reason", b"stop_reason", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "stop_reason", b"stop_reason", "text", b"text", "token_ids", b"token_ids", "top_logprobs", b"top_logprobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -756,19 +868,36 @@ class Completion(_message.Message):
 
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SAMPLES_FIELD_NUMBER: _builtins.int
+    PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def samples(self) -> _containers.RepeatedCompositeFieldContainer[Global___Sample]: ...
+    @_builtins.property
+    def prompt_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """When `sampling_params.prompt_logprobs` is set: `prompt_logprobs[i]` is the log-prob of
+        `prompt_token_ids[i]` given the tokens before it; `prompt_logprobs[0]` is 0 (nothing
+        predicts the first token).
+        """
+
+    @_builtins.property
+    def prompt_top_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprobs]:
+        """When `sampling_params.prompt_logprobs` = k > 0: the k most likely tokens at each prompt
+        position (the first entry is empty).
+        """
+
     def __init__(
         self,
         *,
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         samples: _abc.Iterable[Global___Sample] | None = ...,
+        prompt_logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        prompt_top_logprobs: _abc.Iterable[Global___TopLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "samples", b"samples"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_logprobs", b"prompt_logprobs", "prompt_token_ids", b"prompt_token_ids", "prompt_top_logprobs", b"prompt_top_logprobs", "samples", b"samples"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -820,9 +949,12 @@ class SyncWeightsRequest(_message.Message):
     cuda_ipc: _builtins.bool
     """Legacy knobs; honoured when the method allows."""
     low_memory: _builtins.bool
+    """Legacy: stream the weights in pieces (honoured when the method allows)."""
     @_builtins.property
     def target_sub_job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Default: every sampling and log-prob sub-job of the job."""
+        """Default: every sampling sub-job of the job. A log-prob sub-job (the reference model) is
+        updated only when named here: it stays frozen otherwise.
+        """
 
     def __init__(
         self,
@@ -890,6 +1022,7 @@ class ResetPrefixCacheRequest(_message.Message):
     drain: _builtins.bool
     """Wait for in-flight generates to finish first (default true)."""
     timeout_s: _builtins.float
+    """Seconds to wait for the drain (0 = the server's default); >= 0."""
     def __init__(
         self,
         *,
@@ -939,10 +1072,15 @@ class OperationRequest(_message.Message):
     SUB_JOB_TYPE_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     operation_type: _builtins.str
+    """The operation (see above)."""
     sub_job_id: _builtins.str
+    """The target sub-job id (`{job}:{role}:{index}`)."""
     sub_job_type: _builtins.str
+    """The target sub-job's role (training, sampling, log_prob)."""
     @_builtins.property
-    def payload(self) -> _struct_pb2.Struct: ...
+    def payload(self) -> _struct_pb2.Struct:
+        """The operation's body (for "forward": a ForwardRequest)."""
+
     def __init__(
         self,
         *,
@@ -1071,9 +1209,13 @@ class LoadCheckpointRequest(_message.Message):
     SOURCE_JOB_ID_FIELD_NUMBER: _builtins.int
     TARGET_SUB_JOB_ID_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
+    """The checkpoint to load (required)."""
     source_job_id: _builtins.str
     """Load a checkpoint saved by another job of the same token."""
     target_sub_job_id: _builtins.str
+    """The sub-job to load it into (default: the training sub-job). Loading into a sampling
+    sub-job changes its weights, so it bumps the `weight_version` its generates report.
+    """
     def __init__(
         self,
         *,
@@ -1115,6 +1257,7 @@ class ListCheckpointsRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     def __init__(
         self,
         *,
@@ -1155,7 +1298,9 @@ class ExportCheckpointRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     checkpoint_id: _builtins.str
+    """The checkpoint to export."""
     def __init__(
         self,
         *,
@@ -1236,8 +1381,11 @@ class DownloadCheckpointFileRequest(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     FILENAME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     checkpoint_id: _builtins.str
+    """The exported checkpoint."""
     filename: _builtins.str
+    """A file name of its export (`ExportedFile.filename`)."""
     def __init__(
         self,
         *,
@@ -1260,7 +1408,9 @@ class DeleteCheckpointRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    """The job (default: the client's `job_id`)."""
     checkpoint_id: _builtins.str
+    """The checkpoint to delete."""
     def __init__(
         self,
         *,

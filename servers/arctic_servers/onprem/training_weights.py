@@ -1,0 +1,124 @@
+"""The trainer's weights and checkpoints (a mixin of `TrainingEngine`): full weights in HF names
+(ZeRO-3 gathered), their export for weight sync, and resumable / weights-only checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .hf_model import write_hf_dir
+from .worker import WorkerError
+
+
+class TrainerWeights:
+    engine: Any
+    stage: int
+    model_dir: str
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights in HF names, on CPU (ZeRO-3 parameters gathered first)."""
+        import deepspeed
+
+        module = self.engine.module
+        if self.stage == 3:
+            params = list(module.parameters())
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                return {
+                    n: p.detach().clone().cpu().contiguous() for n, p in module.named_parameters()
+                }
+        return {n: p.detach().cpu().contiguous() for n, p in module.named_parameters()}
+
+    def op_export_weights(self, path: str | None = None, method: str = "shm") -> dict[str, Any]:
+        from safetensors.torch import save, save_file
+
+        t = time.perf_counter()
+        if method in ("cuda_ipc", "nccl"):
+            from .weight_sync import trainer_export_gpu
+
+            return trainer_export_gpu(self, method)
+        sd = self.state_dict()
+        nbytes = sum(v.numel() * v.element_size() for v in sd.values())
+        out: dict[str, Any] = {"num_tensors": len(sd), "num_bytes": nbytes}
+        if path:
+            tmp = path + ".tmp"
+            save_file(sd, tmp)
+            os.replace(tmp, path)
+            out["path"] = path
+        else:
+            out["blob"] = save(sd)
+        out["seconds"] = time.perf_counter() - t
+        return out
+
+    def op_nccl_broadcast(self, host: str, port: int) -> dict[str, Any]:  # pragma: no cover - GPU
+        from .weight_sync import trainer_nccl_broadcast
+
+        return trainer_nccl_broadcast(self, host, port)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def op_save(
+        self, directory: str, tag: str, checkpoint_type: str, client_state: dict[str, Any]
+    ) -> dict[str, Any]:
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        client_state = dict(client_state, global_steps=int(self.engine.global_steps))
+        if checkpoint_type == "weights-only":
+            write_hf_dir(self.state_dict(), self.model_dir, root / tag / "hf")
+            (root / tag / "client_state.json").write_text(json.dumps(client_state))
+        else:
+            self.engine.save_checkpoint(str(root), tag=tag, client_state=client_state)
+        size = sum(f.stat().st_size for f in (root / tag).rglob("*") if f.is_file())
+        return {"size_bytes": size, "global_steps": int(self.engine.global_steps)}
+
+    def op_load(self, directory: str, tag: str, checkpoint_type: str) -> dict[str, Any]:
+        root = Path(directory)
+        if checkpoint_type == "weights-only":
+            self._load_weights_only(root / tag / "hf" / "model.safetensors")
+            cs = json.loads((root / tag / "client_state.json").read_text())
+        else:
+            path, cs = self.engine.load_checkpoint(
+                str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+            if path is None:
+                raise WorkerError(
+                    "checkpoint_not_found", f"DeepSpeed found no checkpoint {tag!r} in {root}"
+                )
+        self.engine.optimizer.zero_grad()
+        self._reset_accum()  # type: ignore[attr-defined]  # TrainingEngine's
+        return {"global_steps": int(self.engine.global_steps), "client_state": cs or {}}
+
+    def _load_weights_only(self, path: Path) -> None:
+        import deepspeed
+        from safetensors.torch import load_file
+
+        sd = load_file(str(path))
+        module = self.engine.module
+        params = list(module.parameters())
+        ctx = (
+            deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+            if self.stage == 3
+            else _Null()
+        )
+        with ctx, torch.no_grad():
+            for n, p in module.named_parameters():
+                p.copy_(sd[n].to(p.dtype))
+        # ZeRO 1/2 keep fp32 master copies in the optimizer; refresh them from the module
+        opt = self.engine.optimizer
+        refresh = getattr(opt, "refresh_fp32_params", None)
+        if callable(refresh):
+            refresh()
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
