@@ -8,11 +8,11 @@ through `arctic_sdk.AsyncClient`:
 
 1. **SFT**: `forward_backward` (`cross_entropy`, `loss_mask` on the answer and its stop token,
    the prompt masked out) submitted together with `step`, a batch of training problems per step,
-   until the held-out accuracy reaches `--sft-target` (or `--sft-max-steps`); then
+   until the held-out accuracy reaches `Recipe.sft_target` (or `Recipe.sft_max_steps`); then
    `save_checkpoint("sft")`.
 2. **RL**, twice from that checkpoint (`load_checkpoint` + `sync_weights`): the RL arm and a
-   control whose every step has learning rate 0. Per step: `generate` (`--group` samples per
-   prompt at `--temperature`, with the sampler's log-probs) -> exact-match reward ->
+   control whose every step has learning rate 0. Per step: `generate` (`Recipe.group` samples per
+   prompt at `Recipe.temperature`, with the sampler's log-probs) -> exact-match reward ->
    group-relative advantages -> `forward_backward` (`grpo`, `old_log_probs_shifted` = the
    sampler's log-probs) with `step` -> `sync_weights`.
 3. **Evaluation** every few steps: `sync_weights`, then greedy `generate` of every held-out
@@ -59,7 +59,7 @@ class Recipe:
     sft_lr: float = 2e-3
     sft_batch: int = 64
     sft_max_steps: int = 600
-    sft_target: float = 0.45  # stop SFT at the first evaluation at or above this accuracy
+    sft_target: float = 0.3  # stop SFT at the first evaluation at or above this accuracy
     sft_eval_every: int = 25
     rl_steps: int = 60
     rl_lr: float = 1e-3
@@ -75,17 +75,12 @@ class Recipe:
 
     @staticmethod
     def smoke() -> Recipe:
-        """Reduced sizes for CI: every op and both phases, no accuracy claims."""
-        return Recipe(
-            held_out=16,
-            sft_batch=8,
-            sft_max_steps=4,
-            sft_eval_every=2,
-            rl_steps=2,
-            rl_prompts=4,
-            group=4,
-            rl_eval_every=1,
-        )
+        """CI sizes: the same SFT, stopped at a lower accuracy, and a few RL steps per arm.
+
+        SFT has to reach some accuracy for RL to have a signal at all: with every sample wrong,
+        no group has an advantage and no GRPO step is taken.
+        """
+        return Recipe(sft_target=0.1, rl_steps=4, rl_prompts=16, rl_eval_every=2)
 
 
 @dataclass
@@ -94,11 +89,13 @@ class Curve:
 
     steps: list[int] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)  # SFT: cross-entropy of every step
     reward: list[float] = field(default_factory=list)  # RL: mean sampled reward per step
     # RL: the trainer's k1 KL to the sampler's log-probs, and the clipped fraction, per step
     # (both ~0 on-policy: the sampler's and the trainer's log-probs agree after each sync)
     approx_kl: list[float] = field(default_factory=list)
     clip_fraction: list[float] = field(default_factory=list)
+    updated: list[bool] = field(default_factory=list)  # RL: a GRPO step was taken (not skipped)
     seconds: float = 0.0
 
     @property
@@ -171,6 +168,7 @@ async def run_sft(
         st = client.submit_step()
         loss = float((await fb)["loss"])
         await st
+        curve.loss.append(loss)
         if step % r.sft_eval_every == 0 or step == r.sft_max_steps:
             curve.steps.append(step)
             curve.accuracy.append(await evaluate(client, task))
@@ -240,6 +238,7 @@ async def run_rl(
         curve.reward.append(reward)
         curve.approx_kl.append(kl)
         curve.clip_fraction.append(clip)
+        curve.updated.append(frame is not None)
         if step % r.rl_eval_every == 0 or step == r.rl_steps:
             curve.steps.append(step)
             curve.accuracy.append(await evaluate(client, task))
