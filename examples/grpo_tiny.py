@@ -1,4 +1,4 @@
-"""GRPO on the embedded tiny model, end to end through the SDK (the README's main job).
+"""GRPO on the embedded tiny model, end to end through the SDK (a plumbing toy; see sft_rl.py).
 
     python examples/grpo_tiny.py [--steps 40] [--seed 0] [--lr 1.5e-3] [--out out/reward.png]
                                  [--url http://127.0.0.1:8080]

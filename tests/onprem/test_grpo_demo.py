@@ -1,4 +1,4 @@
-"""The README's main job, short: GRPO through the SDK on the on-prem server, two seeds + control.
+"""The GRPO toy (examples/grpo_tiny.py), short: GRPO through the SDK, two seeds + control.
 
 `examples/grpo_tiny.py` runs generate → reward → forward-backward → step → sync-weights with
 `arctic_sdk.AsyncClient`. Stated margin: over 20 steps, the mean reward of the last 5 steps beats

@@ -4,12 +4,16 @@ No model hub is reachable on the on-prem CPU machines, so the default model of t
 built here: an HF directory that ``transformers`` (``AutoConfig``/``AutoTokenizer``/
 ``Qwen2ForCausalLM.from_pretrained``) and vLLM both load.
 
+Configurations (``CONFIGS``, by name): ``tiny`` is the default model (2 layers, hidden 128, a
+random model whose logits are far from uniform, so log-prob checks have signal); ``tiny-4l`` is
+the main job's trainable model (4 layers, hidden 128, initialised as Hugging Face initialises
+Qwen2 but with N(0, 0.08) weights, zero biases). Both share the tokenizer of
+:mod:`~arctic_servers.engines.tiny_tokenizer`.
+
 Determinism: every file is written from explicit Python data (``json.dumps`` of dicts built here,
 weights from a seeded ``numpy`` PCG64 stream, ``safetensors`` with fixed metadata), not through
-``save_pretrained`` of the installed library versions, so the same ``seed`` and builder version give
-byte-identical files on any machine. The BPE merges are learnt by a small deterministic Python loop
-(ties broken by the pair's text) over a built-in corpus; only the pre-tokenizer of the
-``tokenizers`` library is used, to split the corpus exactly as the finished tokenizer will.
+``save_pretrained`` of the installed library versions, so the same config, ``seed`` and builder
+version give byte-identical files on any machine.
 
 Cache: the directory holds ``MARKER_NAME`` with the build spec and the sha256 of every file;
 :func:`build_tiny_model` returns at once when the spec matches and every hash verifies.
@@ -18,7 +22,8 @@ Needs ``numpy``, ``safetensors`` and ``tokenizers`` (no torch, no transformers).
 
 CLI::
 
-    python -m arctic_servers.engines.tiny_model OUT_DIR [--seed 0] [--force] [--check]
+    python -m arctic_servers.engines.tiny_model OUT_DIR [--config tiny] [--seed 0] [--force]
+                                                        [--check]
 """
 
 from __future__ import annotations
@@ -26,280 +31,85 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
 import tempfile
-from collections import Counter
-from itertools import pairwise
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .tiny_tokenizer import (
+    ENDOFTEXT,
+    IM_END,
+    NUM_BPE_TOKENS,
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    tokenizer_files,
+)
 
 BUILDER_VERSION = 1
 MARKER_NAME = ".arctic_tiny_model.json"
 
 # --- architecture -------------------------------------------------------------------------------
-HIDDEN_SIZE = 128
-NUM_LAYERS = 2
-NUM_HEADS = 2
-NUM_KV_HEADS = 1
-HEAD_DIM = 64  # vLLM's CPU attention backend needs head_dim >= 64
-INTERMEDIATE_SIZE = 256
 MAX_POSITIONS = 1024
 ROPE_THETA = 10000.0
 RMS_NORM_EPS = 1e-6
 TIE_WORD_EMBEDDINGS = False  # keeps lm_head a separate tensor: weight sync must carry it
-
-# --- tokenizer ----------------------------------------------------------------------------------
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-VOCAB_SIZE = 512  # 256 byte tokens + learnt merges + the 3 special tokens at the end
-NUM_BPE_TOKENS = VOCAB_SIZE - len(SPECIAL_TOKENS)
-
-# Same pre-tokenizer regex as Qwen2's (transformers' tokenization_qwen2.PRETOKENIZE_REGEX).
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
-_CORPUS = """\
-The quick brown fox jumps over the lazy dog. A tiny model is built on this machine, for tests only.
-It has two layers, two attention heads of sixty-four dimensions, and a vocabulary of five hundred
-and twelve tokens. The trainer computes the log-probabilities of the sampled tokens; the sampler
-returns its own. After every weight sync the two agree within a small tolerance.
-User: What is two plus two? Assistant: Two plus two is four.
-User: Write a haiku about the sea. Assistant: Grey waves fold and break, the tide forgets what it
-took, salt wind keeps the rest.
-The server answers each request with a future; the client polls until the result is ready.
-Reinforcement learning from human feedback samples completions, scores them with a reward, and
-updates the policy with a clipped objective and a penalty on the divergence from a reference model.
-def forward_backward(batch, loss_fn="cross_entropy"):
-    loss = model(batch).loss
-    loss.backward()
-    return {"loss": float(loss)}
-for step in range(10):
-    result = client.forward_backward(data, "importance_sampling")
-    client.optim_step(learning_rate=1e-5)
-0 1 2 3 4 5 6 7 8 9 10 11 12 16 32 64 128 256 512 1024 2048 3.14159 2.71828 1e-3 0.5
-The numbers are: one, two, three, four, five, six, seven, eight, nine, ten.
-{"role": "user", "content": "hello"} {"role": "assistant", "content": "Hello! How can I help?"}
-<|im_start|>system
-You are a helpful assistant.<|im_end|>
-<|im_start|>user
-Tell me a story about a robot who learns to paint.<|im_end|>
-<|im_start|>assistant
-Once upon a time there was a small robot that wanted to paint the morning light. Every day it mixed
-colors, and every day the paint came out grey, until it learnt to look before it painted.<|im_end|>
-The weather today is sunny with a light breeze; tomorrow there will be rain in the afternoon.
-Questions and answers, prompts and completions, tokens and weights, checkpoints and samplers.
-"""
+INITS = ("sharp", "normal")
 
 
-# --- tokenizer construction -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TinyConfig:
+    """The architecture and initialisation of one named tiny model.
+
+    `init`: ``"sharp"`` scales the random weights so the logits have std ~2 (the default model:
+    log-prob comparisons and "weights changed" checks then have signal); ``"normal"`` is Hugging
+    Face's Qwen2 scheme (N(0, `init_std`) weights and embeddings, zero biases, unit norms; HF's
+    default `initializer_range` is 0.02) — a model that starts near-uniform and trains.
+    """
+
+    name: str
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    head_dim: int = 64  # vLLM's CPU attention backend needs head_dim >= 64
+    intermediate_size: int = 256
+    init: str = "sharp"
+    init_std: float = 0.02  # "normal" only
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode map (what ByteLevel pre-tokenizers emit)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+DEFAULT_CONFIG = "tiny"
+CONFIGS: dict[str, TinyConfig] = {
+    "tiny": TinyConfig("tiny"),
+    # std 0.08 ~ 1/sqrt(hidden): with HF's 0.02 the attention logits start so small that learning
+    # addition sat on a plateau for 600+ steps in most seeds; at 0.08 it left it within ~200
+    # 2 key-value heads (no GQA): with one shared key-value head, learning addition was slower
+    "tiny-4l": TinyConfig("tiny-4l", num_layers=4, num_kv_heads=2, init="normal", init_std=0.08),
+}
 
 
-def _normalizer_json() -> dict[str, Any]:
-    return {"type": "NFC"}
+def get_config(name: str) -> TinyConfig:
+    """The named configuration; a `KeyError` naming the known ones otherwise."""
+    try:
+        return CONFIGS[name]
+    except KeyError:
+        raise KeyError(f"unknown tiny model config {name!r}; known: {sorted(CONFIGS)}") from None
 
 
-def _pre_tokenizer_json() -> dict[str, Any]:
-    return {
-        "type": "Sequence",
-        "pretokenizers": [
-            {
-                "type": "Split",
-                "pattern": {"Regex": PRETOKENIZE_REGEX},
-                "behavior": "Isolated",
-                "invert": False,
-            },
-            {
-                "type": "ByteLevel",
-                "add_prefix_space": False,
-                "trim_offsets": False,
-                "use_regex": False,
-            },
-        ],
-    }
-
-
-def _pretokenize(text: str) -> list[str]:
-    """Split `text` exactly as the finished tokenizer will (NFC + Qwen2 regex + byte-level map)."""
-    from tokenizers import Tokenizer  # type: ignore[import-not-found, unused-ignore]
-
-    probe: dict[str, Any] = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": _normalizer_json(),
-        "pre_tokenizer": _pre_tokenizer_json(),
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "BPE", "vocab": {}, "merges": []},
-    }
-    tok = Tokenizer.from_str(json.dumps(probe))
-    assert tok.normalizer is not None and tok.pre_tokenizer is not None
-    normalized = tok.normalizer.normalize_str(text)
-    return [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str(normalized)]
-
-
-def _learn_merges(corpus: str, num_tokens: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Plain BPE on the corpus; ties broken by the pair's text, so the result is determined."""
-    byte_map = _bytes_to_unicode()
-    vocab: dict[str, int] = {byte_map[b]: i for i, b in enumerate(sorted(byte_map))}
-    # The special tokens are split out of the text first, as the tokenizer's added tokens are.
-    text = corpus
-    for special in SPECIAL_TOKENS:
-        text = text.replace(special, "\n")
-    words = Counter(_pretokenize(text))
-    seqs: dict[tuple[str, ...], int] = {tuple(w): c for w, c in sorted(words.items())}
-    merges: list[tuple[str, str]] = []
-    while len(vocab) < num_tokens:
-        pairs: Counter[tuple[str, str]] = Counter()
-        for seq, count in seqs.items():
-            for a, b in pairwise(seq):
-                pairs[(a, b)] += count
-        if not pairs:
-            break
-        best = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-        merges.append(best)
-        merged = best[0] + best[1]
-        if merged not in vocab:
-            vocab[merged] = len(vocab)
-        new_seqs: dict[tuple[str, ...], int] = {}
-        for seq, count in seqs.items():
-            out: list[str] = []
-            i = 0
-            while i < len(seq):
-                if i + 1 < len(seq) and (seq[i], seq[i + 1]) == best:
-                    out.append(merged)
-                    i += 2
-                else:
-                    out.append(seq[i])
-                    i += 1
-            key = tuple(out)
-            new_seqs[key] = new_seqs.get(key, 0) + count
-        seqs = new_seqs
-    if len(vocab) < num_tokens:  # corpus exhausted (cannot happen with the built-in corpus)
-        raise RuntimeError(f"corpus too small: {len(vocab)} < {num_tokens} BPE tokens")
-    return vocab, merges
-
-
-def _tokenizer_files() -> dict[str, bytes]:
-    vocab, merges = _learn_merges(_CORPUS, NUM_BPE_TOKENS)
-    specials = {tok: NUM_BPE_TOKENS + i for i, tok in enumerate(SPECIAL_TOKENS)}
-    added_tokens = [
-        {
-            "id": idx,
-            "content": tok,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-        for tok, idx in specials.items()
-    ]
-    merges_txt = [f"{a} {b}" for a, b in merges]
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added_tokens,
-        "normalizer": _normalizer_json(),
-        "pre_tokenizer": _pre_tokenizer_json(),
-        "post_processor": {
-            "type": "ByteLevel",
-            "add_prefix_space": False,
-            "trim_offsets": False,
-            "use_regex": False,
-        },
-        "decoder": {
-            "type": "ByteLevel",
-            "add_prefix_space": False,
-            "trim_offsets": False,
-            "use_regex": False,
-        },
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": "",
-            "end_of_word_suffix": "",
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": merges_txt,
-        },
-    }
-    tokenizer_config = {
-        "tokenizer_class": "Qwen2Tokenizer",
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "added_tokens_decoder": {
-            str(idx): {
-                "content": tok,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": True,
-            }
-            for tok, idx in specials.items()
-        },
-        "additional_special_tokens": [IM_START, IM_END],
-        "bos_token": None,
-        "eos_token": IM_END,
-        "pad_token": ENDOFTEXT,
-        "unk_token": None,
-        "chat_template": CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "errors": "replace",
-        "model_max_length": MAX_POSITIONS,
-        "split_special_tokens": False,
-    }
-    special_tokens_map = {
-        "additional_special_tokens": [IM_START, IM_END],
-        "eos_token": IM_END,
-        "pad_token": ENDOFTEXT,
-    }
-    return {
-        "tokenizer.json": _dumps(tokenizer_json),
-        "tokenizer_config.json": _dumps(tokenizer_config),
-        "special_tokens_map.json": _dumps(special_tokens_map),
-        "vocab.json": _dumps(vocab),
-        "merges.txt": ("#version: 0.2\n" + "\n".join(merges_txt) + "\n").encode("utf-8"),
-    }
+def cache_dir_name(config: str = DEFAULT_CONFIG, seed: int = 0) -> str:
+    """The directory name a server caches a build under (the default keeps its old name)."""
+    if config == DEFAULT_CONFIG:
+        return f"tiny-qwen2-seed{seed}"
+    return f"tiny-qwen2-{get_config(config).name}-seed{seed}"
 
 
 # --- model construction ---------------------------------------------------------------------------
 
 
-def _config_files() -> dict[str, bytes]:
+def _config_files(c: TinyConfig) -> dict[str, bytes]:
     eos = [
         NUM_BPE_TOKENS + SPECIAL_TOKENS.index(IM_END),
         NUM_BPE_TOKENS + SPECIAL_TOKENS.index(ENDOFTEXT),
@@ -313,15 +123,15 @@ def _config_files() -> dict[str, bytes]:
         "eos_token_id": eos[0],
         "pad_token_id": pad,
         "hidden_act": "silu",
-        "hidden_size": HIDDEN_SIZE,
-        "head_dim": HEAD_DIM,
-        "initializer_range": 0.02,
-        "intermediate_size": INTERMEDIATE_SIZE,
+        "hidden_size": c.hidden_size,
+        "head_dim": c.head_dim,
+        "initializer_range": c.init_std,
+        "intermediate_size": c.intermediate_size,
         "max_position_embeddings": MAX_POSITIONS,
-        "max_window_layers": NUM_LAYERS,
-        "num_attention_heads": NUM_HEADS,
-        "num_hidden_layers": NUM_LAYERS,
-        "num_key_value_heads": NUM_KV_HEADS,
+        "max_window_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_hidden_layers": c.num_layers,
+        "num_key_value_heads": c.num_kv_heads,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_theta": ROPE_THETA,
         "rope_scaling": None,
@@ -344,56 +154,63 @@ def _config_files() -> dict[str, bytes]:
     return {"config.json": _dumps(config), "generation_config.json": _dumps(generation_config)}
 
 
-def _param_specs() -> list[tuple[str, tuple[int, ...], str]]:
+def _param_specs(c: TinyConfig) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, init kind) of every Qwen2ForCausalLM tensor, in HF naming."""
-    q_out = NUM_HEADS * HEAD_DIM
-    kv_out = NUM_KV_HEADS * HEAD_DIM
+    h, ff = c.hidden_size, c.intermediate_size
+    q_out = c.num_heads * c.head_dim
+    kv_out = c.num_kv_heads * c.head_dim
     specs: list[tuple[str, tuple[int, ...], str]] = [
-        ("model.embed_tokens.weight", (VOCAB_SIZE, HIDDEN_SIZE), "embed"),
+        ("model.embed_tokens.weight", (VOCAB_SIZE, h), "embed"),
     ]
-    for i in range(NUM_LAYERS):
+    for i in range(c.num_layers):
         p = f"model.layers.{i}."
         specs += [
-            (p + "input_layernorm.weight", (HIDDEN_SIZE,), "norm"),
-            (p + "self_attn.q_proj.weight", (q_out, HIDDEN_SIZE), "linear"),
+            (p + "input_layernorm.weight", (h,), "norm"),
+            (p + "self_attn.q_proj.weight", (q_out, h), "linear"),
             (p + "self_attn.q_proj.bias", (q_out,), "bias"),
-            (p + "self_attn.k_proj.weight", (kv_out, HIDDEN_SIZE), "linear"),
+            (p + "self_attn.k_proj.weight", (kv_out, h), "linear"),
             (p + "self_attn.k_proj.bias", (kv_out,), "bias"),
-            (p + "self_attn.v_proj.weight", (kv_out, HIDDEN_SIZE), "linear"),
+            (p + "self_attn.v_proj.weight", (kv_out, h), "linear"),
             (p + "self_attn.v_proj.bias", (kv_out,), "bias"),
-            (p + "self_attn.o_proj.weight", (HIDDEN_SIZE, q_out), "linear"),
-            (p + "post_attention_layernorm.weight", (HIDDEN_SIZE,), "norm"),
-            (p + "mlp.gate_proj.weight", (INTERMEDIATE_SIZE, HIDDEN_SIZE), "linear"),
-            (p + "mlp.up_proj.weight", (INTERMEDIATE_SIZE, HIDDEN_SIZE), "linear"),
-            (p + "mlp.down_proj.weight", (HIDDEN_SIZE, INTERMEDIATE_SIZE), "linear"),
+            (p + "self_attn.o_proj.weight", (h, q_out), "linear"),
+            (p + "post_attention_layernorm.weight", (h,), "norm"),
+            (p + "mlp.gate_proj.weight", (ff, h), "linear"),
+            (p + "mlp.up_proj.weight", (ff, h), "linear"),
+            (p + "mlp.down_proj.weight", (h, ff), "linear"),
         ]
-    specs.append(("model.norm.weight", (HIDDEN_SIZE,), "norm"))
+    specs.append(("model.norm.weight", (h,), "norm"))
     if not TIE_WORD_EMBEDDINGS:
-        specs.append(("lm_head.weight", (VOCAB_SIZE, HIDDEN_SIZE), "head"))
+        specs.append(("lm_head.weight", (VOCAB_SIZE, h), "head"))
     return specs
 
 
-def _weights_file(seed: int) -> bytes:
+def _scale(kind: str, shape: tuple[int, ...], c: TinyConfig) -> float:
+    """Standard deviation of a tensor's N(0, s) init (norms are ones, not drawn)."""
+    if c.init == "normal":  # transformers' Qwen2 _init_weights: initializer_range, zero biases
+        return 0.0 if kind == "bias" else c.init_std
+    # "sharp": far from uniform (logit std ~2), so log-prob comparisons have signal
+    if kind == "embed":
+        return 1.0
+    if kind == "bias":
+        return 0.02
+    if kind == "head":
+        return 2.0 / math.sqrt(shape[1])
+    return 1.0 / math.sqrt(shape[1])  # linear: 1/sqrt(fan_in)
+
+
+def _weights_file(c: TinyConfig, seed: int) -> bytes:
     import numpy as np
     from safetensors.numpy import save
 
     rng = np.random.Generator(np.random.PCG64(seed))
     tensors: dict[str, Any] = {}
-    # Scales chosen so the random model is far from uniform (logit std ~2): log-prob comparisons
-    # and "weights changed" checks then have signal.
-    for name, shape, kind in _param_specs():
+    for name, shape, kind in _param_specs(c):
         if kind == "norm":
             arr = np.ones(shape, dtype=np.float32)
         else:
+            # every tensor draws from the stream, so each keeps its values whatever the scale
             z = rng.standard_normal(shape, dtype=np.float32)
-            if kind == "embed":
-                arr = z
-            elif kind == "bias":
-                arr = z * np.float32(0.02)
-            elif kind == "head":
-                arr = z * np.float32(2.0 / np.sqrt(shape[1]))
-            else:  # linear: 1/sqrt(fan_in)
-                arr = z * np.float32(1.0 / np.sqrt(shape[1]))
+            arr = z * np.float32(_scale(kind, shape, c))
         tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
     return save(tensors, metadata={"format": "pt"})
 
@@ -405,33 +222,48 @@ def _dumps(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _spec(seed: int) -> dict[str, Any]:
-    return {
+def _spec(c: TinyConfig, seed: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {
         "builder": "arctic_servers.engines.tiny_model",
         "builder_version": BUILDER_VERSION,
         "seed": seed,
-        "hidden_size": HIDDEN_SIZE,
-        "num_layers": NUM_LAYERS,
-        "num_heads": NUM_HEADS,
-        "num_kv_heads": NUM_KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "intermediate_size": INTERMEDIATE_SIZE,
+        "hidden_size": c.hidden_size,
+        "num_layers": c.num_layers,
+        "num_heads": c.num_heads,
+        "num_kv_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size,
         "vocab_size": VOCAB_SIZE,
         "max_position_embeddings": MAX_POSITIONS,
         "tie_word_embeddings": TIE_WORD_EMBEDDINGS,
     }
+    if c.name != DEFAULT_CONFIG:  # the default's spec (and its caches' markers) stay as they were
+        spec.update(config=c.name, init=c.init, init_std=c.init_std)
+    return spec
 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def build_files(*, seed: int = 0) -> dict[str, bytes]:
+def build_files(*, seed: int = 0, config: str = DEFAULT_CONFIG) -> dict[str, bytes]:
     """Every file of the checkpoint, name -> bytes (no marker)."""
+    c = get_config(config)
+    if c.init not in INITS:
+        raise ValueError(f"config {c.name!r}: init {c.init!r} is not one of {INITS}")
+    if c.num_heads * c.head_dim != c.hidden_size:
+        # vLLM 0.32's CPU Qwen2 then computes another model than transformers (measured: log-probs
+        # differ by up to 2.5 nats with 4 heads x 64 on hidden 128; equal to 1e-6 when it matches)
+        raise ValueError(
+            f"config {c.name!r}: num_heads x head_dim = {c.num_heads * c.head_dim} must equal "
+            f"hidden_size {c.hidden_size}"
+        )
+    if c.num_heads % c.num_kv_heads:
+        raise ValueError(f"config {c.name!r}: num_heads must be a multiple of num_kv_heads")
     files: dict[str, bytes] = {}
-    files.update(_config_files())
-    files.update(_tokenizer_files())
-    files["model.safetensors"] = _weights_file(seed)
+    files.update(_config_files(c))
+    files.update(tokenizer_files(MAX_POSITIONS))
+    files["model.safetensors"] = _weights_file(c, seed)
     return dict(sorted(files.items()))
 
 
@@ -443,14 +275,14 @@ def content_hash(file_hashes: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def check_tiny_model(out_dir: Path, *, seed: int = 0) -> bool:
+def check_tiny_model(out_dir: Path, *, seed: int = 0, config: str = DEFAULT_CONFIG) -> bool:
     """True when `out_dir` holds a complete build of this spec, every file matching the marker."""
     marker = Path(out_dir) / MARKER_NAME
     try:
         meta = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if meta.get("spec") != _spec(seed):
+    if meta.get("spec") != _spec(get_config(config), seed):
         return False
     files = meta.get("files") or {}
     if not files or content_hash(files) != meta.get("content_hash"):
@@ -464,8 +296,10 @@ def check_tiny_model(out_dir: Path, *, seed: int = 0) -> bool:
     return True
 
 
-def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> Path:
-    """Build (or reuse) the tiny Qwen2 checkpoint in `out_dir`; returns `out_dir`.
+def build_tiny_model(
+    out_dir: Path, *, seed: int = 0, force: bool = False, config: str = DEFAULT_CONFIG
+) -> Path:
+    """Build (or reuse) the tiny Qwen2 checkpoint `config` in `out_dir`; returns `out_dir`.
 
     Reuses the directory when its marker matches this spec and every file hash verifies. Otherwise
     builds into a temporary sibling directory and renames it into place, so a reader never sees a
@@ -473,11 +307,12 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> Pa
     discarded).
     """
     out_dir = Path(out_dir)
-    if not force and check_tiny_model(out_dir, seed=seed):
+    if not force and check_tiny_model(out_dir, seed=seed, config=config):
         return out_dir
-    files = build_files(seed=seed)
+    files = build_files(seed=seed, config=config)
     hashes = {name: _sha256(data) for name, data in files.items()}
-    meta = {"spec": _spec(seed), "files": hashes, "content_hash": content_hash(hashes)}
+    spec = _spec(get_config(config), seed)
+    meta = {"spec": spec, "files": hashes, "content_hash": content_hash(hashes)}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -486,13 +321,14 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> Pa
             (tmp / name).write_bytes(data)
         (tmp / MARKER_NAME).write_bytes(_dumps(meta))
         if out_dir.exists():
-            if not force and check_tiny_model(out_dir, seed=seed):  # another builder won the race
+            # another builder may have won the race
+            if not force and check_tiny_model(out_dir, seed=seed, config=config):
                 return out_dir
             shutil.rmtree(out_dir, ignore_errors=True)
         try:
             os.replace(tmp, out_dir)
         except OSError:
-            if check_tiny_model(out_dir, seed=seed):
+            if check_tiny_model(out_dir, seed=seed, config=config):
                 return out_dir
             raise
     finally:
@@ -512,15 +348,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m arctic_servers.engines.tiny_model", description=__doc__.split("\n")[0]
     )
     ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--config", default=DEFAULT_CONFIG, choices=sorted(CONFIGS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="rebuild even if the cache marker matches")
     ap.add_argument("--check", action="store_true", help="only verify; exit 1 if missing or stale")
     args = ap.parse_args(argv)
     if args.check:
-        ok = check_tiny_model(args.out_dir, seed=args.seed)
+        ok = check_tiny_model(args.out_dir, seed=args.seed, config=args.config)
         print("ok" if ok else "missing or stale")
         return 0 if ok else 1
-    out = build_tiny_model(args.out_dir, seed=args.seed, force=args.force)
+    out = build_tiny_model(args.out_dir, seed=args.seed, force=args.force, config=args.config)
     print(f"{out} {tiny_model_content_hash(out)}")
     return 0
 

@@ -26,7 +26,7 @@ from . import checks
 from .checkpoints import Checkpoints
 from .jobs import Job, engine_kind
 from .operations import Operations
-from .settings import DEFAULT_MODEL_NAMES, config_keys, sub_job_specs
+from .settings import DEFAULT_MODEL_NAMES, config_keys, embedded_model_names, sub_job_specs
 
 
 class OnpremServicer(Operations, Checkpoints):
@@ -89,13 +89,14 @@ class OnpremServicer(Operations, Checkpoints):
         self.jobs.check_lease(lease, "lease_seconds")
         for i, spec in enumerate(specs):  # fail fast on a model directory that does not exist
             name = spec.model_name.strip()
-            known = name in DEFAULT_MODEL_NAMES
+            known = name in DEFAULT_MODEL_NAMES or name in embedded_model_names()
             if not known and not (Path(name).expanduser() / "config.json").is_file():
                 raise checks.bad(
                     f"sub_job_configs[{i}].model_name",
                     f"{name!r} is not a local Hugging Face directory (no config.json) and not "
-                    "a model this server knows ('' or 'tiny' = the embedded tiny model)",
-                    expected="a local HF directory, or empty",
+                    f"a model this server knows ('' = the embedded tiny model; "
+                    f"{', '.join(embedded_model_names())})",
+                    expected="a local HF directory, empty, or an embedded model name",
                 )
         job = self.jobs.create(
             self._owner(ctx),

@@ -226,28 +226,37 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
     return out
 
 
+def embedded_model_names() -> list[str]:
+    """The model names served without a directory: the default's aliases and tiny_model.CONFIGS."""
+    from ..engines.tiny_model import CONFIGS
+
+    return sorted({n for n in DEFAULT_MODEL_NAMES if n} | set(CONFIGS))
+
+
 def config_keys() -> dict[str, frozenset[str]]:
     """The sub-job config keys this server accepts, per role (advertised in the capabilities)."""
     return {"training": TRAINING_KEYS, "sampling": INFERENCE_KEYS, "log_prob": LOG_PROB_KEYS}
 
 
 def resolve_model(name: str, settings: ServerSettings) -> Path:
-    """A sub-job's model directory: the embedded tiny model (built once, cached) or a local dir."""
+    """A sub-job's model directory: an embedded tiny model (built once, cached) or a local dir."""
+    from ..engines.tiny_model import CONFIGS, build_tiny_model, cache_dir_name
+
     name = name.strip()
+    seed = settings.tiny_model_seed
     if name in DEFAULT_MODEL_NAMES:
         if settings.model:
             return Path(settings.model).expanduser().resolve()
-        from ..engines.tiny_model import build_tiny_model
-
-        seed = settings.tiny_model_seed
-        return build_tiny_model(default_cache_dir() / f"tiny-qwen2-seed{seed}", seed=seed)
+        return build_tiny_model(default_cache_dir() / cache_dir_name(seed=seed), seed=seed)
+    if name in CONFIGS:  # another embedded configuration (tiny_model.CONFIGS), e.g. "tiny-4l"
+        out = default_cache_dir() / cache_dir_name(name, seed)
+        return build_tiny_model(out, seed=seed, config=name)
     path = Path(name).expanduser()
     if not (path / "config.json").is_file():
         raise ProtocolError(
             "invalid_argument",
             f"model_name {name!r} is neither a model this server knows "
-            f"({sorted(n for n in DEFAULT_MODEL_NAMES if n)}) nor a local Hugging Face directory "
-            "with a config.json",
+            f"({embedded_model_names()}) nor a local Hugging Face directory with a config.json",
             field="model_name",
             expected="a local HF model directory, or empty for the embedded tiny model",
         )

@@ -1,0 +1,346 @@
+"""The README's main job: SFT, then RL, on integer addition, measured on held-out problems.
+
+    python examples/sft_rl.py [--model tiny-4l | --model HF_DIR] [--url http://HOST:PORT]
+                              [--seed 0] [--out out] [--smoke]
+
+Without `--url` it starts the on-prem server (DeepSpeed trainer, vLLM sampler) and drives one job
+through `arctic_sdk.AsyncClient`:
+
+1. **SFT**: `forward_backward` (`cross_entropy`, `loss_mask` on the answer and its stop token,
+   the prompt masked out) submitted together with `step`, a batch of training problems per step,
+   until the held-out accuracy reaches `Recipe.sft_target` (or `Recipe.sft_max_steps`); then
+   `save_checkpoint("sft")`.
+2. **RL**, twice from that checkpoint (`load_checkpoint` + `sync_weights`): the RL arm and a
+   control whose every step has learning rate 0. Per step: `generate` (`Recipe.group` samples per
+   prompt at `Recipe.temperature`, with the sampler's log-probs) -> exact-match reward ->
+   group-relative advantages -> `forward_backward` (`grpo`, `old_log_probs_shifted` = the
+   sampler's log-probs) with `step` -> `sync_weights`.
+3. **Evaluation** every few steps: `sync_weights`, then greedy `generate` of every held-out
+   problem on the sampling sub-job; exact match against the sum.
+
+It shows a progress bar per phase, writes `OUT/main_job.png` (held-out accuracy over steps: SFT,
+then the RL arm and the control) and `OUT/main_job.json` (every curve), and ends with the lines
+
+    sft: held-out accuracy A0 -> A1
+    rl: held-out accuracy A1 -> A2
+    control lr=0: held-out accuracy A1 -> A3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from addition import AdditionTask, Problem, accuracy, is_correct, prompts
+from main_job_io import Tokenizer, local_server, plot, resolve_local_model
+
+from arctic_sdk import AsyncClient
+from arctic_sdk.rollouts import flatten_turns, forward_backward_frame, pad_rollouts
+
+
+@dataclass
+class Recipe:
+    """Every knob of the job (the defaults are the README's run)."""
+
+    model: str = "tiny-4l"
+    seed: int = 0
+    digits: int = 2
+    held_out: int = 200
+    sft_lr: float = 2e-3
+    sft_batch: int = 64
+    sft_max_steps: int = 600
+    sft_target: float = 0.3  # stop SFT at the first evaluation at or above this accuracy
+    sft_eval_every: int = 25
+    rl_steps: int = 60
+    rl_lr: float = 1e-3
+    rl_warmup: int = 10  # RL steps of linear learning-rate warm-up (set per step with `step`)
+    rl_prompts: int = 64
+    group: int = 8
+    # sampling temperature of the RL rollouts; the sampler's log-probs (vLLM's raw log-probs) and
+    # the trainer's are both of the unscaled distribution, so the importance ratio stays
+    # consistent
+    temperature: float = 0.7
+    rl_eval_every: int = 5
+    eps_clip: float = 0.2
+
+    @staticmethod
+    def smoke() -> Recipe:
+        """CI sizes: the same SFT, stopped at a lower accuracy, and a few RL steps per arm.
+
+        SFT has to reach some accuracy for RL to have a signal at all: with every sample wrong,
+        no group has an advantage and no GRPO step is taken.
+        """
+        return Recipe(sft_target=0.1, rl_steps=4, rl_prompts=16, rl_eval_every=2)
+
+
+@dataclass
+class Curve:
+    """Held-out accuracy at the given steps of one phase or arm."""
+
+    steps: list[int] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)  # SFT: cross-entropy of every step
+    reward: list[float] = field(default_factory=list)  # RL: mean sampled reward per step
+    # RL: the trainer's k1 KL to the sampler's log-probs, and the clipped fraction, per step
+    # (both ~0 on-policy: the sampler's and the trainer's log-probs agree after each sync)
+    approx_kl: list[float] = field(default_factory=list)
+    clip_fraction: list[float] = field(default_factory=list)
+    updated: list[bool] = field(default_factory=list)  # RL: a GRPO step was taken (not skipped)
+    seconds: float = 0.0
+
+    @property
+    def first(self) -> float:
+        return self.accuracy[0]
+
+    @property
+    def last(self) -> float:
+        return self.accuracy[-1]
+
+
+def training_job(r: Recipe, model: str) -> dict[str, Any]:
+    return {
+        "sub_job_configs": [
+            {
+                "job_type": "training",
+                "model_name": model,
+                "seed": r.seed,
+                "training_config": {
+                    "zero_stage": 1,
+                    "gradient_clipping": 1.0,
+                    "optimizer": {"name": "adamw", "lr": r.sft_lr, "weight_decay": 0.0},
+                },
+            },
+            {"job_type": "sampling", "model_name": model, "seed": r.seed},
+        ],
+        "experiment_name": "main-job-sft-rl",
+        "labels": {"example": "sft_rl", "seed": str(r.seed)},
+    }
+
+
+async def evaluate(client: Any, task: AdditionTask) -> float:
+    """Sync the trainer's weights into the sampler, then greedy exact match on the held-out set."""
+    await client.sync_weights()
+    gen = await client.generate(
+        prompts=prompts(task.held_out),
+        sampling_params={"n": 1, "temperature": 0.0, "max_tokens": task.digits + 2},
+    )
+    texts = [r["samples"][0]["text"] for r in gen["results"]]
+    return accuracy(task.held_out, texts)
+
+
+def sft_frame(tok: Tokenizer, problems: Sequence[Problem]) -> dict[str, Any]:
+    """Cross-entropy on the answer and its stop token; the prompt is masked out of the loss."""
+    flat = [
+        flatten_turns([tok.encode(p.prompt)], [[*tok.encode(p.answer), tok.eos_id]])
+        for p in problems
+    ]
+    padded = pad_rollouts(flat, pad_token_id=tok.pad_id)
+    return {
+        "kwargs": {"input_ids": padded.input_ids, "attention_mask": padded.attention_mask},
+        "context": {"loss_mask": padded.loss_mask},
+        "processing": {"loss_fn": "cross_entropy", "config": {"loss_agg_mode": "token-mean"}},
+    }
+
+
+async def run_sft(
+    client: Any, task: AdditionTask, tok: Tokenizer, r: Recipe, progress: bool
+) -> Curve:
+    from tqdm import tqdm
+
+    curve = Curve()
+    t0 = time.perf_counter()
+    curve.steps.append(0)
+    curve.accuracy.append(await evaluate(client, task))
+    bar = tqdm(range(1, r.sft_max_steps + 1), desc="SFT", disable=not progress, file=sys.stdout)
+    for step in bar:
+        # pipelined: forward-backward and step go out together; one wait for both
+        fb = client.submit_forward_backward(sft_frame(tok, task.train_batch(r.sft_batch)))
+        st = client.submit_step()
+        loss = float((await fb)["loss"])
+        await st
+        curve.loss.append(loss)
+        if step % r.sft_eval_every == 0 or step == r.sft_max_steps:
+            curve.steps.append(step)
+            curve.accuracy.append(await evaluate(client, task))
+            bar.set_postfix(loss=f"{loss:.3f}", held_out=f"{curve.last:.3f}")
+            if curve.last >= r.sft_target:
+                break
+    bar.close()
+    curve.seconds = time.perf_counter() - t0
+    return curve
+
+
+def rl_frame(
+    gen: dict[str, Any], problems: Sequence[Problem], r: Recipe
+) -> tuple[dict[str, Any] | None, float]:
+    """The GRPO frame of one generate result, and the mean reward (None: no advantage anywhere)."""
+    flat, adv, rewards = [], [], []
+    for p, res in zip(problems, gen["results"], strict=True):
+        rew = np.array([float(is_correct(p, s["text"])) for s in res["samples"]])
+        rewards.append(rew.mean())
+        # group-relative advantage, not divided by the group's std (Dr. GRPO)
+        a = rew - rew.mean()
+        for s, ai in zip(res["samples"], a, strict=True):
+            flat.append(flatten_turns([res["prompt_token_ids"]], [s["token_ids"]], [s["logprobs"]]))
+            adv.append(float(ai))
+    mean_reward = float(np.mean(rewards))
+    if not any(adv):
+        return None, mean_reward
+    cfg = {"eps_clip": r.eps_clip, "loss_agg_mode": "token-mean"}
+    return forward_backward_frame(flat, adv, loss_fn="grpo", config=cfg), mean_reward
+
+
+async def run_rl(
+    client: Any, task: AdditionTask, r: Recipe, *, lr: float, label: str, progress: bool
+) -> Curve:
+    """One arm from the SFT checkpoint: `lr` on every step (0 = the control)."""
+    from tqdm import tqdm
+
+    await client.load_checkpoint(checkpoint_id="sft")
+    curve = Curve()
+    t0 = time.perf_counter()
+    curve.steps.append(0)
+    curve.accuracy.append(await evaluate(client, task))  # syncs the loaded weights first
+    rng = np.random.Generator(np.random.PCG64([r.seed, 19]))  # same prompts in both arms
+    bar = tqdm(range(1, r.rl_steps + 1), desc=label, disable=not progress, file=sys.stdout)
+    for step in bar:
+        problems = _rl_problems(task, rng, r)
+        gen = await client.generate(
+            prompts=prompts(problems),
+            sampling_params={
+                "n": r.group,
+                "temperature": r.temperature,
+                "max_tokens": task.digits + 2,
+                "seed": r.seed * 100_003 + step,
+                "logprobs": 0,
+            },
+        )
+        frame, reward = rl_frame(gen, problems, r)
+        kl = clip = 0.0
+        if frame is not None:  # pipelined, as in SFT
+            fb = client.submit_forward_backward(frame)
+            st = client.submit_step(learning_rate=lr * min(1.0, step / max(1, r.rl_warmup)))
+            metrics = (await fb)["metrics"]
+            kl, clip = float(metrics["approx_kl"]), float(metrics["clip_fraction"])
+            await st
+        # else every group agreed: no advantage anywhere, so no gradient and no optimizer step
+        # (Adam's momentum would still move the weights)
+        curve.reward.append(reward)
+        curve.approx_kl.append(kl)
+        curve.clip_fraction.append(clip)
+        curve.updated.append(frame is not None)
+        if step % r.rl_eval_every == 0 or step == r.rl_steps:
+            curve.steps.append(step)
+            curve.accuracy.append(await evaluate(client, task))
+            bar.set_postfix(reward=f"{reward:.3f}", held_out=f"{curve.last:.3f}")
+        else:
+            await client.sync_weights()
+            bar.set_postfix(reward=f"{reward:.3f}")
+    bar.close()
+    curve.seconds = time.perf_counter() - t0
+    return curve
+
+
+def _rl_problems(task: AdditionTask, rng: np.random.Generator, r: Recipe) -> list[Problem]:
+    """The step's prompts: training problems from the arm's own seeded stream (held out never)."""
+    out: list[Problem] = []
+    while len(out) < r.rl_prompts:
+        a, b = (int(x) for x in rng.integers(0, task.n, size=2))
+        p = Problem(a, b, task.digits)
+        if not task.is_held_out(p):
+            out.append(p)
+    return out
+
+
+async def run(url: str, r: Recipe, out: Path, progress: bool = True) -> dict[str, Curve]:
+    """The whole job on the server at `url`; writes `out/main_job.{json,png}`."""
+    task = AdditionTask(r.digits, r.held_out, r.seed)
+    # the server resolves the same name (an embedded config) or directory; the client reads the
+    # tokenizer from its own copy
+    model, model_dir = resolve_local_model(r.model)
+    tok = Tokenizer(model_dir)
+    curves: dict[str, Curve] = {}
+    async with AsyncClient(url) as client:
+        await client.create_job(training_job(r, model))
+        try:
+            t0 = time.perf_counter()
+            await client.wait_until_running(timeout=600)
+            print(f"job {client.job_id} running after {time.perf_counter() - t0:.0f} s", flush=True)
+            curves["sft"] = await run_sft(client, task, tok, r, progress)
+            await client.save_checkpoint(checkpoint_id="sft")
+            curves["rl"] = await run_rl(
+                client, task, r, lr=r.rl_lr, label=f"RL lr={r.rl_lr:g}", progress=progress
+            )
+            curves["control"] = await run_rl(
+                client, task, r, lr=0.0, label="control lr=0", progress=progress
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await client.cancel_job()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "main_job.json").write_text(
+        json.dumps(
+            {"recipe": asdict(r), "curves": {k: asdict(v) for k, v in curves.items()}}, indent=1
+        )
+    )
+    plot(curves, out / "main_job.png", r.model)
+    return curves
+
+
+def summary(curves: dict[str, Curve]) -> list[str]:
+    sft, rl, ctl = curves["sft"], curves["rl"], curves["control"]
+    return [
+        f"sft: held-out accuracy {sft.first:.3f} -> {sft.last:.3f}",
+        f"rl: held-out accuracy {sft.last:.3f} -> {rl.last:.3f}",
+        f"control lr=0: held-out accuracy {sft.last:.3f} -> {ctl.last:.3f}",
+    ]
+
+
+async def amain(args: argparse.Namespace) -> int:
+    r = Recipe.smoke() if args.smoke else Recipe()
+    r.seed = args.seed
+    if args.model:
+        r.model = args.model
+    t0 = time.perf_counter()
+    async with contextlib.AsyncExitStack() as stack:
+        url = args.url or await stack.enter_async_context(local_server())
+        curves = await run(url, r, Path(args.out))
+    c = curves
+    print(
+        f"SFT {c['sft'].steps[-1]} steps ({c['sft'].seconds:.0f} s), RL {r.rl_steps} steps "
+        f"({c['rl'].seconds:.0f} s), control ({c['control'].seconds:.0f} s); total "
+        f"{time.perf_counter() - t0:.0f} s; curves: {args.out}/main_job.png",
+        flush=True,
+    )
+    print("\n".join(summary(curves)), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default="", help="embedded config name or a local HF directory")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--smoke", action="store_true", help="reduced sizes (CI)")
+    ap.add_argument(
+        "--url",
+        default=os.environ.get("ARCTIC_ONPREM_URL", ""),
+        help="a running server (default: start one)",
+    )
+    return asyncio.run(amain(ap.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
