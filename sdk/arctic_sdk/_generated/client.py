@@ -660,6 +660,7 @@ class Client(ClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -673,6 +674,10 @@ class Client(ClientBase):
             routing_key: Requests with the same routing key go to the same replica (prefix-cache
                 reuse).
             strict: Refuse (instead of ignoring) sampling params the server cannot honour.
+            adapter: Which weights sample (PROTOCOL.md §3.6): "" = the job's current weights (a
+                LoRA job: the base model with its latest synced adapter); "base" = the base
+                model without the adapter (a LoRA job only; `weight_version` 0). Anything else
+                is `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -689,6 +694,7 @@ class Client(ClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -705,6 +711,7 @@ class Client(ClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -723,6 +730,7 @@ class Client(ClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -1205,6 +1213,7 @@ class Client(ClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> types.ExportCheckpointResult:
@@ -1213,6 +1222,10 @@ class Client(ClientBase):
         Args:
             job_id: The job (default: the client's `job_id`).
             checkpoint_id: The checkpoint to export.
+            format: "hf" (default): full HF weights (a LoRA checkpoint: the base with its
+                adapter merged in); "peft": a LoRA checkpoint's adapter as a PEFT directory
+                (`adapter_config.json`, `adapter_model.safetensors`; PROTOCOL.md §3.6). "peft"
+                of a full-weight checkpoint is `invalid_argument`.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -1224,7 +1237,7 @@ class Client(ClientBase):
         result = self._call(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )
@@ -1237,6 +1250,7 @@ class Client(ClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> concurrent.futures.Future[types.ExportCheckpointResult]:
@@ -1249,7 +1263,7 @@ class Client(ClientBase):
         return self._submit(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )
@@ -2293,6 +2307,7 @@ class AsyncClient(AsyncClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2306,6 +2321,10 @@ class AsyncClient(AsyncClientBase):
             routing_key: Requests with the same routing key go to the same replica (prefix-cache
                 reuse).
             strict: Refuse (instead of ignoring) sampling params the server cannot honour.
+            adapter: Which weights sample (PROTOCOL.md §3.6): "" = the job's current weights (a
+                LoRA job: the base model with its latest synced adapter); "base" = the base
+                model without the adapter (a LoRA job only; `weight_version` 0). Anything else
+                is `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -2322,6 +2341,7 @@ class AsyncClient(AsyncClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -2338,6 +2358,7 @@ class AsyncClient(AsyncClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2356,6 +2377,7 @@ class AsyncClient(AsyncClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -2850,6 +2872,7 @@ class AsyncClient(AsyncClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> types.ExportCheckpointResult:
@@ -2858,6 +2881,10 @@ class AsyncClient(AsyncClientBase):
         Args:
             job_id: The job (default: the client's `job_id`).
             checkpoint_id: The checkpoint to export.
+            format: "hf" (default): full HF weights (a LoRA checkpoint: the base with its
+                adapter merged in); "peft": a LoRA checkpoint's adapter as a PEFT directory
+                (`adapter_config.json`, `adapter_model.safetensors`; PROTOCOL.md §3.6). "peft"
+                of a full-weight checkpoint is `invalid_argument`.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -2869,7 +2896,7 @@ class AsyncClient(AsyncClientBase):
         result = await self._call(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )
@@ -2882,6 +2909,7 @@ class AsyncClient(AsyncClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> asyncio.Future[types.ExportCheckpointResult]:
@@ -2894,7 +2922,7 @@ class AsyncClient(AsyncClientBase):
         return self._submit(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )

@@ -118,10 +118,11 @@ class CheckpointDirs:
         out.sort(key=lambda c: (c.get("created_at", ""), c.get("checkpoint_id", "")))
         return out
 
-    async def exported(self, job_id: str, ckpt: str) -> list[dict[str, Any]]:
-        """The files of a checkpoint's export (`ExportCheckpoint`'s `files`)."""
+    async def exported(self, job_id: str, ckpt: str, sub: str = "export") -> list[dict[str, Any]]:
+        """The files of a checkpoint's export (`ExportCheckpoint`'s `files`; `sub`: the export
+        directory, a LoRA checkpoint's PEFT one is `export-peft`)."""
         files = []
-        for f in sorted((self.path(job_id, ckpt) / "export").iterdir()):
+        for f in sorted((self.path(job_id, ckpt) / sub).iterdir()):
             if f.is_file() and not f.name.startswith("."):
                 files.append(
                     {
@@ -133,10 +134,10 @@ class CheckpointDirs:
                 )
         return files
 
-    async def read_exported(self, job_id: str, ckpt: str, name: str) -> bytes:
+    async def read_exported(self, job_id: str, ckpt: str, name: str, sub: str = "export") -> bytes:
         """One exported file (`name`: a plain file name, checked by the caller)."""
         self.meta(job_id, ckpt)
-        f = self.path(job_id, ckpt) / "export" / name
+        f = self.path(job_id, ckpt) / sub / name
         if not f.is_file():
             raise ProtocolError(
                 "not_found",
