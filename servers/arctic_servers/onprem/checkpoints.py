@@ -16,6 +16,7 @@ from typing import Any
 from ..protocol import checkpoint_files as cf
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
+from ..protocol.lora_config import PEFT_FILES, export_format
 from . import checks
 from .base import OnpremBase
 from .jobs import SubJob
@@ -84,8 +85,14 @@ class Checkpoints(OnpremBase):
     async def export_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
         ckpt = str(body["checkpoint_id"])
-        await self._export(job.job_id, ckpt, self._ckpts.meta(job.job_id, ckpt))
-        files = await self._ckpts.exported(job.job_id, ckpt)
+        meta = self._ckpts.meta(job.job_id, ckpt)
+        adapter = self._ckpts.path(job.job_id, ckpt) / cf.ENGINE_TAG / "adapter"
+        if export_format(body, adapter.is_dir()) == "peft":  # PROTOCOL.md §3.6
+            await asyncio.to_thread(_copy_tree, adapter, adapter.parents[1] / PEFT_EXPORT)
+            files = await self._ckpts.exported(job.job_id, ckpt, PEFT_EXPORT)
+        else:
+            await self._export(job.job_id, ckpt, meta)
+            files = await self._ckpts.exported(job.job_id, ckpt)
         return {"checkpoint_id": ckpt, "files": files, "expires_at": ""}
 
     async def _export(self, job_id: str, ckpt: str, meta: Mapping[str, Any]) -> Path:
@@ -112,12 +119,17 @@ class Checkpoints(OnpremBase):
         ckpt = str(body["checkpoint_id"])
         self._ckpts.meta(job.job_id, ckpt)
         name = checks.filename(body.get("filename"))
+        if name in PEFT_FILES:  # a LoRA checkpoint's PEFT export
+            return await self._ckpts.read_exported(job.job_id, ckpt, name, PEFT_EXPORT)
         return await self._ckpts.read_exported(job.job_id, ckpt, name)
 
     async def delete_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
         await self._ckpts.delete(job.job_id, str(body["checkpoint_id"]))
         return {"deleted": True}
+
+
+PEFT_EXPORT = "export-peft"  # a LoRA checkpoint's adapter directory, as exported
 
 
 def _copy_tree(src: Path, dest: Path) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import lora_sampler
 from .vllm_scoring import VllmScoring
 from .worker import WorkerError
 
@@ -109,9 +110,11 @@ class SamplingEngine(VllmScoring):
             kwargs["enable_sleep_mode"] = True
         else:
             kwargs["enforce_eager"] = True
+        kwargs.update(lora_sampler.engine_args(spec))  # a LoRA job's sampler: adapter versions
         kwargs.update(dict(conf.get("vllm_config") or {}))
         t = time.perf_counter()
         self.llm = LLM(**kwargs)
+        self.adapters = lora_sampler.adapters_of(self.llm, spec)
         self.startup_s = time.perf_counter() - t
         self.tokenizer = self.llm.get_tokenizer()
         mc = self.llm.llm_engine.model_config
@@ -146,6 +149,10 @@ class SamplingEngine(VllmScoring):
     def close(self) -> None:
         for engine_id in list(self.streams):
             self.stream_abort_engine_id(engine_id)
+        lora_sampler.close(self.adapters)
+
+    def lora_request(self, adapter: str = "") -> Any:  # "": the current version; "base": none
+        return None if self.adapters is None else self.adapters.request(adapter)
 
     # -- generate ----------------------------------------------------------------------------
 
@@ -218,7 +225,11 @@ class SamplingEngine(VllmScoring):
         return out
 
     def op_generate(
-        self, prompts: Sequence[Any], sampling_params: Mapping[str, Any], strict: bool = False
+        self,
+        prompts: Sequence[Any],
+        sampling_params: Mapping[str, Any],
+        strict: bool = False,
+        adapter: str = "",
     ) -> dict[str, Any]:
         if self.sleeping:
             raise WorkerError(
@@ -236,8 +247,9 @@ class SamplingEngine(VllmScoring):
                 per_prompt.append(p2)
             else:
                 per_prompt.append(params)
+        lora = self.lora_request(adapter)  # a LoRA job's current adapter, or none
         try:
-            outs = self.llm.generate(inputs, per_prompt, use_tqdm=False)
+            outs = self.llm.generate(inputs, per_prompt, use_tqdm=False, lora_request=lora)
         except ValueError as exc:
             raise WorkerError("invalid_argument", f"generate: {exc}") from None
         want_lp, top_k = params.logprobs is not None, int(params.logprobs or 0)
@@ -299,7 +311,9 @@ class SamplingEngine(VllmScoring):
         params.output_kind = RequestOutputKind.DELTA
         engine_id = f"arctic-stream-{msg_id}"
         try:
-            self.llm.llm_engine.add_request(engine_id, inp, params)
+            self.llm.llm_engine.add_request(
+                engine_id, inp, params, lora_request=self.lora_request()
+            )
         except ValueError as exc:
             raise WorkerError("invalid_argument", f"generate_stream: {exc}") from None
         self.streams[engine_id] = _Stream(
@@ -390,8 +404,11 @@ class SamplingEngine(VllmScoring):
         method: str = "shm",
         handles: Any = None,
         nccl_port: int = 0,
+        adapter_config: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         t = time.perf_counter()
+        if adapter_config is not None or self.adapters is not None:  # a LoRA job's sync
+            return lora_sampler.load(self.llm, self.adapters, adapter_config, path, blob)
         if method == "nccl" and nccl_port:  # pragma: no cover - GPU only
             self.llm.collective_rpc("arctic_nccl_init", args=("127.0.0.1", nccl_port, 2, 1))
         if method in ("cuda_ipc", "nccl"):

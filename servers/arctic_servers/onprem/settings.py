@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol import jobs as pj
+from ..protocol import lora_config
 from ..protocol.errors import ProtocolError
 from ..protocol.jobs import role_of
 from ..protocol.sub_job_config import check_standard_keys, int_at
@@ -33,6 +34,7 @@ TRAINING_KEYS = pj.TRAINING_KEYS | {
     "activation_checkpointing",
     "full_determinism",
     "checkpoint_path",
+    "lora",  # PROTOCOL.md §3.6 (protocol/lora_config.py)
 }
 # threads; a log-prob sub-job also: its engine ("hf" = a torch forward, "deepspeed" = a
 # forward-only DeepSpeed engine configured by `deepspeed`, "vllm"), attention, determinism
@@ -153,6 +155,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         raise _bad("sub_job_configs", "at least one sub-job config is required", "missing_field")
     out: list[SubJobSpec] = []
     unsupported: list[str] = []
+    checked: list[tuple[str, str, dict[str, Any]]] = []
     for i, cfg in enumerate(configs):
         path = f"sub_job_configs[{i}]"
         role = role_of(cfg.get("job_type"))
@@ -173,7 +176,9 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
         cpath = f"{path}.{own}"
         # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
-        n_gpus = check_standard_keys(conf, role, cpath)  # the rules every server shares
+        # the rules every server shares (LoRA: protocol/lora_config.py)
+        n_gpus = check_standard_keys(conf, role, cpath, lora_config.SUPPORT)
+        checked.append((role, cpath, conf))
         int_at(conf, "num_threads", cpath)
         if role == "training":
             ds = conf.get("deepspeed")
@@ -223,6 +228,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
             options=unsupported,
             field=unsupported[0].split("=")[0].split(" ")[0],
         )
+    lora_config.check_job_lora(checked)
     return out
 
 

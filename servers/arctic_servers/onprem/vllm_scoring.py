@@ -20,6 +20,10 @@ class VllmScoring:
 
     llm: Any
 
+    def lora_request(self, adapter: str = "") -> Any:
+        """The adapter a pass uses (`SamplingEngine`: a LoRA job's current one)."""
+        return None
+
     def _score(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -36,7 +40,9 @@ class VllmScoring:
         if not rows:
             return out
         sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        for ro, (r, cols) in zip(self.llm.generate(rows, sp, use_tqdm=False), where, strict=True):
+        # a LoRA job's sampler scores with its current adapter, as it samples
+        outs = self.llm.generate(rows, sp, use_tqdm=False, lora_request=self.lora_request())
+        for ro, (r, cols) in zip(outs, where, strict=True):
             plp = ro.prompt_logprobs
             toks = ro.prompt_token_ids
             for j in range(1, len(cols)):
