@@ -20,6 +20,7 @@ from ..protocol.lora_config import PEFT_FILES, export_format
 from . import checks
 from .base import OnpremBase
 from .jobs import SubJob
+from .lora_sync import adapter_load_args
 from .settings import servers_dir, thread_env
 
 
@@ -73,8 +74,12 @@ class Checkpoints(OnpremBase):
             res = await self._call(sub, "load", **args)  # not-an-op
             job.global_step = int(res.get("global_steps", job.global_step))
         else:  # a sampler or scorer takes the checkpoint's exported HF weights
-            out = await self._export(source, ckpt, meta)
-            await self._call(sub, "load_weights", path=str(out / cf.EXPORT_WEIGHTS))
+            if job.lora is not None and sub.role == "sampling":  # its adapter: a new version
+                load = adapter_load_args(self._ckpts.path(source, ckpt) / cf.ENGINE_TAG, ckpt)
+            else:
+                out = await self._export(source, ckpt, meta)
+                load = {"path": str(out / cf.EXPORT_WEIGHTS)}
+            await self._call(sub, "load_weights", **load)
             job.weight_version += 1  # its weights changed: its generates say so
             sub.weight_version = job.weight_version
         return {"checkpoint": cf.public(meta)}

@@ -5,7 +5,9 @@ each of which loads them as a new adapter version (`lora_sampler.py`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..protocol.errors import ProtocolError
@@ -42,3 +44,19 @@ def lora_method(method: str, shm_ok: bool) -> str:
     if method in ("shm", "safetensors"):
         return method
     return "shm" if shm_ok else "safetensors"
+
+
+def adapter_load_args(tag_dir: Path, ckpt: str) -> dict[str, Any]:
+    """`load_weights` arguments that load a LoRA checkpoint's adapter into a LoRA job's sampler
+    (a full-weight checkpoint cannot go there: `invalid_argument`)."""
+    adapter = tag_dir / "adapter"
+    if not (adapter / "adapter_config.json").is_file():
+        raise field_error(
+            "checkpoint_id",
+            f"{ckpt!r} holds full weights; a LoRA job's sampler loads a LoRA checkpoint's adapter",
+            expected="a checkpoint of a LoRA job",
+        )
+    return {
+        "path": str(adapter / "adapter_model.safetensors"),
+        "adapter_config": json.loads((adapter / "adapter_config.json").read_text()),
+    }
