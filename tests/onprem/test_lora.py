@@ -133,6 +133,44 @@ async def test_lora_refusals_on_a_live_job(http: Http, lora_z1: str, shared_job:
     assert e.value.code == "unsupported_option"
 
 
+async def test_lora_checkpoints_and_exports(http: Http, onprem: ServerInfo, lora_z1: str) -> None:
+    """Checkpoints hold the adapter (small); exports give the merged HF weights and the PEFT
+    directory; a LoRA checkpoint loads back into the trainer and, as an adapter version, into
+    the sampler (which then equals the trainer again)."""
+    job = lora_z1
+    await _sft(http, job, 1)
+    res = (await http.run(M.SAVE_CHECKPOINT, job, {"checkpoint_id": "lora-r"}))["checkpoint"]
+    wo = {"checkpoint_id": "lora-w", "checkpoint_type": "weights-only"}
+    await http.run(M.SAVE_CHECKPOINT, job, wo)
+    peft = await http.run(M.EXPORT_CHECKPOINT, job, {"format": "peft"}, checkpoint_id="lora-r")
+    names = sorted(f["filename"] for f in peft["files"])
+    assert names == ["adapter_config.json", "adapter_model.safetensors"]
+    url = next(f["url"] for f in peft["files"] if f["filename"] == "adapter_model.safetensors")
+    resp = await http.request("GET", f"{onprem.prefix_url}/{url}")
+    assert resp.status == 200, resp.data
+    from safetensors.numpy import load
+
+    tensors = load(bytes(resp.data))
+    assert len(tensors) == 28 and all(".lora_" in k for k in tensors)
+    for ck in ("lora-r", "lora-w"):  # merged full weights, as an HF directory
+        hf = await http.run(M.EXPORT_CHECKPOINT, job, {}, checkpoint_id=ck)
+        files = {f["filename"]: f["size_bytes"] for f in hf["files"]}
+        assert "config.json" in files and files["model.safetensors"] > 1_500_000, files
+    print(f"\nLoRA resumable checkpoint: {res}")
+    # back into the trainer, then the adapter into the sampler: trainer == sampler again
+    one = {"prompts": [[1, 2, 3]], "sampling_params": {"max_tokens": 1}}
+    v0 = (await http.run(M.GENERATE, job, one))["weight_version"]
+    await http.run(M.LOAD_CHECKPOINT, job, {"checkpoint_id": "lora-r"})
+    sampler = f"{job}:sampling:0"
+    loaded = await http.run(
+        M.LOAD_CHECKPOINT, job, {"checkpoint_id": "lora-r", "target_sub_job_id": sampler}
+    )
+    assert loaded["checkpoint"]["checkpoint_id"] == "lora-r"
+    d, g = await _parity(http, job)
+    print(f"after loading the LoRA checkpoint into both: max|Δ| {d.max():.3g}")
+    assert d.max() <= 1e-3 and g["weight_version"] == v0 + 1
+
+
 async def test_lora_zero3_two_ranks_sync_parity(http: Http, onprem: ServerInfo) -> None:
     job = create_job(onprem, lora_job(zero_stage=3, n_gpus=2), timeout=900)
     try:
