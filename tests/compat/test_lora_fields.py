@@ -16,6 +16,15 @@ from arctic_servers.onprem.settings import config_keys, sub_job_specs
 ONPREM = config_keys()
 
 
+@pytest.fixture(autouse=True)
+def _lora_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's rules as with peft installed (this module needs no engine)."""
+    from arctic_servers.onprem import settings
+    from arctic_servers.protocol.lora_config import LoraSupport
+
+    monkeypatch.setattr(settings, "LORA", LoraSupport())
+
+
 def plan(tc: dict[str, Any], keys: Any = ONPREM) -> JobPlan:
     cfg = ArcticRLClientConfig.model_validate(
         {"model_name": "tiny", "training_gpus": 1, "sampling_gpus": 1, "training_config": tc}

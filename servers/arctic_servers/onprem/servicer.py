@@ -21,20 +21,19 @@ from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
 from ..protocol.jobs import sub_job_by_id
-from ..protocol.lora_config import SUPPORT as LORA_SUPPORT
 from ..protocol.lora_config import check_adapter
 from . import checks
 from .checkpoints import Checkpoints
 from .jobs import Job, engine_kind
 from .operations import Operations
-from .settings import DEFAULT_MODEL_NAMES, config_keys, sub_job_specs
+from .settings import DEFAULT_MODEL_NAMES, LORA, config_keys, sub_job_specs
 
 
 class OnpremServicer(Operations, Checkpoints):
     #: the capabilities' `config_keys`: the standard keys and the on-prem extensions
     config_keys = pj.config_keys_json(config_keys())
     #: the capabilities' `lora` (PROTOCOL.md §3.6)
-    lora_support = LORA_SUPPORT.json()
+    lora_support = LORA.json()
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure)."""

@@ -7,6 +7,7 @@ environment.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -26,6 +27,13 @@ ROLES = ("training", "sampling", "log_prob")
 DTYPES = ("float32", "bfloat16", "float16")
 # Names that mean "the embedded default model" (an empty model_name means it too).
 DEFAULT_MODEL_NAMES = frozenset({"", "tiny", "arctic-tiny", "tiny-qwen2", "default"})
+# LoRA jobs need peft in the workers' environment (the `onprem` extra); without it the
+# capabilities say so and `lora` is refused by name instead of failing the job at start
+LORA = (
+    lora_config.SUPPORT
+    if importlib.util.find_spec("peft") is not None
+    else lora_config.LoraSupport(training=False, sampling=False, why="peft is not installed")
+)
 # the standard config keys, with the on-prem extensions (train_options.py)
 TRAINING_KEYS = pj.TRAINING_KEYS | {
     "attn_implementation",
@@ -177,7 +185,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         cpath = f"{path}.{own}"
         # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
         # the rules every server shares (LoRA: protocol/lora_config.py)
-        n_gpus = check_standard_keys(conf, role, cpath, lora_config.SUPPORT)
+        n_gpus = check_standard_keys(conf, role, cpath, LORA)
         checked.append((role, cpath, conf))
         int_at(conf, "num_threads", cpath)
         if role == "training":
@@ -228,7 +236,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
             options=unsupported,
             field=unsupported[0].split("=")[0].split(" ")[0],
         )
-    lora_config.check_job_lora(checked)
+    lora_config.check_job_lora(checked, LORA)
     return out
 
 

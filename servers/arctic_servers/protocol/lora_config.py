@@ -46,6 +46,7 @@ class LoraSupport:
     # vLLM 0.32 serves no embedding / lm_head LoRA for Qwen2 (ENGINE_NOTES.md §LoRA)
     sampler_embeddings: bool = False
     shared_sampler: bool = False
+    why: str = ""  # why `training` is off, for the refusal
 
     def json(self) -> dict[str, Any]:
         return {
@@ -112,9 +113,10 @@ def _modules(v: Any, path: str, support: LoraSupport) -> list[str]:
 def check_lora(lora: Any, path: str, support: LoraSupport = SUPPORT) -> dict[str, Any]:
     """`training_config.lora` checked, every default filled in (a 4xx naming the field)."""
     if not support.training:
+        why = support.why
         raise ProtocolError(
             "unsupported_option",
-            f"{path}: this server trains no LoRA adapters",
+            f"{path}: this server trains no LoRA adapters" + (f" ({why})" if why else ""),
             options=[path],
             field=path,
         )
