@@ -79,6 +79,8 @@ async def test_lora_trainer_is_adapter_only(onprem: ServerInfo, lora_z1: str) ->
     assert info["lora"]["rank"] == 8 and info["lora"]["target_modules"][0] == "q_proj"
     # 2 layers x 7 projections x r (in + out): the tiny model's adapter
     assert info["trainable_numel"] == 32_768 < info["total_numel"] // 10
+    # the optimizer holds the adapter only (ZeRO-1: its fp32 copy; Adam's state follows it)
+    assert info["optimizer_param_numel"] == info["trainable_numel"]
     assert views["sampling"]["weight_version"] == 0
 
 

@@ -185,8 +185,9 @@ def _merged(module: Any) -> dict[str, torch.Tensor]:
 
 
 def trainable_numel(engine: Any) -> dict[str, int]:
-    """Parameters that train vs all, and the numel of the optimizer's state (Adam: 2 per
-    trainable element), as measured on the live engine (ZeRO-3: `ds_numel`)."""
+    """Parameters that train vs all, the optimizer's parameters and the numel of its state
+    (Adam: 2 per trainable element, allocated at the first step), as measured on the live
+    engine (ZeRO-3: `ds_numel`)."""
 
     def numel(p: Any) -> int:
         return int(getattr(p, "ds_numel", 0) or p.numel())
@@ -199,8 +200,11 @@ def trainable_numel(engine: Any) -> dict[str, int]:
         for v in st.values():
             if isinstance(v, torch.Tensor) and v.dim() > 0:
                 state += int(v.numel())
+    groups = getattr(inner, "param_groups", [])
     return {
         "trainable_numel": sum(numel(p) for p in params if p.requires_grad),
         "total_numel": sum(numel(p) for p in params),
+        # what the optimizer holds (and sizes its state to): this rank's fp32 partitions
+        "optimizer_param_numel": sum(int(p.numel()) for g in groups for p in g["params"]),
         "optimizer_state_numel": state,
     }
