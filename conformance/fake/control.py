@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from arctic_servers.protocol import lora_config
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, role_of
 from arctic_servers.protocol.sub_job_config import check_standard_keys
@@ -16,6 +17,8 @@ from arctic_servers.protocol.sub_job_config import check_standard_keys
 from .jobs import Job, JobManager, SubJob
 
 DTYPES = ("", "float32", "bfloat16", "float16")
+# the fake models LoRA jobs as the on-prem server does (adapter versions, NUMERICS.md §6)
+FAKE_TRAINING_KEYS = TRAINING_KEYS | {"lora"}
 
 
 def _bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
@@ -31,6 +34,7 @@ def sub_jobs_of(body: Mapping[str, Any], max_total_gpus: int) -> list[SubJob]:
         )
     out: list[SubJob] = []
     unsupported: list[str] = []
+    checked: list[tuple[str, str, dict[str, Any]]] = []
     for i, cfg in enumerate(configs):
         path = f"sub_job_configs[{i}]"
         role = role_of(cfg.get("job_type"))
@@ -56,9 +60,10 @@ def sub_jobs_of(body: Mapping[str, Any], max_total_gpus: int) -> list[SubJob]:
         if cfg.get(other):
             raise _bad(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
         conf: dict[str, Any] = dict(cfg.get(own) or {})
-        known = TRAINING_KEYS if role == "training" else INFERENCE_KEYS
+        known = FAKE_TRAINING_KEYS if role == "training" else INFERENCE_KEYS
         unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
-        n_gpus = check_standard_keys(conf, role, f"{path}.{own}")
+        n_gpus = check_standard_keys(conf, role, f"{path}.{own}", lora_config.SUPPORT)
+        checked.append((role, f"{path}.{own}", conf))
         if n_gpus > max_total_gpus:
             raise _bad(
                 f"{path}.{own}.n_gpus",
@@ -73,6 +78,7 @@ def sub_jobs_of(body: Mapping[str, Any], max_total_gpus: int) -> list[SubJob]:
             options=unsupported,
             field=unsupported[0],
         )
+    lora_config.check_job_lora(checked)
     return out
 
 

@@ -12,6 +12,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk._generated import methods as M
 from arctic_servers.onprem import checks
 from arctic_servers.protocol import checkpoint_ids
@@ -19,6 +20,9 @@ from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
 from arctic_servers.protocol.job_control import JobControl
+from arctic_servers.protocol.jobs import config_keys_json
+from arctic_servers.protocol.lora_config import SUPPORT as LORA_SUPPORT
+from arctic_servers.protocol.lora_config import check_adapter, job_lora
 from arctic_servers.protocol.operation_types import OPERATION_TYPES
 
 from . import checkpoints as ck
@@ -41,6 +45,8 @@ class FakeServicer(JobControl[Job]):
     """
 
     operation_types = OPERATION_TYPES
+    lora_support = LORA_SUPPORT.json()  # the capabilities' `lora` (the on-prem server's)
+    config_keys = config_keys_json({**STANDARD_CONFIG_KEYS, "training": control.FAKE_TRAINING_KEYS})
 
     def __init__(
         self,
@@ -78,6 +84,7 @@ class FakeServicer(JobControl[Job]):
             training.check_tokens(body["input_ids"], body.get("attention_mask"), self.vocab_size)
         elif m is M.GENERATE:
             sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
+            check_adapter(body, _lora_job(job))
         elif m is M.STEP:
             learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
@@ -175,11 +182,12 @@ class FakeServicer(JobControl[Job]):
         p = sampling.parse_params(body)
         prompts = sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
         seed = p.seed if p.seed is not None else sampling.draw_seed()
-        entry.update(seed=seed, weight_version=job.weight_version)
-        results = sampling.completions(
-            prompts, p, seed, job.weight_version, sub.model_step, sub.max_seq_len
-        )
-        return {"results": results, "weight_version": job.weight_version}
+        # adapter "base": a LoRA job's base model, weight version 0 (NUMERICS.md §6)
+        base = check_adapter(body, _lora_job(job)) == "base"
+        version, step = (0, 0) if base else (job.weight_version, sub.model_step)
+        entry.update(seed=seed, weight_version=version)
+        results = sampling.completions(prompts, p, seed, version, step, sub.max_seq_len)
+        return {"results": results, "weight_version": version}
 
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, _, entry = await self._begin(ctx)
@@ -216,7 +224,7 @@ class FakeServicer(JobControl[Job]):
         return ck.list_all(self._job(ctx))
 
     async def export_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return ck.export(self._job(ctx), str(body["checkpoint_id"]))
+        return ck.export(self._job(ctx), str(body["checkpoint_id"]), body)
 
     async def download_checkpoint_file(self, ctx: CallContext, body: dict[str, Any]) -> bytes:
         return ck.download(self._job(ctx), str(body["checkpoint_id"]), str(body["filename"]))
@@ -278,3 +286,7 @@ def forward_result(
     result, _ = training.run(call, sub.model_step, forward=True)
     result["metrics"]["global_step"] = job.global_step
     return result
+
+
+def _lora_job(job: Job) -> bool:
+    return job_lora([(s.role, s.config) for s in job.sub_jobs]) is not None

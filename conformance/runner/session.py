@@ -127,6 +127,12 @@ class Session:
         f.update(f"route:{r}" for r in caps.get("routes") or [])
         f.update(f"operation_type:{t}" for t in caps.get("operation_types") or [])
         f.update(k for k, v in feats.items() if v is True)
+        lora = caps.get("lora") or {}  # LoraSupport (PROTOCOL.md §3.6)
+        f.update(f"lora:{k}" for k, v in lora.items() if v is True)
+        if lora.get("training") and lora.get("sampling") and not lora.get("sampler_embeddings"):
+            f.add("lora:no_sampler_embeddings")
+        if not lora.get("training"):
+            f.add("lora:none")
         listed = {r.removeprefix("route:") for r in f if r.startswith("route:")}
         self.unlisted = [m.name for m in M.METHODS if m.name not in listed]
         if self.unlisted:

@@ -25,6 +25,11 @@ EXCLUDED = {
     "unsupported_type": "a DSSST1 writer error (DSSST1.md §5.9): a reader never meets it",
 }
 KNOWN_FEATURES = {
+    # LoRA support (capabilities `lora`; conformance/runner/session.py)
+    "lora:training",
+    "lora:sampling",
+    "lora:no_sampler_embeddings",
+    "lora:none",
     "idempotency",
     "sequencing",
     "octet_results",
@@ -86,6 +91,7 @@ def test_every_area_and_tier(cases: list[Case]) -> None:
         "jobs",
         "errors",
         "hostile",
+        "lora",
     }
     assert {c.tier for c in cases} == {"required", "recommended"}
     assert len({c.id for c in cases}) == len(cases)

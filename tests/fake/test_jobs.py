@@ -38,8 +38,10 @@ async def test_capabilities_need_no_token(http: Http) -> None:
         "forward",
     }
     assert caps["features"]["grpc"] and caps["features"]["leases"]
-    # the standard sub-job config keys: the fake has no extensions
-    assert caps["config_keys"]["training"] == sorted(STANDARD_CONFIG_KEYS["training"])
+    # the standard sub-job config keys, and `lora` (PROTOCOL.md §3.6): the fake's LoRA jobs
+    assert caps["config_keys"]["training"] == sorted(STANDARD_CONFIG_KEYS["training"] | {"lora"})
+    assert caps["lora"]["training"] and caps["lora"]["sampling"]
+    assert caps["lora"]["max_rank"] == 512 and "q_proj" in caps["lora"]["target_modules"]
     assert caps["config_keys"]["log_prob"] == ["max_seq_len", "n_gpus", "vllm_config"]
 
 

@@ -217,3 +217,21 @@ def test_engine_errors_keep_their_code_across_the_worker_boundary() -> None:
         }
     assert worker.error_body(RuntimeError("boom"), "forward")["code"] == "internal"
     assert worker.error_body(WorkerError("not-a-code", "x"), "forward")["code"] == "internal"
+
+
+def test_lora_without_peft_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without peft in the environment the capabilities say `lora.training: false` and CreateJob
+    refuses `lora` with the reason, instead of a job that fails at start."""
+    from arctic_servers.onprem import settings
+    from arctic_servers.protocol.lora_config import LoraSupport
+
+    off = LoraSupport(training=False, sampling=False, why="peft is not installed")
+    monkeypatch.setattr(settings, "LORA", off)
+    body = {"sub_job_configs": [{"job_type": "training", "training_config": {"lora": {}}}]}
+    with pytest.raises(ProtocolError) as e:
+        settings.sub_job_specs(body, cuda=False)
+    assert e.value.code == "unsupported_option" and "peft is not installed" in e.value.message
+    assert e.value.details["field"] == "sub_job_configs[0].training_config.lora"
+    monkeypatch.setattr(settings, "LORA", LoraSupport())  # with peft
+    (spec,) = settings.sub_job_specs(body, cuda=False)
+    assert spec.config["lora"]["rank"] == 8

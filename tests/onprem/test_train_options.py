@@ -122,9 +122,10 @@ def test_advertised_keys_are_the_accepted_ones() -> None:
 
 
 def test_capabilities_advertise_the_config_keys(tmp_path: Any) -> None:
-    """Each server lists the sub-job config keys it accepts: the fake the standard ones, the
-    on-prem server its extensions too, the gateway's on-prem engines all but checkpoint_path
-    (which its checkpoint store replaces, refused by name)."""
+    """Each server lists the sub-job config keys it accepts: the fake the standard ones and
+    `lora`, the on-prem server its extensions too, the gateway's on-prem engines all but
+    checkpoint_path (which its checkpoint store replaces, refused by name) and `lora` (its
+    create-job refuses LoRA jobs by name)."""
     from arctic_servers.gateway.profiles import OnpremProfile
     from arctic_servers.gateway.settings import GatewaySettings
     from arctic_servers.onprem.servicer import OnpremServicer
@@ -132,7 +133,7 @@ def test_capabilities_advertise_the_config_keys(tmp_path: Any) -> None:
     from conformance.fake.servicer import FakeServicer
 
     std = config_keys_json()
-    assert getattr(FakeServicer, "config_keys", None) is None  # the core answers the standard
+    assert FakeServicer.config_keys == {**std, "training": sorted([*std["training"], "lora"])}
     assert "lr_scheduler" not in std["training"]
     onprem = OnpremServicer.config_keys
     assert set(std["training"]) < set(onprem["training"])
@@ -141,6 +142,7 @@ def test_capabilities_advertise_the_config_keys(tmp_path: Any) -> None:
     gateway = OnpremProfile(GatewaySettings(db=tmp_path / "g.db", engine="onprem"))
     keys = gateway.config_keys
     assert "lr_scheduler" in keys["training"] and "checkpoint_path" not in keys["training"]
+    assert "lora" in onprem["training"] and "lora" not in keys["training"]
     with pytest.raises(ProtocolError) as err:
         gateway.sub_jobs(_train(checkpoint_path="/tmp/x"))
     assert err.value.code == "unsupported_option"

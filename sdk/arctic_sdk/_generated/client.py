@@ -660,6 +660,7 @@ class Client(ClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -673,6 +674,10 @@ class Client(ClientBase):
             routing_key: Requests with the same routing key go to the same replica (prefix-cache
                 reuse).
             strict: Refuse (instead of ignoring) sampling params the server cannot honour.
+            adapter: Which weights sample (PROTOCOL.md §3.6): "" = the job's current weights (a
+                LoRA job: the base model with its latest synced adapter); "base" = the base
+                model without the adapter (a LoRA job only; `weight_version` 0). Anything else
+                is `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -689,6 +694,7 @@ class Client(ClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -705,6 +711,7 @@ class Client(ClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -723,6 +730,7 @@ class Client(ClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -1207,6 +1215,7 @@ class Client(ClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> types.ExportCheckpointResult:
@@ -1215,6 +1224,10 @@ class Client(ClientBase):
         Args:
             job_id: The job (default: the client's `job_id`).
             checkpoint_id: The checkpoint to export. Required.
+            format: "hf" (default): full HF weights (a LoRA checkpoint: the base with its
+                adapter merged in); "peft": a LoRA checkpoint's adapter as a PEFT directory
+                (`adapter_config.json`, `adapter_model.safetensors`; PROTOCOL.md §3.6). "peft"
+                of a full-weight checkpoint is `invalid_argument`.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -1226,7 +1239,7 @@ class Client(ClientBase):
         result = self._call(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )
@@ -1239,6 +1252,7 @@ class Client(ClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> concurrent.futures.Future[types.ExportCheckpointResult]:
@@ -1251,7 +1265,7 @@ class Client(ClientBase):
         return self._submit(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )
@@ -2296,6 +2310,7 @@ class AsyncClient(AsyncClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2309,6 +2324,10 @@ class AsyncClient(AsyncClientBase):
             routing_key: Requests with the same routing key go to the same replica (prefix-cache
                 reuse).
             strict: Refuse (instead of ignoring) sampling params the server cannot honour.
+            adapter: Which weights sample (PROTOCOL.md §3.6): "" = the job's current weights (a
+                LoRA job: the base model with its latest synced adapter); "base" = the base
+                model without the adapter (a LoRA job only; `weight_version` 0). Anything else
+                is `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -2325,6 +2344,7 @@ class AsyncClient(AsyncClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -2341,6 +2361,7 @@ class AsyncClient(AsyncClientBase):
         sampling_params: types.SamplingParams | None = None,
         routing_key: str | None = None,
         strict: bool | None = None,
+        adapter: str | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2359,6 +2380,7 @@ class AsyncClient(AsyncClientBase):
                 "sampling_params": sampling_params,
                 "routing_key": routing_key,
                 "strict": strict,
+                "adapter": adapter,
                 "job_id": job_id,
             },
             options,
@@ -2855,6 +2877,7 @@ class AsyncClient(AsyncClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> types.ExportCheckpointResult:
@@ -2863,6 +2886,10 @@ class AsyncClient(AsyncClientBase):
         Args:
             job_id: The job (default: the client's `job_id`).
             checkpoint_id: The checkpoint to export. Required.
+            format: "hf" (default): full HF weights (a LoRA checkpoint: the base with its
+                adapter merged in); "peft": a LoRA checkpoint's adapter as a PEFT directory
+                (`adapter_config.json`, `adapter_model.safetensors`; PROTOCOL.md §3.6). "peft"
+                of a full-weight checkpoint is `invalid_argument`.
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -2874,7 +2901,7 @@ class AsyncClient(AsyncClientBase):
         result = await self._call(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )
@@ -2887,6 +2914,7 @@ class AsyncClient(AsyncClientBase):
         *,
         job_id: str | None = None,
         checkpoint_id: str | None = None,
+        format: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
     ) -> asyncio.Future[types.ExportCheckpointResult]:
@@ -2899,7 +2927,7 @@ class AsyncClient(AsyncClientBase):
         return self._submit(
             methods.EXPORT_CHECKPOINT,
             body,
-            {"job_id": job_id, "checkpoint_id": checkpoint_id},
+            {"job_id": job_id, "checkpoint_id": checkpoint_id, "format": format},
             options,
             unknown,
         )

@@ -69,6 +69,8 @@ __all__ = [
     "LoadCheckpointRequest",
     "LoadCheckpointResult",
     "LogProbsRequest",
+    "LoraConfig",
+    "LoraSupport",
     "LossAggMode",
     "LossConfig",
     "LossContext",
@@ -281,12 +283,42 @@ class SubJobConfig(TypedDict, total=False):
     `optimizer` ({"name", lr, betas, ...}), `zero_stage`, `micro_batch_size`, and any DeepSpeed
     config keys under `deepspeed` (passed through). A server may accept more keys (it lists
     them in the capabilities' `config_keys`) and refuses the rest with `unsupported_option`.
+    `lora` (a `LoraConfig` object; only where the capabilities' `lora.training` is true) makes
+    the adapter the only trainable state.
     """
 
     inference_config: dict[str, Any]
     """Sampling / log-prob sub-jobs: `max_seq_len`, `n_gpus`, `vllm_config` (engine arguments);
     extensions as for `training_config`.
     """
+
+
+class LoraConfig(TypedDict, total=False):
+    """`training_config.lora`: train a LoRA adapter over the frozen base model (PROTOCOL.md §3.6).
+    Unknown keys are refused with `unsupported_option`; out-of-range values with
+    `invalid_argument` naming the field. Defaults apply to absent keys.
+    """
+
+    rank: int
+    """Adapter rank r, 1..`LoraSupport.max_rank` (default 8); rank <= 0 is `invalid_argument`."""
+
+    alpha: float
+    """Scale numerator: the update is (alpha / rank) * B A (default 2 * rank), > 0."""
+
+    dropout: float
+    """Dropout on the adapter's input during training, in [0, 1) (default 0)."""
+
+    target_modules: list[str]
+    """Linear modules to adapt, by leaf name; absent or "all-linear" = every name of
+    `LoraSupport.target_modules`. A name outside that list is `invalid_argument` naming it and
+    the available ones.
+    """
+
+    train_embeddings: bool
+    """Also adapt the token embedding (`embed_tokens`), default false."""
+
+    train_lm_head: bool
+    """Also adapt the output projection (`lm_head`; Tinker's `train_unembed`), default false."""
 
 
 class CreateJobRequest(TypedDict, total=False):
@@ -546,6 +578,42 @@ class GetCapabilitiesResponse(TypedDict, total=False):
     """The sub-job config keys this server accepts: the standard ones (`SubJobConfig`) and its own
     extensions. Absent = the standard keys only.
     """
+
+    lora: LoraSupport
+    """LoRA support and its limits. Absent = no LoRA (`training_config.lora` is refused)."""
+
+
+class LoraSupport(TypedDict, total=False):
+    """What a server's LoRA support covers (`GetCapabilitiesResponse.lora`)."""
+
+    training: bool
+    """Training sub-jobs accept `training_config.lora`."""
+
+    sampling: bool
+    """sync-weights of a LoRA job loads only the adapter into the samplers (a new adapter
+    version), and generate takes `adapter`.
+    """
+
+    max_rank: int
+    """Largest `LoraConfig.rank`."""
+
+    target_modules: list[str]
+    """Module names `LoraConfig.target_modules` accepts (the default is all of them)."""
+
+    default_rank: int
+
+    train_embeddings: bool
+    """`train_embeddings` / `train_lm_head` are trained and checkpointed."""
+
+    train_lm_head: bool
+
+    sampler_embeddings: bool
+    """Samplers can serve an adapter on the embedding / lm_head; when false, a LoRA job with a
+    sampling sub-job refuses `train_embeddings` / `train_lm_head` with `unsupported_option`.
+    """
+
+    shared_sampler: bool
+    """Several LoRA jobs over one base model share one sampling engine."""
 
 
 class SubJobConfigKeys(TypedDict, total=False):
@@ -1001,6 +1069,12 @@ class GenerateRequest(TypedDict, total=False):
     strict: bool
     """Refuse (instead of ignoring) sampling params the server cannot honour."""
 
+    adapter: str
+    """Which weights sample (PROTOCOL.md §3.6): "" = the job's current weights (a LoRA job: the
+    base model with its latest synced adapter); "base" = the base model without the adapter
+    (a LoRA job only; `weight_version` 0). Anything else is `invalid_argument`.
+    """
+
 
 class Sample(TypedDict, total=False):
     """One sample."""
@@ -1199,6 +1273,13 @@ class ExportCheckpointRequest(TypedDict, total=False):
     checkpoint_id: str
     """The checkpoint to export.
     Required.
+    """
+
+    format: str
+    """\"hf" (default): full HF weights (a LoRA checkpoint: the base with its adapter merged in);
+    "peft": a LoRA checkpoint's adapter as a PEFT directory (`adapter_config.json`,
+    `adapter_model.safetensors`; PROTOCOL.md §3.6). "peft" of a full-weight checkpoint is
+    `invalid_argument`.
     """
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.capabilities import STANDARD_CONFIG_KEYS
 from ..errors import UnsupportedOptionError
+from .lora import LORA_TRAINING_KEYS, lora_fields
 
 if TYPE_CHECKING:
     from .config import ArcticRLClientConfig
@@ -61,6 +62,7 @@ TRAINING_CONFIG_KEYS = frozenset(
         "gradient_checkpointing",
         "dtype",
         "gradient_accumulation_steps",
+        *LORA_TRAINING_KEYS,  # verl's / SkyRL's LoRA fields (compat/lora.py)
     }
 )
 FLASH = ("flash_attention_2", "flash_attention_3")
@@ -205,12 +207,27 @@ class _Planner:
         if ds:
             out["deepspeed"] = ds
         self._schedule(tc, out)
+        self._lora(tc, out)
         self._worker(tc, out, "training")
         if cfg.full_determinism:
             self.offer("training", "full_determinism", out, True, "full_determinism")
         if cfg.checkpoint_path:
             self.offer("training", "checkpoint_path", out, cfg.checkpoint_path, "checkpoint_path")
         return out
+
+    def _lora(self, tc: Mapping[str, Any], out: dict[str, Any]) -> None:
+        """verl's / SkyRL's LoRA fields -> `lora` (refused when the server offers no LoRA: the
+        job would otherwise train every weight)."""
+        found = lora_fields(tc)
+        for p in found.problems:
+            self.refuse(p)
+        self.no_effect += found.no_effect
+        if found.lora is None:
+            return
+        if "lora" not in self.keys["training"]:
+            self.refuse("training_config.lora (the server offers no LoRA training)")
+            return
+        out["lora"] = found.lora
 
     def _optimizer(self, tc: Mapping[str, Any], ds: dict[str, Any], out: dict[str, Any]) -> None:
         opt = dict(tc.get("optimizer") or {})

@@ -16,6 +16,7 @@ from ..protocol import checkpoint_files as cf
 from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
+from ..protocol.lora_config import export_format
 from .base import GatewayBase
 
 
@@ -88,6 +89,7 @@ class Checkpoints(GatewayBase):
         job = self.job(ctx)
         ckpt = str(body["checkpoint_id"])
         meta = self.ckpts.meta(job.job_id, ckpt)
+        export_format(body, lora_checkpoint=False)  # the gateway runs no LoRA jobs (yet)
         await self._export(self.ckpts.path(job.job_id, ckpt), meta)
         files = await self.ckpts.exported(job.job_id, ckpt)
         return {"checkpoint_id": ckpt, "files": files, "expires_at": ""}

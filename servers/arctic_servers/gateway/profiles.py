@@ -113,7 +113,8 @@ class OnpremProfile:
         from ..onprem.settings import config_keys
         from ..protocol.jobs import config_keys_json
 
-        keys = {role: frozenset(ks - {GATEWAY_REFUSED}) for role, ks in config_keys().items()}
+        refused = {GATEWAY_REFUSED, "lora"}  # lora: GatewayServicer.create_job refuses it
+        keys = {role: frozenset(ks - refused) for role, ks in config_keys().items()}
         return config_keys_json(keys)
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:

@@ -17,6 +17,7 @@ from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.fields import learning_rate
+from ..protocol.lora_config import refuse_lora
 from ..protocol.operation_types import OP_TAIL_LOGS, OPERATION_TYPES
 from .base import GatewayBase
 from .checkpoints import Checkpoints
@@ -86,6 +87,8 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
         old = self.jobs.find_created(owner, key)
         if old is not None:  # a retried create (even across a restart) is the same job
             return {"job_id": old.job_id}
+        # LoRA jobs run on the on-prem server and the fake (PROTOCOL.md §3.6), not here yet
+        refuse_lora(body, "the gateway runs no LoRA jobs yet (the on-prem server does)")
         subs = self.profile.sub_jobs(body)
         labels = body.get("labels") or {}
         if any(not k for k in labels):

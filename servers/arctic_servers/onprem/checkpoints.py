@@ -17,9 +17,11 @@ from ..protocol import checkpoint_files as cf
 from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
+from ..protocol.lora_config import PEFT_FILES, export_format
 from . import checks
 from .base import OnpremBase
 from .jobs import SubJob
+from .lora_sync import adapter_load_args
 from .settings import servers_dir, thread_env
 
 
@@ -75,10 +77,15 @@ class Checkpoints(OnpremBase):
             res = await self._call(sub, "load", **args)  # not-an-op
             job.global_step = int(res.get("global_steps", job.global_step))
         else:  # a sampler or scorer takes the checkpoint's exported HF weights
-            out = await self._export(source, ckpt, meta)
-            await self._call(sub, "load_weights", path=str(out / cf.EXPORT_WEIGHTS))
-            job.weight_version += 1  # its weights changed: its generates say so
-            sub.weight_version = job.weight_version
+            if job.lora is not None and sub.role == "sampling":  # its adapter: a new version
+                load = adapter_load_args(self._ckpts.path(source, ckpt) / cf.ENGINE_TAG, ckpt)
+            else:
+                out = await self._export(source, ckpt, meta)
+                load = {"path": str(out / cf.EXPORT_WEIGHTS)}
+            # its weights changed: its generates say so (the sampler reports what it was given)
+            version = job.weight_version + 1
+            await self._call(sub, "load_weights", **load, weight_version=version)
+            job.weight_version = sub.weight_version = version
         return {"checkpoint": cf.public(meta)}
 
     async def list_checkpoints(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
@@ -87,8 +94,14 @@ class Checkpoints(OnpremBase):
     async def export_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
         ckpt = str(body["checkpoint_id"])
-        await self._export(job.job_id, ckpt, self._ckpts.meta(job.job_id, ckpt))
-        files = await self._ckpts.exported(job.job_id, ckpt)
+        meta = self._ckpts.meta(job.job_id, ckpt)
+        adapter = self._ckpts.path(job.job_id, ckpt) / cf.ENGINE_TAG / "adapter"
+        if export_format(body, adapter.is_dir()) == "peft":  # PROTOCOL.md §3.6
+            await asyncio.to_thread(_copy_tree, adapter, adapter.parents[1] / PEFT_EXPORT)
+            files = await self._ckpts.exported(job.job_id, ckpt, PEFT_EXPORT)
+        else:
+            await self._export(job.job_id, ckpt, meta)
+            files = await self._ckpts.exported(job.job_id, ckpt)
         return {"checkpoint_id": ckpt, "files": files, "expires_at": ""}
 
     async def _export(self, job_id: str, ckpt: str, meta: Mapping[str, Any]) -> Path:
@@ -115,12 +128,17 @@ class Checkpoints(OnpremBase):
         ckpt = str(body["checkpoint_id"])
         self._ckpts.meta(job.job_id, ckpt)
         name = checks.filename(body.get("filename"))
+        if name in PEFT_FILES:  # a LoRA checkpoint's PEFT export
+            return await self._ckpts.read_exported(job.job_id, ckpt, name, PEFT_EXPORT)
         return await self._ckpts.read_exported(job.job_id, ckpt, name)
 
     async def delete_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
         await self._ckpts.delete(job.job_id, str(body["checkpoint_id"]))
         return {"deleted": True}
+
+
+PEFT_EXPORT = "export-peft"  # a LoRA checkpoint's adapter directory, as exported
 
 
 def _copy_tree(src: Path, dest: Path) -> None:

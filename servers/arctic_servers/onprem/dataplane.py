@@ -17,10 +17,12 @@ from arctic_sdk._generated import methods as M
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.fields import learning_rate
+from ..protocol.lora_config import check_adapter, check_weight_format
 from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
 from . import checks
 from .base import OnpremBase
 from .jobs import Job, SubJob
+from .lora_sync import check_lora_sync, lora_method
 from .weight_sync import METHODS as SYNC_METHODS
 from .weight_sync import pick_method
 
@@ -62,7 +64,9 @@ class DataPlane(OnpremBase):
         prompts = checks.prompts(body, 0)
         await job.gate.wait()  # a weight sync in progress pauses new generates
         self._require_running(job, ctx.method)
-        version = sub.weight_version
+        # a LoRA job: the current adapter version, or "base" (version 0; PROTOCOL.md §3.6)
+        adapter = check_adapter(body, job.lora is not None)
+        version = 0 if adapter else sub.weight_version
         res = dict(
             await self._call(
                 sub,
@@ -70,6 +74,7 @@ class DataPlane(OnpremBase):
                 prompts=prompts,
                 sampling_params=dict(body.get("sampling_params") or {}),
                 strict=bool(body.get("strict")),
+                **({"adapter": adapter} if adapter else {}),
             )
         )
         # the sampler's own version of the weights that ran it (a sync in between cannot skew it)
@@ -110,6 +115,9 @@ class DataPlane(OnpremBase):
                 "unsupported_option", str(exc), options=[f"{path}method"], field=f"{path}method"
             ) from None
         check_sync_sub_jobs(job, body, path)
+        check_weight_format(body, job.lora is not None, path)
+        if job.lora is not None:
+            check_lora_sync(job, body, path)
 
     async def _sync(self, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
         src, targets = sync_sub_jobs(job, body)
@@ -120,6 +128,8 @@ class DataPlane(OnpremBase):
             shm_ok=shm_dir.is_dir(),
             cuda_ipc=body.get("cuda_ipc"),
         )
+        if job.lora is not None:  # the adapter only, as a file or a blob (lora_sampler.py)
+            method = lora_method(method, shm_dir.is_dir())
         async with job.sync_lock:
             # new generates wait here; the sampler finishes those already sent before it swaps
             job.gate.clear()
@@ -140,6 +150,8 @@ class DataPlane(OnpremBase):
                     if method == "nccl":
                         return await self._sync_nccl(job, src, targets, exp, load, t0)
                 load["weight_version"] = version
+                if "adapter_config" in exp:  # a LoRA job: a new adapter version
+                    load["adapter_config"] = exp.pop("adapter_config")
                 await asyncio.gather(*(self._call(t, "load_weights", **load) for t in targets))
                 job.weight_version = version
                 for t in targets:

@@ -90,9 +90,11 @@ class EngineBatch:
         finish: Finish | None,
         *,
         version: int,
+        lora: Any = None,
     ) -> None:
         """Add a command's requests (`inputs[i]` with `params[i]`); `finish=None`: a stream of
-        one request whose tokens `pump` sends as they come."""
+        one request whose tokens `pump` sends as they come; `lora`: the LoRARequest they run
+        with (a LoRA job's adapter version), None for the base weights."""
         from vllm.sampling_params import RequestOutputKind
 
         if msg_id in self.calls:
@@ -103,7 +105,7 @@ class EngineBatch:
             for i, (inp, p) in enumerate(zip(inputs, params, strict=True)):
                 p.output_kind = kind
                 rid = f"arctic-stream-{msg_id}" if finish is None else f"arctic-{msg_id}-{i}"
-                self.engine.add_request(rid, inp, p)
+                self.engine.add_request(rid, inp, p, lora_request=lora)
                 ids.append(rid)
         except ValueError as exc:
             if ids:

@@ -7,6 +7,8 @@ A resumable checkpoint is consolidated from DeepSpeed's files with `zero_to_fp32
 module state of a ZeRO-0 checkpoint is read directly), cast to the training dtype, and written as
 `model.safetensors` next to the source model's config and tokenizer files: a directory that
 `transformers` and vLLM load as they are. A weights-only checkpoint already is one; it is copied.
+A LoRA checkpoint (an `adapter/` PEFT directory beside DeepSpeed's adapter-only state) exports
+the base model with the adapter merged in.
 The server runs this in a subprocess so that an export neither needs a live training worker nor
 competes with one for its memory.
 """
@@ -40,6 +42,16 @@ def consolidate(ckpt: Path) -> dict[str, torch.Tensor]:
     return dict(obj["module"])
 
 
+def merge_adapter(model_dir: Path, adapter: Path) -> dict[str, torch.Tensor]:
+    """The full HF weights of the base model with a PEFT adapter directory merged in."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    return {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m arctic_servers.onprem.export")
     ap.add_argument(
@@ -59,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(f, args.out / f.name)
         return 0
     set_ds_env()
-    sd = consolidate(args.checkpoint)
+    adapter = args.checkpoint / "adapter"
+    if (adapter / "adapter_config.json").is_file():  # a LoRA checkpoint: base + its adapter
+        sd = merge_adapter(args.model_dir, adapter)
+    else:
+        sd = consolidate(args.checkpoint)
     dt = _DTYPES[args.dtype]
     sd = {k: v.to(dt) if v.is_floating_point() else v for k, v in sd.items()}
     files = write_hf_dir(sd, str(args.model_dir), args.out)

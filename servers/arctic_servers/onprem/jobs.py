@@ -24,6 +24,7 @@ from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import JobRecord, not_running_error, terminal_error
+from ..protocol.lora_config import job_lora
 from .procs import WorkerHandle
 from .settings import ServerSettings, SubJobSpec, cpu_count, resolve_model
 
@@ -61,6 +62,11 @@ class Job(JobRecord[SubJob]):
     @property
     def slots(self) -> int:
         return sum(s.spec.n_gpus for s in self.sub_jobs)
+
+    @property
+    def lora(self) -> dict[str, Any] | None:
+        """The training sub-job's normalised `lora` (PROTOCOL.md §3.6); None: full weights."""
+        return job_lora([(s.role, s.spec.config) for s in self.sub_jobs])
 
     def sub_job_json(self, sub: SubJob) -> dict[str, Any]:
         return pj.sub_job_json(sub.sub_job_id, sub.role, sub.state, sub.reason, sub.model_name)
@@ -174,6 +180,8 @@ class JobManager(JobQueue[Job]):
                 "engine": kind,
                 "sub_job_id": sub.sub_job_id,
             }
+            if job.lora is not None and sub.role == "sampling":
+                spec["lora"] = job.lora  # the sampler loads adapters (lora_sampler.py)
             worker = self._take(sub.role, kind, threads) or self._new_worker(
                 sub.role, kind, threads
             )

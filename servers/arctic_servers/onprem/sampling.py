@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import lora_sampler
 from .engine_batch import EngineBatch, Finish
 from .vllm_scoring import VllmScoring
 from .worker import WorkerError
@@ -97,9 +98,11 @@ class SamplingEngine(VllmScoring):
             kwargs["enable_sleep_mode"] = True
         else:
             kwargs["enforce_eager"] = True
+        kwargs.update(lora_sampler.engine_args(spec))  # a LoRA job's sampler: adapter versions
         kwargs.update(dict(conf.get("vllm_config") or {}))
         t = time.perf_counter()
         self.llm = LLM(**kwargs)
+        self.adapters = lora_sampler.adapters_of(self.llm, spec)
         self.startup_s = time.perf_counter() - t
         self.tokenizer = self.llm.get_tokenizer()
         mc = self.llm.llm_engine.model_config
@@ -133,6 +136,10 @@ class SamplingEngine(VllmScoring):
 
     def close(self) -> None:
         self.batch.abort_all()
+        lora_sampler.close(self.adapters)
+
+    def lora_request(self, adapter: str = "") -> Any:  # "": the current version; "base": none
+        return None if self.adapters is None else self.adapters.request(adapter)
 
     # -- the continuous batch (the worker's serve loop) ----------------------------------------
 
@@ -155,7 +162,11 @@ class SamplingEngine(VllmScoring):
         inputs, params, finish = requests(**args)
         if not inputs and finish is not None:  # nothing to score: answered at once
             return finish([])
-        self.batch.add(msg_id, cmd, inputs, params, finish, version=self.weight_version)
+        # a LoRA job's requests run with its current adapter, or none (generate `adapter: "base"`)
+        adapter = str(args.get("adapter") or "")
+        version = 0 if adapter else self.weight_version
+        lora = self.lora_request(adapter)
+        self.batch.add(msg_id, cmd, inputs, params, finish, version=version, lora=lora)
         return None
 
     def busy(self) -> bool:
@@ -241,7 +252,11 @@ class SamplingEngine(VllmScoring):
         return out
 
     def _batch_generate(
-        self, prompts: Sequence[Any], sampling_params: Mapping[str, Any], strict: bool = False
+        self,
+        prompts: Sequence[Any],
+        sampling_params: Mapping[str, Any],
+        strict: bool = False,
+        adapter: str = "",
     ) -> tuple[list[Any], list[Any], Finish]:
         params = self._sampling_params(sampling_params or {}, strict)
         inputs = self._prompts(prompts)
@@ -255,7 +270,7 @@ class SamplingEngine(VllmScoring):
                 per_prompt.append(p2)
             else:
                 per_prompt.append(params)
-        version = self.weight_version
+        version = 0 if adapter else self.weight_version  # "base": the base model, version 0
 
         def finish(outs: list[Any]) -> dict[str, Any]:
             return {**self._generate_result(outs, params), "weight_version": version}
@@ -321,10 +336,17 @@ class SamplingEngine(VllmScoring):
         handles: Any = None,
         nccl_port: int = 0,
         weight_version: int | None = None,
+        adapter_config: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Swap the weights (the serve loop runs this only while no request is in the engine);
-        `weight_version`: what results report from now on."""
+        `weight_version`: what results report from now on. A LoRA job's sync loads a new adapter
+        version instead (lora_sampler.py)."""
         t = time.perf_counter()
+        if adapter_config is not None or self.adapters is not None:
+            res = lora_sampler.load(self.llm, self.adapters, adapter_config, path, blob)
+            if weight_version is not None:
+                self.weight_version = int(weight_version)
+            return res
         if method == "nccl" and nccl_port:  # pragma: no cover - GPU only
             self.llm.collective_rpc("arctic_nccl_init", args=("127.0.0.1", nccl_port, 2, 1))
         if method in ("cuda_ipc", "nccl"):

@@ -22,16 +22,19 @@ from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
 from ..protocol.jobs import sub_job_by_id
+from ..protocol.lora_config import check_adapter
 from . import checks
 from .checkpoints import Checkpoints
 from .jobs import Job, engine_kind
 from .operations import Operations
-from .settings import DEFAULT_MODEL_NAMES, config_keys, embedded_model_names, sub_job_specs
+from .settings import DEFAULT_MODEL_NAMES, LORA, config_keys, embedded_model_names, sub_job_specs
 
 
 class OnpremServicer(Operations, Checkpoints):
     #: the capabilities' `config_keys`: the standard keys and the on-prem extensions
     config_keys = pj.config_keys_json(config_keys())
+    #: the capabilities' `lora` (PROTOCOL.md §3.6)
+    lora_support = LORA.json()
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure)."""
@@ -50,6 +53,7 @@ class OnpremServicer(Operations, Checkpoints):
             assert sub is not None
             checks.sampling_params(body)
             checks.prompts(body, self._vocab_of(sub))
+            check_adapter(body, job.lora is not None)
         elif m is M.STEP:
             learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:

@@ -7,6 +7,7 @@ environment.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol import jobs as pj
+from ..protocol import lora_config
 from ..protocol.errors import ProtocolError
 from ..protocol.jobs import role_of
 from ..protocol.sub_job_config import check_standard_keys, int_at
@@ -25,6 +27,13 @@ ROLES = ("training", "sampling", "log_prob")
 DTYPES = ("float32", "bfloat16", "float16")
 # Names that mean "the embedded default model" (an empty model_name means it too).
 DEFAULT_MODEL_NAMES = frozenset({"", "tiny", "arctic-tiny", "tiny-qwen2", "default"})
+# LoRA jobs need peft in the workers' environment (the `onprem` extra); without it the
+# capabilities say so and `lora` is refused by name instead of failing the job at start
+LORA = (
+    lora_config.SUPPORT
+    if importlib.util.find_spec("peft") is not None
+    else lora_config.LoraSupport(training=False, sampling=False, why="peft is not installed")
+)
 # the standard config keys, with the on-prem extensions (train_options.py)
 TRAINING_KEYS = pj.TRAINING_KEYS | {
     "attn_implementation",
@@ -33,6 +42,7 @@ TRAINING_KEYS = pj.TRAINING_KEYS | {
     "activation_checkpointing",
     "full_determinism",
     "checkpoint_path",
+    "lora",  # PROTOCOL.md §3.6 (protocol/lora_config.py)
 }
 # threads; a log-prob sub-job also: its engine ("hf" = a torch forward, "deepspeed" = a
 # forward-only DeepSpeed engine configured by `deepspeed`, "vllm"), attention, determinism
@@ -153,6 +163,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         raise _bad("sub_job_configs", "at least one sub-job config is required", "missing_field")
     out: list[SubJobSpec] = []
     unsupported: list[str] = []
+    checked: list[tuple[str, str, dict[str, Any]]] = []
     for i, cfg in enumerate(configs):
         path = f"sub_job_configs[{i}]"
         role = role_of(cfg.get("job_type"))
@@ -173,7 +184,9 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
         unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
         cpath = f"{path}.{own}"
         # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
-        n_gpus = check_standard_keys(conf, role, cpath)  # the rules every server shares
+        # the rules every server shares (LoRA: protocol/lora_config.py)
+        n_gpus = check_standard_keys(conf, role, cpath, LORA)
+        checked.append((role, cpath, conf))
         int_at(conf, "num_threads", cpath)
         if role == "training":
             ds = conf.get("deepspeed")
@@ -223,6 +236,7 @@ def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
             options=unsupported,
             field=unsupported[0].split("=")[0].split(" ")[0],
         )
+    lora_config.check_job_lora(checked, LORA)
     return out
 
 

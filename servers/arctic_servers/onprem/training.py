@@ -64,6 +64,11 @@ class TrainingEngine(TrainerWeights, _Forward):
         torch.manual_seed(seed)
         self.attn_requested = str(self.conf.get("attn_implementation") or "eager")
         model = load_hf_model(spec["model_dir"], self.dtype, self.attn_requested)
+        self.lora: dict[str, Any] | None = self.conf.get("lora")
+        if self.lora is not None:  # the adapter is the only trainable state (lora_trainer.py)
+            from .lora_trainer import wrap
+
+            model = wrap(model, self.lora)
         if self.conf.get("activation_checkpointing"):
             model.config.use_cache = False
             model.gradient_checkpointing_enable(
@@ -113,8 +118,17 @@ class TrainingEngine(TrainerWeights, _Forward):
                 getattr(self.engine.module, "is_gradient_checkpointing", False)
             ),
             "full_determinism": self.deterministic,
+            **self._lora_info(),
             **self.timings,
         }
+
+    def _lora_info(self) -> dict[str, Any]:
+        """A LoRA trainer's adapter: its config, trainable and optimizer-state sizes."""
+        if self.lora is None:
+            return {}
+        from .lora_trainer import trainable_numel
+
+        return {"lora": self.lora, **trainable_numel(self.engine)}
 
     def _dummy_logits(self) -> torch.Tensor:
         """The logits of a one-token row: a pass that touches every parameter."""

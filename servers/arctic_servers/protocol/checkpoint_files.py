@@ -121,10 +121,11 @@ class CheckpointDirs:
         out.sort(key=lambda c: (c.get("created_at", ""), c.get("checkpoint_id", "")))
         return out
 
-    async def exported(self, job_id: str, ckpt: str) -> list[dict[str, Any]]:
-        """The files of a checkpoint's export (`ExportCheckpoint`'s `files`)."""
+    async def exported(self, job_id: str, ckpt: str, sub: str = "export") -> list[dict[str, Any]]:
+        """The files of a checkpoint's export (`ExportCheckpoint`'s `files`; `sub`: the export
+        directory, a LoRA checkpoint's PEFT one is `export-peft`)."""
         files = []
-        for f in sorted((self.path(job_id, ckpt) / "export").iterdir()):
+        for f in sorted((self.path(job_id, ckpt) / sub).iterdir()):
             if f.is_file() and not f.name.startswith("."):
                 files.append(
                     {
@@ -136,10 +137,10 @@ class CheckpointDirs:
                 )
         return files
 
-    async def read_exported(self, job_id: str, ckpt: str, name: str) -> bytes:
-        """One exported file (`name`: a plain file name under the spec's rule)."""
+    async def read_exported(self, job_id: str, ckpt: str, name: str, sub: str = "export") -> bytes:
+        """One exported file of folder `sub` (`name`: a plain file name under the spec's rule)."""
         self.meta(job_id, ckpt)
-        export = self.path(job_id, ckpt) / "export"
+        export = self.path(job_id, ckpt) / sub
         f = checkpoint_ids.resolve_file(export, name) if export.is_dir() else export / name
         if not f.is_file():
             raise ProtocolError(

@@ -167,6 +167,8 @@ class CoreBase:
             "server_version": c.server_version,
             # the sub-job config keys accepted: the standard ones and the server's extensions
             "config_keys": getattr(self.servicer, "config_keys", None) or config_keys_json(),
+            # LoRA support (jobs.proto `LoraSupport`; absent: no LoRA jobs)
+            **({"lora": lora} if (lora := getattr(self.servicer, "lora_support", None)) else {}),
         }
 
     # ------------------------------------------------------------------ bodies

@@ -9,10 +9,11 @@ Unknown keys are the caller's to collect (all of them in one `unsupported_option
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from .errors import ProtocolError
+from .lora_config import LoraSupport, check_lora
 from .sub_jobs import field_error
 
 OPTIMIZER_KEYS = frozenset({"name", "type", "lr", "betas", "eps", "weight_decay", "momentum"})
@@ -87,8 +88,12 @@ def _object(conf: Mapping[str, Any], key: str, path: str, what: str) -> None:
         raise field_error(f"{path}.{key}", f"must be an object ({what})", expected="an object")
 
 
-def check_standard_keys(conf: Mapping[str, Any], role: str, path: str) -> int:
-    """The standard keys of one sub-job's config (`path` names it); returns its `n_gpus`."""
+def check_standard_keys(
+    conf: MutableMapping[str, Any], role: str, path: str, lora: LoraSupport | None = None
+) -> int:
+    """The standard keys of one sub-job's config (`path` names it); returns its `n_gpus`.
+    With `lora` (the server's LoRA support), a training config's `lora` is checked and replaced
+    by its normalised form (every default filled in; `lora_config.check_lora`)."""
     n_gpus = int_at(conf, "n_gpus", path) or 1
     int_at(conf, "max_seq_len", path)
     if role == "training":
@@ -103,6 +108,8 @@ def check_standard_keys(conf: Mapping[str, Any], role: str, path: str) -> int:
         if conf.get("optimizer") is not None:
             check_optimizer(conf["optimizer"], f"{path}.optimizer")
         _object(conf, "deepspeed", path, "DeepSpeed config keys")
+        if lora is not None and conf.get("lora") is not None:
+            conf["lora"] = check_lora(conf["lora"], f"{path}.lora", lora)
     else:
         _object(conf, "vllm_config", path, "vLLM engine arguments")
     return n_gpus

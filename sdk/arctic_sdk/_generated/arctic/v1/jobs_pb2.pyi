@@ -153,6 +153,8 @@ class SubJobConfig(_message.Message):
         `optimizer` ({"name", lr, betas, ...}), `zero_stage`, `micro_batch_size`, and any DeepSpeed
         config keys under `deepspeed` (passed through). A server may accept more keys (it lists
         them in the capabilities' `config_keys`) and refuses the rest with `unsupported_option`.
+        `lora` (a `LoraConfig` object; only where the capabilities' `lora.training` is true) makes
+        the adapter the only trainable state.
         """
 
     @_builtins.property
@@ -178,6 +180,56 @@ class SubJobConfig(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubJobConfig: _TypeAlias = SubJobConfig  # noqa: Y015
+
+@_typing.final
+class LoraConfig(_message.Message):
+    """`training_config.lora`: train a LoRA adapter over the frozen base model (PROTOCOL.md §3.6).
+    Unknown keys are refused with `unsupported_option`; out-of-range values with
+    `invalid_argument` naming the field. Defaults apply to absent keys.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    ALPHA_FIELD_NUMBER: _builtins.int
+    DROPOUT_FIELD_NUMBER: _builtins.int
+    TARGET_MODULES_FIELD_NUMBER: _builtins.int
+    TRAIN_EMBEDDINGS_FIELD_NUMBER: _builtins.int
+    TRAIN_LM_HEAD_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    """Adapter rank r, 1..`LoraSupport.max_rank` (default 8); rank <= 0 is `invalid_argument`."""
+    alpha: _builtins.float
+    """Scale numerator: the update is (alpha / rank) * B A (default 2 * rank), > 0."""
+    dropout: _builtins.float
+    """Dropout on the adapter's input during training, in [0, 1) (default 0)."""
+    train_embeddings: _builtins.bool
+    """Also adapt the token embedding (`embed_tokens`), default false."""
+    train_lm_head: _builtins.bool
+    """Also adapt the output projection (`lm_head`; Tinker's `train_unembed`), default false."""
+    @_builtins.property
+    def target_modules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Linear modules to adapt, by leaf name; absent or "all-linear" = every name of
+        `LoraSupport.target_modules`. A name outside that list is `invalid_argument` naming it and
+        the available ones.
+        """
+
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        alpha: _builtins.float = ...,
+        dropout: _builtins.float = ...,
+        target_modules: _abc.Iterable[_builtins.str] | None = ...,
+        train_embeddings: _builtins.bool = ...,
+        train_lm_head: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "dropout", b"dropout", "rank", b"rank", "target_modules", b"target_modules", "train_embeddings", b"train_embeddings", "train_lm_head", b"train_lm_head"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoraConfig: _TypeAlias = LoraConfig  # noqa: Y015
 
 @_typing.final
 class CreateJobRequest(_message.Message):
@@ -793,6 +845,7 @@ class GetCapabilitiesResponse(_message.Message):
     SERVER_FIELD_NUMBER: _builtins.int
     SERVER_VERSION_FIELD_NUMBER: _builtins.int
     CONFIG_KEYS_FIELD_NUMBER: _builtins.int
+    LORA_FIELD_NUMBER: _builtins.int
     spec_version: _builtins.str
     """Spec version, "arctic.v1"."""
     server: _builtins.str
@@ -820,6 +873,10 @@ class GetCapabilitiesResponse(_message.Message):
         extensions. Absent = the standard keys only.
         """
 
+    @_builtins.property
+    def lora(self) -> Global___LoraSupport:
+        """LoRA support and its limits. Absent = no LoRA (`training_config.lora` is refused)."""
+
     def __init__(
         self,
         *,
@@ -832,14 +889,73 @@ class GetCapabilitiesResponse(_message.Message):
         server: _builtins.str = ...,
         server_version: _builtins.str = ...,
         config_keys: Global___SubJobConfigKeys | None = ...,
+        lora: Global___LoraSupport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["config_keys", b"config_keys", "features", b"features", "limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config_keys", b"config_keys", "features", b"features", "limits", b"limits", "lora", b"lora"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_keys", b"config_keys", "features", b"features", "limits", b"limits", "operation_types", b"operation_types", "routes", b"routes", "server", b"server", "server_version", b"server_version", "spec_version", b"spec_version", "wire_formats", b"wire_formats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_keys", b"config_keys", "features", b"features", "limits", b"limits", "lora", b"lora", "operation_types", b"operation_types", "routes", b"routes", "server", b"server", "server_version", b"server_version", "spec_version", b"spec_version", "wire_formats", b"wire_formats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetCapabilitiesResponse: _TypeAlias = GetCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class LoraSupport(_message.Message):
+    """What a server's LoRA support covers (`GetCapabilitiesResponse.lora`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAINING_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    MAX_RANK_FIELD_NUMBER: _builtins.int
+    TARGET_MODULES_FIELD_NUMBER: _builtins.int
+    DEFAULT_RANK_FIELD_NUMBER: _builtins.int
+    TRAIN_EMBEDDINGS_FIELD_NUMBER: _builtins.int
+    TRAIN_LM_HEAD_FIELD_NUMBER: _builtins.int
+    SAMPLER_EMBEDDINGS_FIELD_NUMBER: _builtins.int
+    SHARED_SAMPLER_FIELD_NUMBER: _builtins.int
+    training: _builtins.bool
+    """Training sub-jobs accept `training_config.lora`."""
+    sampling: _builtins.bool
+    """sync-weights of a LoRA job loads only the adapter into the samplers (a new adapter
+    version), and generate takes `adapter`.
+    """
+    max_rank: _builtins.int
+    """Largest `LoraConfig.rank`."""
+    default_rank: _builtins.int
+    train_embeddings: _builtins.bool
+    """`train_embeddings` / `train_lm_head` are trained and checkpointed."""
+    train_lm_head: _builtins.bool
+    sampler_embeddings: _builtins.bool
+    """Samplers can serve an adapter on the embedding / lm_head; when false, a LoRA job with a
+    sampling sub-job refuses `train_embeddings` / `train_lm_head` with `unsupported_option`.
+    """
+    shared_sampler: _builtins.bool
+    """Several LoRA jobs over one base model share one sampling engine."""
+    @_builtins.property
+    def target_modules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Module names `LoraConfig.target_modules` accepts (the default is all of them)."""
+
+    def __init__(
+        self,
+        *,
+        training: _builtins.bool = ...,
+        sampling: _builtins.bool = ...,
+        max_rank: _builtins.int = ...,
+        target_modules: _abc.Iterable[_builtins.str] | None = ...,
+        default_rank: _builtins.int = ...,
+        train_embeddings: _builtins.bool = ...,
+        train_lm_head: _builtins.bool = ...,
+        sampler_embeddings: _builtins.bool = ...,
+        shared_sampler: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_rank", b"default_rank", "max_rank", b"max_rank", "sampler_embeddings", b"sampler_embeddings", "sampling", b"sampling", "shared_sampler", b"shared_sampler", "target_modules", b"target_modules", "train_embeddings", b"train_embeddings", "train_lm_head", b"train_lm_head", "training", b"training"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoraSupport: _TypeAlias = LoraSupport  # noqa: Y015
 
 @_typing.final
 class SubJobConfigKeys(_message.Message):

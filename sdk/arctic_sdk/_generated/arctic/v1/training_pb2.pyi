@@ -786,10 +786,16 @@ class GenerateRequest(_message.Message):
     SAMPLING_PARAMS_FIELD_NUMBER: _builtins.int
     ROUTING_KEY_FIELD_NUMBER: _builtins.int
     STRICT_FIELD_NUMBER: _builtins.int
+    ADAPTER_FIELD_NUMBER: _builtins.int
     routing_key: _builtins.str
     """Requests with the same routing key go to the same replica (prefix-cache reuse)."""
     strict: _builtins.bool
     """Refuse (instead of ignoring) sampling params the server cannot honour."""
+    adapter: _builtins.str
+    """Which weights sample (PROTOCOL.md §3.6): "" = the job's current weights (a LoRA job: the
+    base model with its latest synced adapter); "base" = the base model without the adapter
+    (a LoRA job only; `weight_version` 0). Anything else is `invalid_argument`.
+    """
     @_builtins.property
     def prompts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Prompt]: ...
     @_builtins.property
@@ -803,10 +809,11 @@ class GenerateRequest(_message.Message):
         sampling_params: Global___SamplingParams | None = ...,
         routing_key: _builtins.str = ...,
         strict: _builtins.bool = ...,
+        adapter: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling_params", b"sampling_params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompts", b"prompts", "routing_key", b"routing_key", "sampling_params", b"sampling_params", "strict", b"strict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "prompts", b"prompts", "routing_key", b"routing_key", "sampling_params", b"sampling_params", "strict", b"strict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1299,19 +1306,27 @@ class ExportCheckpointRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job (default: the client's `job_id`)."""
     checkpoint_id: _builtins.str
     """The checkpoint to export."""
+    format: _builtins.str
+    """"hf" (default): full HF weights (a LoRA checkpoint: the base with its adapter merged in);
+    "peft": a LoRA checkpoint's adapter as a PEFT directory (`adapter_config.json`,
+    `adapter_model.safetensors`; PROTOCOL.md §3.6). "peft" of a full-weight checkpoint is
+    `invalid_argument`.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         checkpoint_id: _builtins.str = ...,
+        format: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "format", b"format", "job_id", b"job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
