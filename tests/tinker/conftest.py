@@ -44,13 +44,13 @@ def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
 @pytest.fixture(scope="session")
 def tinker_fake() -> Iterator[TinkerServer]:
     """Full fine-tune opted in by the operator (the fake gateway has no LoRA trainer)."""
-    yield from _serve(TinkerSettings(models=(BASE_MODEL,), lora="full_finetune"))
+    yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True, lora="full_finetune"))
 
 
 @pytest.fixture(scope="session")
 def tinker_refusing() -> Iterator[TinkerServer]:
     """The default: LoRA requests are refused, naming lora_config.rank."""
-    yield from _serve(TinkerSettings(models=(BASE_MODEL,)))
+    yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True))
 
 
 def run_scenario(name: str, url: str, *, model: str = BASE_MODEL, timeout: float = 300) -> dict:

@@ -11,15 +11,9 @@ Tinker op on our ops), `state` (sessions, models, futures), `backend` (our proto
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from aiohttp import web
-
-from .backend import Backend
-from .errors import TinkerError
-from .ops import TinkerSettings
-from .routes import TinkerRoutes, add_tinker_routes
+from .mount import mount
 
 __all__ = [
     "Backend",
@@ -28,54 +22,26 @@ __all__ = [
     "TinkerSettings",
     "add_tinker_routes",
     "install",
+    "mount",
     "start_tinker_server",
 ]
 
-
-def install(
-    app: web.Application,
-    protocol_path: str,
-    settings: TinkerSettings,
-    tokens: Iterable[str] = (),
-    token_sha256: Iterable[str] = (),
-) -> TinkerRoutes:
-    """Mount the Tinker routes on a protocol server's app; their protocol calls go to this same
-    listener (`protocol_path` under the address the request came in on)."""
-    url: dict[str, str] = {}
-    routes = add_tinker_routes(app, Backend(lambda: url["base"]), settings, tokens, token_sha256)
-
-    @web.middleware
-    async def learn_address(request: web.Request, handler: Any) -> Any:
-        if "base" not in url and request.path.startswith("/api/v1/"):
-            sock = request.transport.get_extra_info("sockname") if request.transport else None
-            if sock:
-                host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
-                url["base"] = f"http://{host}:{sock[1]}{protocol_path}"
-        return await handler(request)
-
-    app.middlewares.append(learn_address)
-
-    async def close(_: web.Application) -> None:
-        await routes.ops.backend.close()
-
-    app.on_cleanup.append(close)
-    return routes
+_LAZY = {
+    "Backend": "backend",
+    "TinkerError": "errors",
+    "TinkerSettings": "ops",
+    "TinkerRoutes": "routes",
+    "add_tinker_routes": "routes",
+    "install": "serve",
+    "start_tinker_server": "serve",
+}
 
 
-async def start_tinker_server(
-    protocol_url: str,
-    settings: TinkerSettings,
-    *,
-    tokens: Iterable[str] = (),
-    host: str = "127.0.0.1",
-    port: int = 0,
-) -> tuple[web.AppRunner, str, TinkerRoutes]:
-    """A standalone Tinker service in front of a protocol server at `protocol_url` (tests)."""
-    app = web.Application(client_max_size=256 << 20)
-    routes = add_tinker_routes(app, Backend(lambda: protocol_url), settings, tokens)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    sock = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-    return runner, f"http://{host}:{sock[1]}", routes
+def __getattr__(name: str) -> Any:
+    """The surface's pieces, imported on first use: they need the `tinker` package (the
+    `[tinker]` extra), which a server without it must not import at start (`mount`)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(name)

@@ -41,7 +41,8 @@ class TinkerSettings:
     a LoRA rank is refused, naming lora_config.rank) or "full_finetune" (an operator's explicit
     opt-in: LoRA requests train all weights, and get_info answers is_lora false)."""
 
-    models: tuple[str, ...] = ()  # base models served; () = whatever the server accepts
+    models: tuple[str, ...] = ()  # base models listed by get_server_capabilities
+    only_listed: bool = False  # refuse other base models (else the server's job checks decide)
     lora: str = "refuse"
     adam: Mapping[str, float] | None = None  # the jobs' Adam parameters (default Tinker's)
     training_config: Mapping[str, Any] | None = None  # extra training_config keys
@@ -69,7 +70,7 @@ class Ops:
     def job_body(
         self, base_model: str, lora: Mapping[str, Any] | None, seed: int | None
     ) -> dict[str, Any]:
-        if self.settings.models and base_model not in self.settings.models:
+        if self.settings.only_listed and base_model not in self.settings.models:
             raise TinkerError(
                 400,
                 f"base_model {base_model!r} is not served; served: {list(self.settings.models)}",
