@@ -53,7 +53,9 @@ def tinker_refusing() -> Iterator[TinkerServer]:
     yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True))
 
 
-def run_scenario(name: str, url: str, *, model: str = BASE_MODEL, timeout: float = 300) -> dict:
+def run_scenario(
+    name: str, url: str, *, model: str = BASE_MODEL, eps: float = 1e-12, timeout: float = 300
+) -> dict:
     """Run `tests/tinker/scenarios.py`'s scenario `name` against `url` in a child process."""
     env = {
         **os.environ,
@@ -61,6 +63,7 @@ def run_scenario(name: str, url: str, *, model: str = BASE_MODEL, timeout: float
         "TINKER_TELEMETRY": "0",
         "TINKER_TEST_MODEL": model,
         "HF_HUB_OFFLINE": "1",
+        "TINKER_TEST_EPS": repr(eps),
     }
     p = subprocess.run(
         [sys.executable, "-m", "tests.tinker.scenarios", name, url],

@@ -18,6 +18,7 @@ from tinker import types
 
 API_KEY = os.environ.get("TINKER_API_KEY", "tml-none")
 BASE_MODEL = os.environ.get("TINKER_TEST_MODEL", "fake-tiny")
+EPS = float(os.environ.get("TINKER_TEST_EPS", "1e-12"))  # the server's Adam eps
 
 
 @contextlib.contextmanager
@@ -76,7 +77,7 @@ def scenario_sft_loop_sample_and_listing(tinker_fake: str) -> dict:
         losses = []
         for _ in range(3):  # pipelined: both futures submitted before either is awaited
             fb = tc.forward_backward(batch, "cross_entropy")
-            opt = tc.optim_step(types.AdamParams(learning_rate=1e-3))
+            opt = tc.optim_step(types.AdamParams(learning_rate=1e-3, eps=EPS))
             out = fb.result()
             opt.result()
             losses.append(out.metrics["loss:sum"])
@@ -136,7 +137,7 @@ def scenario_rl_step_importance_sampling(tinker_fake: str) -> dict:
             )
         out = tc.forward_backward(data, "importance_sampling").result()
         assert np.isfinite(out.metrics["loss:sum"])
-        tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-4, eps=EPS)).result()
         # the old sampling session is stale once new weights are synced
         sc2 = tc.save_weights_and_get_sampling_client()
         sc2.sample(

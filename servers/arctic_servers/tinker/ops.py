@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -153,7 +154,19 @@ class Ops:
             )
         return f"tinker://{m.model_id}/{kind}/{name}"
 
-    async def save_weights(self, m: Model, name: str, overwrite: bool) -> dict[str, Any]:
+    @staticmethod
+    def live(m: Model) -> dict[str, dict[str, Any]]:
+        """The model's checkpoints whose ttl_seconds (if any) has not run out."""
+        now = time.time()
+        return {
+            p: i
+            for p, i in m.checkpoints.items()
+            if not i.get("expires_at") or i["expires_at"] > now
+        }
+
+    async def save_weights(
+        self, m: Model, name: str, overwrite: bool, ttl: float | None = None
+    ) -> dict[str, Any]:
         path = self.path(m, "weights", name)
         if path in m.checkpoints and not overwrite:
             raise TinkerError(
@@ -166,13 +179,14 @@ class Ops:
             "type": "training",
             "size_bytes": ck.get("size_bytes"),
             "job_id": m.job_id,
+            "expires_at": time.time() + ttl if ttl else None,
         }
         return {"path": path, "type": "save_weights"}
 
     async def load_weights(
         self, m: Model, path: str, source: Model, optimizer: bool
     ) -> dict[str, Any]:
-        info = source.checkpoints.get(path)
+        info = self.live(source).get(path)
         if info is None or info["type"] != "training":
             raise TinkerError(
                 404, f"path {path!r} is not a saved training checkpoint", "not_found", field="path"
@@ -190,7 +204,12 @@ class Ops:
         return {"path": path, "model_id": m.model_id, "type": "load_weights"}
 
     async def save_for_sampler(
-        self, m: Model, name: str | None, session_seq: int | None, session_id: str
+        self,
+        m: Model,
+        name: str | None,
+        session_seq: int | None,
+        session_id: str,
+        ttl: float | None = None,
     ) -> dict[str, Any]:
         version = await self.backend.sync(m.token, m.job_id)
         self.versions[m.model_id] = version
@@ -199,7 +218,12 @@ class Ops:
             self.state.samplers[sid] = SamplerRef(m.model_id, version)
             return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
         path = self.path(m, "sampler_weights", name)
-        m.checkpoints[path] = {"type": "sampler", "weight_version": version, "job_id": m.job_id}
+        m.checkpoints[path] = {
+            "type": "sampler",
+            "weight_version": version,
+            "job_id": m.job_id,
+            "expires_at": time.time() + ttl if ttl else None,
+        }
         return {"path": path, "type": "save_weights_for_sampler"}
 
     # ------------------------------------------------------------------ sampling
@@ -208,7 +232,7 @@ class Ops:
         rest = path.removeprefix("tinker://")
         model_id = rest.split("/", 1)[0]
         m = self.state.model(model_id, token)
-        info = m.checkpoints.get(path)
+        info = self.live(m).get(path)
         if info is None or info["type"] != "sampler":
             raise TinkerError(
                 404,

@@ -36,6 +36,17 @@ LONG_POLL_S = 20.0
 MAX_JSON = 16 << 20
 
 
+def ttl_s(v: int | None) -> float | None:
+    """`ttl_seconds`: the checkpoint's tinker:// path stops resolving (404) after it."""
+    if v is None:
+        return None
+    if int(v) <= 0:
+        raise TinkerError(
+            400, f"ttl_seconds = {v!r}; expected > 0", "invalid_argument", field="ttl_seconds"
+        )
+    return float(v)
+
+
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat()
 
@@ -285,30 +296,19 @@ class TinkerRoutes:
     async def save_weights(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SaveWeightsRequest)
         m = self.state.model(req.model_id, token)
-        if req.ttl_seconds is not None:
-            raise TinkerError(
-                400,
-                "ttl_seconds: our checkpoints live until deleted",
-                "unsupported_option",
-                field="ttl_seconds",
-            )
+        ttl = ttl_s(req.ttl_seconds)
         name = req.path or f"step-{req.seq_id}"
         self.ops.path(m, "weights", name)  # refused at submit when not a plain name
         coro = m.in_turn(
-            req.seq_id or m.next_seq, lambda: self.ops.save_weights(m, name, bool(req.overwrite))
+            req.seq_id or m.next_seq,
+            lambda: self.ops.save_weights(m, name, bool(req.overwrite), ttl),
         )
         return web.json_response(self.state.submit(token, coro))
 
     async def save_for_sampler(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SaveWeightsForSamplerRequest)
         m = self.state.model(req.model_id, token)
-        if req.ttl_seconds is not None:
-            raise TinkerError(
-                400,
-                "ttl_seconds: our checkpoints live until deleted",
-                "unsupported_option",
-                field="ttl_seconds",
-            )
+        ttl = ttl_s(req.ttl_seconds)
         if req.path is not None:
             self.ops.path(m, "sampler_weights", req.path)
         if req.path is None and req.sampling_session_seq_id is None:
@@ -318,7 +318,7 @@ class TinkerRoutes:
         coro = m.in_turn(
             req.seq_id or m.next_seq,
             lambda: self.ops.save_for_sampler(
-                m, req.path, req.sampling_session_seq_id, m.session_id
+                m, req.path, req.sampling_session_seq_id, m.session_id, ttl
             ),
         )
         return web.json_response(self.state.submit(token, coro))
@@ -417,8 +417,9 @@ class TinkerRoutes:
     # ------------------------------------------------------------------ REST
 
     def _run(self, m: Model) -> dict[str, Any]:
-        ck = [p for p, i in m.checkpoints.items() if i["type"] == "training"]
-        sk = [p for p, i in m.checkpoints.items() if i["type"] == "sampler"]
+        live = self.ops.live(m)
+        ck = [p for p, i in live.items() if i["type"] == "training"]
+        sk = [p for p, i in live.items() if i["type"] == "sampler"]
         return {
             "training_run_id": m.model_id,
             "base_model": m.base_model,
@@ -440,6 +441,7 @@ class TinkerRoutes:
             "time": _iso(m.last_request),
             "tinker_path": path,
             "size_bytes": info.get("size_bytes"),
+            "expires_at": _iso(info["expires_at"]) if info.get("expires_at") else None,
             "public": False,
         }
 
@@ -466,14 +468,14 @@ class TinkerRoutes:
     async def run_checkpoints(self, request: web.Request, token: str | None) -> web.Response:
         m = self.state.model(request.match_info["run_id"], token)
         return web.json_response(
-            {"checkpoints": [self._ckpt(m, p) for p in m.checkpoints], "cursor": None}
+            {"checkpoints": [self._ckpt(m, p) for p in self.ops.live(m)], "cursor": None}
         )
 
     async def weights_info(self, request: web.Request, token: str | None) -> web.Response:
         body = await request.json()
         path = str((body or {}).get("tinker_path", ""))
         m = self.state.model(path.removeprefix("tinker://").split("/", 1)[0], token)
-        if path not in m.checkpoints:
+        if path not in self.ops.live(m):
             raise TinkerError(
                 404, f"tinker_path {path!r} does not exist", "not_found", field="tinker_path"
             )

@@ -86,6 +86,31 @@ def _tokens(msg: Any, i: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64)
 
 
+def _check_spans(d: Any, i: int, n: int) -> None:
+    """Provenance spans (which tokens came from which prompt / sample; the cookbook's RL sends
+    them with every loss): bounds-checked; only stable_reinforce reads them, and that loss is
+    refused (`losses.py`), so the served losses compute the same with or without them."""
+    for name in ("model_input_spans", "loss_fn_input_spans"):
+        for j, span in enumerate(getattr(d, name)):
+            kind = span.WhichOneof("span")
+            inner = getattr(span, kind) if kind else None
+            if (
+                inner is None
+                or inner.offset < 0
+                or inner.length < 0
+                or (inner.offset + inner.length > n)
+            ):
+                where = f"data[{i}].{name}[{j}]"
+                raise TinkerError(
+                    400,
+                    f"{where} = {kind} offset {getattr(inner, 'offset', '?')} length "
+                    f"{getattr(inner, 'length', '?')}: expected a span inside the datum's "
+                    f"{n} tokens",
+                    "invalid_argument",
+                    field=where,
+                )
+
+
 def decode_forward_backward(body: bytes, encoding: str = "") -> FwdBwd:
     # aiohttp may have decoded the body already (with backports.zstd installed); a zstd frame
     # starts with its magic number, which no ForwardBackwardRequest does (0x28 = field 5 as a
@@ -109,17 +134,12 @@ def decode_forward_backward(body: bytes, encoding: str = "") -> FwdBwd:
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for k, v in msg.loss_fn_config_v2.items():
         config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
-    if any(d.model_input_spans or d.loss_fn_input_spans for d in msg.data):
-        raise TinkerError(
-            400,
-            "provenance spans (model_input_spans / loss_fn_input_spans, used by "
-            "stable_reinforce) are not supported by this server",
-            "unsupported_option",
-        )
     data = []
     for i, d in enumerate(msg.data):
         inputs = {str(k): _tensor(str(k), t) for k, t in d.loss_fn_inputs.items()}
-        data.append(Datum(_tokens(d, i), inputs))
+        datum = Datum(_tokens(d, i), inputs)
+        _check_spans(d, i, datum.tokens.size)
+        data.append(datum)
     return FwdBwd(
         msg.model_id,
         int(msg.seq_id),
