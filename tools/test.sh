@@ -54,6 +54,13 @@ else
   export ARCTIC_ONPREM_TESTS=1
 fi
 
+step "tinker-cookbook 0.6.1 for tests/tinker (README \"Tinker users\")"
+# It pins tml-renderers>=0.4.1, which the registry lacks: installed --no-deps, with its other
+# dependencies named here (tml-renderers 0.2.1 serves the renderers the recipes use).
+"$PY" -m pip install -q --no-deps "tinker-cookbook==0.6.1"
+"$PY" -m pip install -q "chz==0.4.0" "blobfile==3.3.0" "datasets==5.2.0" "termcolor==3.3.0" \
+  "pyrage==1.4.0" "tml-renderers==0.2.1"
+
 step "wheel: a fresh venv with the built wheel, as users install (tools/check_wheel.py)"
 # The README quick start, the conformance runner against `python -m conformance serve` (HTTP and
 # gRPC), --help of the README's entry points and mypy, run from the installed wheel; the engine

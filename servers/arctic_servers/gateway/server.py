@@ -26,6 +26,7 @@ from ..protocol.http_app import error_response, make_app
 from ..protocol.http_server import make_runner
 from ..protocol.serve import free_port
 from ..protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
+from ..tinker.mount import mount as mount_tinker
 from .jobs import JobManager
 from .model import JobStore
 from .profiles import make_profile
@@ -193,6 +194,7 @@ async def start_gateway(
         gserver, grpc_port = await start_grpc_server(core, host=host, port=grpc_port)
     app = make_app(core)
     install_openai(app, servicer, token_sha256)  # /v1/models, /v1/chat/completions, ...
+    mount_tinker(app, token_sha256=token_sha256)  # Tinker's /api/v1/...
     if admin:
         _admin_routes(servicer, core)(app)
     # after the drain (hand_off) nothing is left to finish: open handlers get 2 s, so SIGTERM

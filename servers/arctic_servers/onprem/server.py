@@ -81,12 +81,17 @@ def _admin_routes(servicer: OnpremServicer, tokens: frozenset[str]) -> Any:
     return configure
 
 
-def _configure(servicer: OnpremServicer, tokens: frozenset[str], admin: bool) -> Any:
-    """Routes beside the protocol: the OpenAI-compatible surface, and `/_admin/` when asked."""
+def _configure(
+    servicer: OnpremServicer, tokens: frozenset[str], admin: bool, tinker: Any = None
+) -> Any:
+    """Routes beside the protocol: the OpenAI-compatible surface, Tinker's (`/api/v1/`,
+    `arctic_servers.tinker`; `tinker` = its `TinkerSettings`), and `/_admin/` when asked."""
     from ..openai.onprem import install as install_openai
+    from ..tinker.mount import mount as mount_tinker
 
     def configure(app: web.Application, core: ProtocolCore) -> None:
         install_openai(app, servicer, tokens)
+        mount_tinker(app, tinker, tokens=tokens)
         if admin:
             _admin_routes(servicer, tokens)(app, core)
 
@@ -103,6 +108,7 @@ async def start_onprem(
     admin: bool = False,
     create_jobs: Sequence[Mapping[str, Any]] = (),
     limits: ProtocolLimits | None = None,
+    tinker: Any = None,
 ) -> tuple[RunningOnprem, list[str]]:
     """Serve on HTTP (and gRPC unless `grpc_port` is None); the server and pre-created job ids."""
     settings = settings or ServerSettings()
@@ -124,7 +130,7 @@ async def start_onprem(
         host=host,
         http_port=port,
         grpc_port=grpc_port,
-        configure_app=_configure(servicer, toks, admin),
+        configure_app=_configure(servicer, toks, admin, tinker),
     )
     servicer.core = running.core
     servicer.jobs.refill_pool()

@@ -1,0 +1,79 @@
+"""The real `tinker` SDK (0.38.0, unmodified) against the Tinker routes in front of the fake
+gateway (fast: the fake's numerics, no engines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arctic_servers.tinker import TinkerRoutes, TinkerSettings, start_tinker_server
+from conformance.fake.server import BackgroundFake
+
+TOKEN = "tinker-test-pat-7c1e"
+API_KEY = "tml-" + TOKEN
+BASE_MODEL = "fake-tiny"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class TinkerServer:
+    url: str
+    routes: TinkerRoutes
+    fake: Any
+
+
+def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    with BackgroundFake(token=TOKEN, grpc=False) as fake:
+        runner, url, routes = fake.run(start_tinker_server(fake.base_url, settings, tokens=[TOKEN]))
+        try:
+            yield TinkerServer(url, routes, fake)
+        finally:
+            fake.run(routes.ops.backend.close())
+            fake.run(runner.cleanup())
+
+
+@pytest.fixture(scope="session")
+def tinker_fake() -> Iterator[TinkerServer]:
+    """Full fine-tune opted in by the operator (the fake gateway has no LoRA trainer)."""
+    yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True, lora="full_finetune"))
+
+
+@pytest.fixture(scope="session")
+def tinker_refusing() -> Iterator[TinkerServer]:
+    """The default: LoRA requests are refused, naming lora_config.rank."""
+    yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True))
+
+
+def run_scenario(
+    name: str, url: str, *, model: str = BASE_MODEL, eps: float = 1e-12, timeout: float = 300
+) -> dict:
+    """Run `tests/tinker/scenarios.py`'s scenario `name` against `url` in a child process."""
+    env = {
+        **os.environ,
+        "TINKER_API_KEY": API_KEY,
+        "TINKER_TELEMETRY": "0",
+        "TINKER_TEST_MODEL": model,
+        "HF_HUB_OFFLINE": "1",
+        "TINKER_TEST_EPS": repr(eps),
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.tinker.scenarios", name, url],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"scenario {name} failed:\n{out[-6000:]}"
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return dict(json.loads(line[7:]))

@@ -1,0 +1,166 @@
+"""Scenarios of the unmodified `tinker` client, each run in a child process by the tests
+(`python -m tests.tinker.scenarios NAME URL`): the 0.38 SDK keeps background threads and
+leaves keep-alive sockets open after `ServiceClient.close()`, which must not leak into the
+test process. A scenario fails by raising; it prints one JSON line of what it measured."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+API_KEY = os.environ.get("TINKER_API_KEY", "tml-none")
+BASE_MODEL = os.environ.get("TINKER_TEST_MODEL", "fake-tiny")
+EPS = float(os.environ.get("TINKER_TEST_EPS", "1e-12"))  # the server's Adam eps
+
+
+@contextlib.contextmanager
+def _rest(server: str) -> Iterator[tinker.RestClient]:
+    rc = tinker.RestClient(base_url=server, api_key=API_KEY)
+    try:
+        yield rc
+    finally:
+        rc.holder.close()
+
+
+@contextlib.contextmanager
+def _service(server: str, key: str = API_KEY) -> Iterator[tinker.ServiceClient]:
+    with tinker.ServiceClient(base_url=server, api_key=key) as svc:
+        yield svc
+
+
+def _datum(tokens: list[int], weights: list[float] | None = None) -> types.Datum:
+    inp, tgt = tokens[:-1], tokens[1:]
+    w = weights if weights is not None else [1.0] * len(tgt)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(inp),
+        loss_fn_inputs={"target_tokens": tgt, "weights": w},
+    )
+
+
+def scenario_capabilities_and_auth(tinker_fake: str) -> dict:
+    with _rest(tinker_fake) as rc:
+        caps = rc.get_server_capabilities().result()
+    assert [m.model_name for m in caps.supported_models] == [BASE_MODEL]
+    with _service(tinker_fake, "tml-wrong") as bad, pytest.raises(tinker.AuthenticationError) as e:
+        bad.create_lora_training_client(BASE_MODEL, rank=8).result()
+    assert e.value.status_code == 401 and e.value.body["code"] == "unauthenticated"
+
+
+def scenario_lora_rank_is_refused_by_default(tinker_refusing: str) -> dict:
+    with _service(tinker_refusing) as svc:
+        with pytest.raises(tinker.BadRequestError) as e:
+            svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        assert e.value.body["field"] == "lora_config.rank"
+        assert "lora_rank" in e.value.body["detail"] and "8" in e.value.body["detail"]
+
+
+def scenario_unknown_base_model_is_refused(tinker_fake: str) -> dict:
+    with _service(tinker_fake) as svc, pytest.raises(tinker.BadRequestError) as e:
+        svc.create_lora_training_client("Qwen/Nope", rank=8).result()
+    assert e.value.body["field"] == "base_model"
+
+
+def scenario_sft_loop_sample_and_listing(tinker_fake: str) -> dict:
+    with _service(tinker_fake) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        info = tc.get_info()
+        assert info.model_data.model_name == BASE_MODEL and info.is_lora is False
+        batch = [_datum([5, 6, 7, 8, 9, 10]), _datum([11, 12, 13], [0.0, 2.0])]
+        losses = []
+        for _ in range(3):  # pipelined: both futures submitted before either is awaited
+            fb = tc.forward_backward(batch, "cross_entropy")
+            opt = tc.optim_step(types.AdamParams(learning_rate=1e-3, eps=EPS))
+            out = fb.result()
+            opt.result()
+            losses.append(out.metrics["loss:sum"])
+            assert [o["logprobs"].shape for o in out.loss_fn_outputs] == [[5], [2]]
+            lp = [o["logprobs"].to_numpy() for o in out.loss_fn_outputs]
+            # loss:sum is -(weights * target logprobs) summed, as Tinker defines it
+            want = -(lp[0].sum() + 2.0 * lp[1][1])
+            assert out.metrics["loss:sum"] == pytest.approx(float(want), rel=1e-4, abs=1e-4)
+        assert all(np.isfinite(losses))
+        fwd = tc.forward(batch, "cross_entropy").result()
+        assert fwd.metrics["loss:sum"] > 0
+
+        path = tc.save_weights_for_sampler("s1").result().path
+        assert path == f"tinker://{info.model_id}/sampler_weights/s1"
+        sc = svc.create_sampling_client(model_path=path).result()
+        prompt = types.ModelInput.from_ints([5, 6, 7])
+        res = sc.sample(
+            prompt, 2, types.SamplingParams(max_tokens=6, seed=3, temperature=1.0)
+        ).result()
+        assert len(res.sequences) == 2
+        for s in res.sequences:
+            assert 1 <= len(s.tokens) <= 6 and s.logprobs is not None
+            assert len(s.logprobs) == len(s.tokens) and s.stop_reason in ("stop", "length")
+
+        saved = tc.save_state("step3").result().path
+        assert saved == f"tinker://{info.model_id}/weights/step3"
+    with _rest(tinker_fake) as rest:
+        run = rest.get_training_run(info.model_id).result()
+        assert run.training_run_id == info.model_id and run.base_model == BASE_MODEL
+        cks = rest.list_checkpoints(info.model_id).result().checkpoints
+        assert {c.tinker_path for c in cks} == {path, saved}
+
+
+def scenario_rl_step_importance_sampling(tinker_fake: str) -> dict:
+    with _service(tinker_fake) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=4).result()
+        sc = tc.save_weights_and_get_sampling_client()
+        prompt = [3, 4, 5]
+        res = sc.sample(
+            types.ModelInput.from_ints(prompt), 4, types.SamplingParams(max_tokens=5, seed=1)
+        ).result()
+        data = []
+        for i, s in enumerate(res.sequences):
+            full = prompt + list(s.tokens)
+            n = len(full) - 1
+            adv = [0.0] * (len(prompt) - 1) + [float(i) - 1.5] * len(s.tokens)
+            lps = [0.0] * (len(prompt) - 1) + list(s.logprobs or [])
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(full[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": full[1:],
+                        "logprobs": lps[:n],
+                        "advantages": adv[:n],
+                    },
+                )
+            )
+        out = tc.forward_backward(data, "importance_sampling").result()
+        assert np.isfinite(out.metrics["loss:sum"])
+        tc.optim_step(types.AdamParams(learning_rate=1e-4, eps=EPS)).result()
+        # the old sampling session is stale once new weights are synced
+        sc2 = tc.save_weights_and_get_sampling_client()
+        sc2.sample(
+            types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=2)
+        ).result()
+        with pytest.raises(tinker.RequestFailedError, match="weight version"):
+            sc.sample(
+                types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=2)
+            ).result()
+
+
+def scenario_refusals_reach_the_client(tinker_fake: str) -> dict:
+    with _service(tinker_fake) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        with pytest.raises(tinker.BadRequestError) as e:
+            tc.forward_backward([_datum([1, 2, 3])], "dro").result()
+        assert e.value.body["field"] == "loss_fn"
+        tc2 = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        with pytest.raises(tinker.RequestFailedError, match=r"adam_params\.eps"):
+            tc2.optim_step(types.AdamParams(learning_rate=1e-4, eps=1e-8)).result()
+
+
+if __name__ == "__main__":
+    name, url = sys.argv[1], sys.argv[2]
+    out = globals()["scenario_" + name](url) or {}
+    print("RESULT " + json.dumps(out, default=float))
