@@ -43,13 +43,19 @@ def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
 
 @pytest.fixture(scope="session")
 def tinker_fake() -> Iterator[TinkerServer]:
-    """Full fine-tune opted in by the operator (the fake gateway has no LoRA trainer)."""
+    """Full fine-tune opted in by the operator (`lora="full_finetune"`)."""
     yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True, lora="full_finetune"))
 
 
 @pytest.fixture(scope="session")
 def tinker_refusing() -> Iterator[TinkerServer]:
-    """The default: LoRA requests are refused, naming lora_config.rank."""
+    """`lora="refuse"`: LoRA requests are refused, naming lora_config.rank."""
+    yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True, lora="refuse"))
+
+
+@pytest.fixture(scope="session")
+def tinker_lora() -> Iterator[TinkerServer]:
+    """The default settings: a LoRA config becomes the training sub-job's training_config.lora."""
     yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True))
 
 

@@ -160,6 +160,32 @@ def scenario_refusals_reach_the_client(tinker_fake: str) -> dict:
             tc2.optim_step(types.AdamParams(learning_rate=1e-4, eps=1e-8)).result()
 
 
+def scenario_lora_adapter_trains(tinker_lora: str) -> dict:
+    """The default server settings: a LoRA client trains a LoRA adapter (training_config.lora)."""
+    with _service(tinker_lora) as svc:
+        # Tinker's default train_unembed=True: the sampler cannot serve an lm_head adapter
+        with pytest.raises(tinker.BadRequestError) as e:
+            svc.create_lora_training_client(BASE_MODEL, rank=4).result()
+        assert e.value.body["field"] == "lora_config.train_unembed"
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=4, train_unembed=False).result()
+        info = tc.get_info()
+        assert info.is_lora is True and info.lora_rank == 4
+        batch = [_datum([5, 6, 7, 8, 9, 10]), _datum([11, 12, 13, 14])]
+        losses = []
+        for _ in range(4):
+            fb = tc.forward_backward(batch, "cross_entropy")
+            opt = tc.optim_step(types.AdamParams(learning_rate=2e-2, eps=EPS))
+            losses.append(float(fb.result().metrics["loss:sum"]))
+            opt.result()
+        assert all(np.isfinite(losses))  # on-prem: the caller checks that they fall
+        sc = tc.save_weights_and_get_sampling_client()
+        res = sc.sample(
+            types.ModelInput.from_ints([5, 6, 7]), 2, types.SamplingParams(max_tokens=4, seed=3)
+        ).result()
+        assert len(res.sequences) == 2
+    return {"losses": losses, "model_id": info.model_id}
+
+
 if __name__ == "__main__":
     name, url = sys.argv[1], sys.argv[2]
     out = globals()["scenario_" + name](url) or {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import TinkerServer, run_scenario
+from .conftest import TOKEN, TinkerServer, run_scenario
 
 SCENARIOS = [
     "capabilities_and_auth",
@@ -22,5 +22,19 @@ def test_scenario(tinker_fake: TinkerServer, name: str) -> None:
     run_scenario(name, tinker_fake.url)
 
 
-def test_lora_rank_is_refused_by_default(tinker_refusing: TinkerServer) -> None:
+def test_lora_rank_is_refused_when_set_to(tinker_refusing: TinkerServer) -> None:
     run_scenario("lora_rank_is_refused_by_default", tinker_refusing.url)
+
+
+def test_lora_client_trains_an_adapter(tinker_lora: TinkerServer) -> None:
+    """A LoRA client on the default settings: the job the server made is a LoRA job."""
+    from arctic_sdk import Client
+
+    out = run_scenario("lora_adapter_trains", tinker_lora.url)
+    job = tinker_lora.routes.state.models[out["model_id"]].job_id
+    with Client(tinker_lora.fake.base_url, token=TOKEN, job_id=job) as c:
+        c.save_checkpoint(checkpoint_id="probe")
+        # a PEFT export exists only for a LoRA job (a full-weight one: invalid_argument)
+        files = c.export_checkpoint(checkpoint_id="probe", format="peft")
+    names = {f["filename"] for f in files["files"]}
+    assert "adapter_config.json" in names, files

@@ -8,6 +8,7 @@ the cookbook's 1e-8."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import math
@@ -36,6 +37,18 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def onprem_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Full fine-tuning for Tinker's LoRA requests (the operator's opt-in): the cookbook recipes
+    ask for the unembedding adapter (train_unembed=True), which the sampler cannot serve."""
+    yield from _onprem(tmp_path_factory, TinkerSettings(models=(MODEL,), lora="full_finetune"))
+
+
+@pytest.fixture(scope="module")
+def onprem_lora_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The default settings: a LoRA client's job trains a PEFT adapter (training_config.lora)."""
+    yield from _onprem(tmp_path_factory, TinkerSettings(models=(MODEL,)))
+
+
+def _onprem(tmp_path_factory: pytest.TempPathFactory, tinker: TinkerSettings) -> Iterator[str]:
     from arctic_servers.onprem.server import start_onprem
     from arctic_servers.onprem.settings import ServerSettings
 
@@ -44,7 +57,7 @@ def onprem_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     thread.start()
     data = Path(tmp_path_factory.mktemp("tinker-onprem"))
     settings = ServerSettings(data_dir=data, prewarm=())
-    tinker = TinkerSettings(models=(MODEL,), lora="full_finetune", adam={"eps": EPS})
+    tinker = dataclasses.replace(tinker, adam={"eps": EPS})
     fut = asyncio.run_coroutine_threadsafe(
         start_onprem(settings, tokens=[TOKEN], grpc_port=None, tinker=tinker), loop
     )
@@ -60,6 +73,13 @@ def onprem_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_sft_loop_sample_and_listing(onprem_url: str) -> None:
     assert API_KEY.startswith("tml-")
     run_scenario("sft_loop_sample_and_listing", onprem_url, model=MODEL, eps=EPS, timeout=600)
+
+
+def test_lora_client_trains_an_adapter(onprem_lora_url: str) -> None:
+    """Tinker's LoRA client on the real trainer: the PEFT adapter trains (its loss falls) and
+    the sampler samples with the synced adapter version."""
+    out = run_scenario("lora_adapter_trains", onprem_lora_url, model=MODEL, eps=EPS, timeout=600)
+    assert out["losses"][-1] < out["losses"][0], out["losses"]
 
 
 def test_rl_step(onprem_url: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..protocol.lora_config import ATTENTION_MODULES, MLP_MODULES
 from . import losses, wire
 from .backend import Backend
 from .errors import TinkerError
@@ -38,16 +39,46 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 @dataclass
 class TinkerSettings:
-    """How a server serves Tinker. `lora`: "refuse" (no LoRA trainer here: a create_model with
-    a LoRA rank is refused, naming lora_config.rank) or "full_finetune" (an operator's explicit
-    opt-in: LoRA requests train all weights, and get_info answers is_lora false)."""
+    """How a server serves Tinker. `lora`: "lora" (the default: a create_model's LoRA config
+    becomes the training sub-job's `training_config.lora`, so the adapter is what trains and
+    what syncs; a server without LoRA refuses the job naming `lora`), "refuse" (a create_model
+    with a LoRA rank is refused, naming lora_config.rank) or "full_finetune" (an operator's
+    explicit opt-in: LoRA requests train all weights, and get_info answers is_lora false)."""
 
     models: tuple[str, ...] = ()  # base models listed by get_server_capabilities
     only_listed: bool = False  # refuse other base models (else the server's job checks decide)
-    lora: str = "refuse"
+    lora: str = "lora"
     adam: Mapping[str, float] | None = None  # the jobs' Adam parameters (default Tinker's)
     training_config: Mapping[str, Any] | None = None  # extra training_config keys
     max_context_length: int = 2048
+
+
+def lora_of(lora: Mapping[str, Any]) -> dict[str, Any]:
+    """Tinker's `LoraConfig` as our `training_config.lora` (PROTOCOL.md §3.6): `rank` as is;
+    `train_attn` / `train_mlp` choose the target modules; `train_unembed` is `train_lm_head`,
+    which a job with a sampler cannot serve (vLLM has no lm_head LoRA for these models), so it
+    is refused here by its Tinker name; Tinker has no alpha: ours is the default, 2 x rank."""
+    modules = [
+        *(ATTENTION_MODULES if lora.get("train_attn", True) else ()),
+        *(MLP_MODULES if lora.get("train_mlp", True) else ()),
+    ]
+    if not modules:
+        raise TinkerError(
+            400,
+            "lora_config.train_attn and lora_config.train_mlp are both false: nothing to train",
+            "invalid_argument",
+            field="lora_config.train_mlp",
+        )
+    if lora.get("train_unembed", True):
+        raise TinkerError(
+            400,
+            "lora_config.train_unembed = True: this server's sampler (vLLM) cannot serve a LoRA "
+            "adapter on the unembedding (lm_head) of this model; pass train_unembed=False "
+            "(attention and MLP adapters are trained and sampled)",
+            "unsupported_option",
+            field="lora_config.train_unembed",
+        )
+    return {"rank": int(lora["rank"]), "target_modules": modules}
 
 
 def _version_error(ref: SamplerRef, now: int) -> TinkerError:
@@ -78,7 +109,7 @@ class Ops:
                 "invalid_argument",
                 field="base_model",
             )
-        if lora is not None and self.settings.lora != "full_finetune":
+        if lora is not None and self.settings.lora == "refuse":
             raise TinkerError(
                 400,
                 f"lora_config.rank = {lora.get('rank')!r}: this server has no LoRA trainer "
@@ -98,6 +129,8 @@ class Ops:
             "gradient_clipping": adam["grad_clip_norm"],
             **(self.settings.training_config or {}),
         }
+        if lora is not None and self.settings.lora == "lora":
+            tc["lora"] = lora_of(lora)
         train: dict[str, Any] = {
             "job_type": "training",
             "model_name": base_model,
