@@ -48,3 +48,15 @@ def test_ids_of_nobody_and_traversal(tinker_fake: TinkerServer) -> None:
     assert r.status_code == 404 and r.json()["code"] == "not_found"
     r = requests.get(u + "/api/v1/training_runs/..%2F..%2Fx", headers=H, timeout=30)
     assert r.status_code == 404
+
+
+def test_session_fields_not_kept_are_named(tinker_refusing: TinkerServer) -> None:
+    """CreateSession's tags / metadata / project / display name are not stored: the reply's
+    warning (logged by the SDK) names the ones given, never silently dropped."""
+    u = tinker_refusing.url
+    base = {"tags": [], "user_metadata": {}, "sdk_version": "x"}
+    r = _post(u, "/create_session", json=base, headers=H)
+    assert r.status_code == 200 and "warning_message" not in r.json()
+    r = _post(u, "/create_session", json={**base, "tags": ["a"], "display_name": "d"}, headers=H)
+    warning = r.json()["warning_message"]
+    assert "tags" in warning and "display_name" in warning and "project_id" not in warning

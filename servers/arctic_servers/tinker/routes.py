@@ -51,6 +51,10 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat()
 
 
+# CreateSession fields this server accepts but does not keep: named in the reply's warning
+UNKEPT_SESSION_FIELDS = ("tags", "user_metadata", "project_id", "display_name")
+
+
 class TinkerRoutes:
     def __init__(
         self,
@@ -176,15 +180,20 @@ class TinkerRoutes:
         return web.json_response({"supported_models": models})
 
     async def create_session(self, request: web.Request, token: str | None) -> web.Response:
-        await self._json(request, T.CreateSessionRequest)
+        req = await self._json(request, T.CreateSessionRequest)
         sid = f"sess-{uuid.uuid4().hex[:16]}"
         self.state.sessions[sid] = Session(sid, token)
-        msg = None
+        notes = []
         if self.settings.lora == "full_finetune":
-            msg = (
+            notes.append(
                 "this server trains full weights for Tinker's LoRA requests "
                 "(its operator enabled it; get_info answers is_lora false)"
             )
+        # not stored: this server has no session listings to show them in (ROUTES.md)
+        unkept = [k for k in UNKEPT_SESSION_FIELDS if getattr(req, k, None)]
+        if unkept:
+            notes.append(f"session fields not kept by this server: {', '.join(unkept)}")
+        msg = "; ".join(notes) or None
         return web.json_response(
             {
                 "session_id": sid,
