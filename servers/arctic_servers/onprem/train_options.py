@@ -33,6 +33,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..protocol.errors import ProtocolError
+from ..protocol.sub_jobs import refuse_unknown_keys
 
 SCHEDULES = ("constant", "linear", "cosine")
 SCHEDULER_KEYS = ("type", "warmup_steps", "total_steps", "min_lr_ratio")
@@ -57,15 +58,7 @@ def check_scheduler(value: Any, path: str) -> dict[str, Any]:
     """A valid `lr_scheduler` with its defaults filled in."""
     if not isinstance(value, Mapping):
         raise _bad(path, f"{value!r} is not an object", '{"type": "cosine", ...}')
-    unknown = sorted(str(k) for k in value if k not in SCHEDULER_KEYS)
-    if unknown:
-        opts = [f"{path}.{k}" for k in unknown]
-        raise ProtocolError(
-            "unsupported_option",
-            f"unknown lr_scheduler key(s) {', '.join(opts)}; known: {list(SCHEDULER_KEYS)}",
-            options=opts,
-            field=opts[0],
-        )
+    refuse_unknown_keys(value, SCHEDULER_KEYS, path, "lr_scheduler")
     kind = value.get("type", "constant")
     if kind not in SCHEDULES:
         raise _bad(f"{path}.type", f"{kind!r} is not one of {list(SCHEDULES)}", list(SCHEDULES))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ProtocolError
-from .sub_jobs import field_error
+from .sub_jobs import field_error, refuse_unknown_keys
 
 LORA_KEYS = frozenset(
     {"rank", "alpha", "dropout", "target_modules", "train_embeddings", "train_lm_head"}
@@ -122,15 +122,7 @@ def check_lora(lora: Any, path: str, support: LoraSupport = SUPPORT) -> dict[str
         )
     if not isinstance(lora, Mapping):
         raise field_error(path, "must be an object", expected='{"rank": 8, ...}')
-    unknown = sorted(str(k) for k in lora if k not in LORA_KEYS)
-    if unknown:
-        opts = [f"{path}.{k}" for k in unknown]
-        raise ProtocolError(
-            "unsupported_option",
-            f"unknown LoRA key(s): {', '.join(opts)}; known: {sorted(LORA_KEYS)}",
-            options=opts,
-            field=opts[0],
-        )
+    refuse_unknown_keys(lora, LORA_KEYS, path, "LoRA")
     rank = lora.get("rank", DEFAULT_RANK)
     if isinstance(rank, float) and rank.is_integer():
         rank = int(rank)

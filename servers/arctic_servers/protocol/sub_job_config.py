@@ -12,9 +12,8 @@ import math
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from .errors import ProtocolError
 from .lora_config import LoraSupport, check_lora
-from .sub_jobs import field_error
+from .sub_jobs import field_error, refuse_unknown_keys
 
 OPTIMIZER_KEYS = frozenset({"name", "type", "lr", "betas", "eps", "weight_decay", "momentum"})
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -53,15 +52,7 @@ def check_optimizer(opt: Any, path: str) -> None:
     """`training_config.optimizer`: an object of known keys, a known name, numbers in range."""
     if not isinstance(opt, Mapping):
         raise field_error(path, "must be an object", expected='{"name": "adamw", "lr": ...}')
-    unknown = sorted(str(k) for k in opt if k not in OPTIMIZER_KEYS)
-    if unknown:
-        opts = [f"{path}.{k}" for k in unknown]
-        raise ProtocolError(
-            "unsupported_option",
-            f"unknown optimizer key(s): {', '.join(opts)}; known: {sorted(OPTIMIZER_KEYS)}",
-            options=opts,
-            field=opts[0],
-        )
+    refuse_unknown_keys(opt, OPTIMIZER_KEYS, path, "optimizer")
     name = str(opt.get("name") or opt.get("type") or "adamw").lower()
     if name not in OPTIMIZERS:
         raise field_error(

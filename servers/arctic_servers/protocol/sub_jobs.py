@@ -5,7 +5,7 @@ sampling or log_prob ones; and the 4xx naming the body field it is about (`field
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import ProtocolError
@@ -17,6 +17,22 @@ def field_error(
 ) -> ProtocolError:
     """A 4xx naming the body field it is about: `field {path}: {message}`."""
     return ProtocolError(code, f"field {path}: {message}", field=path, **details)
+
+
+def refuse_unknown_keys(
+    value: Mapping[str, Any], known: Iterable[str], path: str, what: str
+) -> None:
+    """`unsupported_option` naming every key of the object at `path` outside `known`."""
+    names = sorted(known)
+    unknown = sorted(str(k) for k in value if k not in names)
+    if unknown:
+        opts = [f"{path}.{k}" for k in unknown]
+        raise ProtocolError(
+            "unsupported_option",
+            f"unknown {what} key(s): {', '.join(opts)}; known: {names}",
+            options=opts,
+            field=opts[0],
+        )
 
 
 def check_training_sub_job(job: JobRecord[S], sub_job_id: Any, path: str) -> S:
