@@ -101,7 +101,8 @@ def test_capacity_queues_refuses_and_cancel_frees(gw: Gateway, client: Client) -
 
 
 def test_lease_renewed_then_expired(gw: Gateway, client: Client) -> None:
-    job = client.create_job(TRAIN, lease_seconds=6)
+    # a first lease long enough for the job to start on a loaded machine (it counts from create)
+    job = client.create_job(TRAIN, lease_seconds=30)
     client.wait_job(job)
     first = client.job(job)["lease_expires_at"]
     r = client.call(M.RENEW_JOB_LEASE, {"lease_seconds": 60}, job_id=job)
@@ -110,7 +111,7 @@ def test_lease_renewed_then_expired(gw: Gateway, client: Client) -> None:
     pid = admin(client, gw, job)["workers"][0]["pid"]
     # the driver stops renewing: a short last lease runs out
     assert client.call(M.RENEW_JOB_LEASE, {"lease_seconds": 2}, job_id=job).status == 200
-    wait_for(lambda: client.job(job)["state"] == "cancelled", timeout=10, what="lease expiry")
+    wait_for(lambda: client.job(job)["state"] == "cancelled", timeout=30, what="lease expiry")
     assert client.job(job)["reason"] == "lease expired"
     wait_for(lambda: pid_gone(pid), what="the worker to exit")
     assert client.call(M.RENEW_JOB_LEASE, {}, job_id=job).code == "job_terminal"
