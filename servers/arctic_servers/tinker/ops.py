@@ -214,7 +214,8 @@ class Ops:
             "job_id": m.job_id,
             "expires_at": time.time() + ttl if ttl else None,
         }
-        return {"path": path, "type": "save_weights"}
+        # "save_weights" is the Tinker reply type the SDK expects, not our op alias
+        return {"path": path, "type": "save_weights"}  # not-an-op
 
     async def load_weights(
         self, m: Model, path: str, source: Model, optimizer: bool
