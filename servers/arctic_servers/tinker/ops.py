@@ -112,9 +112,9 @@ class Ops:
         if lora is not None and self.settings.lora == "refuse":
             raise TinkerError(
                 400,
-                f"lora_config.rank = {lora.get('rank')!r}: this server has no LoRA trainer "
-                "(lora_rank is not supported; it trains full weights only, and only when its "
-                "operator enables that for Tinker clients)",
+                f"lora_config.rank = {lora.get('rank')!r}: this server's operator refuses LoRA "
+                "for Tinker clients (lora_rank is not supported here; TinkerSettings lora = "
+                "'refuse')",
                 "unsupported_option",
                 field="lora_config.rank",
             )
