@@ -296,20 +296,7 @@ def _direct(
         if method is M.GET_REQUEST:  # an explicit poll answers the status (its result decoded)
             return poll_status(reply, state.config.tensors)
         try:
-            return (
-                yield from await_result(
-                    reply,
-                    method=method,
-                    job_id=prep.job_id or "",
-                    send_poll=send,
-                    cfg=state.config.poll,
-                    clock=state.clock,
-                    deadline_at=deadline.at,
-                    tensors=state.config.tensors,
-                    accept_octet=accept_octet,
-                    redact=state.redact,
-                )
-            )
+            return (yield from _result(state, prep, reply, method, send, deadline, accept_octet))
         except ArcticError as exc:
             # the request provably never ran (the server restarted before its worker got it):
             # the same identity (Idempotency-Key / chunk group) runs it now, once
@@ -324,6 +311,33 @@ def _direct(
                 extra={"arctic_op": method.name, "arctic_resubmit": resubmit + 1},
             )
     raise AssertionError("unreachable")
+
+
+def _result(
+    state: CoreState,
+    prep: PreparedCall,
+    reply: Reply,
+    method: MethodInfo,
+    send: Callable[[Exchange], Flow[Reply]],
+    deadline: Deadline,
+    accept_octet: bool,
+) -> Flow[Any]:
+    """From a data-plane call's first answer to its result (`poll.await_result`, with this
+    state's poll config, clock, tensor type and redaction)."""
+    return (
+        yield from await_result(
+            reply,
+            method=method,
+            job_id=prep.job_id or "",
+            send_poll=send,
+            cfg=state.config.poll,
+            clock=state.clock,
+            deadline_at=deadline.at,
+            tensors=state.config.tensors,
+            accept_octet=accept_octet,
+            redact=state.redact,
+        )
+    )
 
 
 def _submit(
@@ -472,17 +486,4 @@ def _operation(
             accept_octet=accept_octet,
         )
         reply = yield from send(ex)
-    return (
-        yield from await_result(
-            reply,
-            method=method,
-            job_id=prep.job_id or "",
-            send_poll=send,
-            cfg=state.config.poll,
-            clock=state.clock,
-            deadline_at=deadline.at,
-            tensors=state.config.tensors,
-            accept_octet=accept_octet,
-            redact=state.redact,
-        )
-    )
+    return (yield from _result(state, prep, reply, method, send, deadline, accept_octet))
