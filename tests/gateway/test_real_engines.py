@@ -78,8 +78,10 @@ def _engine_args() -> tuple[str, ...]:
 def real_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     g = Gateway(
         tmp_path_factory.mktemp("gw-real"),
+        # results over 256 KiB page (polling/cursor-pages sizes its result from this limit: at
+        # the default 8 MiB the tiny model on CPU computes it for minutes)
         args=(*_engine_args(), "--gpus", "2", "--sequence-gap-timeout", "4",
-              "--max-body-mib", "16"),
+              "--max-body-mib", "16", "--max-inline-result-kib", "256"),
     )  # fmt: skip
     g.start(timeout=120)
     try:

@@ -66,7 +66,14 @@ class Checkpoints(GatewayBase):
             res = await self.call(ctx, sub, "load", **args)  # not-an-op
         else:  # a vLLM sampler or scorer takes the checkpoint's exported HF weights
             out = await self._export(root, meta)
-            res = await self.call(ctx, sub, "load_weights", path=str(out / cf.EXPORT_WEIGHTS))
+            # the version its results report from now on (the worker's own, since issue 21)
+            res = await self.call(
+                ctx,
+                sub,
+                "load_weights",
+                path=str(out / cf.EXPORT_WEIGHTS),
+                weight_version=job.weight_version + 1,
+            )
         if sub.role == "training":
             job.global_step = int(res.get("global_steps", job.global_step))
         else:  # a sampler's weights changed: its generates report a new weight version
