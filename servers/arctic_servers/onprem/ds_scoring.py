@@ -49,18 +49,15 @@ class DeepSpeedScoringEngine(ScoringEngine):
         self.model = engine  # _Forward calls go through DeepSpeed's hooks (ZeRO-3 gathers)
         self.stage = int(engine.zero_optimization_stage())
 
+    ENGINE_NAME = "DeepSpeed"
+
     def info(self) -> dict[str, Any]:
         return {**super().info(), "engine": "deepspeed", "zero_stage": self.stage}
 
     def op_load_weights(
         self, path: str | None = None, blob: bytes | None = None, method: str = "shm", **_: Any
     ) -> dict[str, Any]:
-        if method in ("cuda_ipc", "nccl"):
-            raise WorkerError(
-                "unsupported_option",
-                f"the DeepSpeed log-prob engine takes weights by shm or safetensors, not {method}",
-                options=["method"],
-            )
+        self.refuse_gpu_method(method)
         import deepspeed
         from safetensors.torch import load, load_file
 

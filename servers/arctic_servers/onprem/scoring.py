@@ -143,15 +143,22 @@ class ScoringEngine(_Forward):
     def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.log_probs_result(body)
 
-    def op_load_weights(
-        self, path: str | None = None, blob: bytes | None = None, method: str = "shm", **_: Any
-    ) -> dict[str, Any]:
+    ENGINE_NAME = "HF"
+
+    def refuse_gpu_method(self, method: str) -> None:
+        """A log-prob engine takes weights by file or bytes only (cuda_ipc / nccl: the sampler)."""
         if method in ("cuda_ipc", "nccl"):
             raise WorkerError(
                 "unsupported_option",
-                f"the HF log-prob engine takes weights by shm or safetensors, not {method}",
+                f"the {self.ENGINE_NAME} log-prob engine takes weights by shm or safetensors, "
+                f"not {method}",
                 options=["method"],
             )
+
+    def op_load_weights(
+        self, path: str | None = None, blob: bytes | None = None, method: str = "shm", **_: Any
+    ) -> dict[str, Any]:
+        self.refuse_gpu_method(method)
         t = time.perf_counter()
         n = load_state_file(self.model, path=path, blob=blob)
         return {"num_tensors": n, "seconds": time.perf_counter() - t}
