@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -190,8 +189,3 @@ def as_json(report: Report) -> dict[str, Any]:
 
 def write_json(report: Report, path: Path) -> None:
     path.write_text(json.dumps(as_json(report), indent=2) + "\n")
-
-
-def summary_line(results: Sequence[CaseResult]) -> str:
-    c = Counter(r.outcome for r in results)
-    return ", ".join(f"{k} {v}" for k, v in sorted(c.items()))

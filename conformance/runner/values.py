@@ -269,10 +269,6 @@ def get_path(value: Any, path: str) -> list[Any]:
     return current
 
 
-def has_wildcard(path: str) -> bool:
-    return "[*]" in path
-
-
 # ---------------------------------------------------------------------------- display
 
 

@@ -219,9 +219,3 @@ def rename_groups(frames: list[bytes]) -> list[bytes]:
         end = min(8 + n, len(f))
         out.append(f[:8] + _GROUP.sub(fresh, f[8:end]) + f[end:])
     return out
-
-
-def sent_vector_ids(vectors_dir: Path | None = None) -> set[str]:
-    """Ids of the vectors the family sends (for the coverage test)."""
-    root = vectors_dir or DEFAULT_VECTORS
-    return {v["id"] for v in load_index(root) if v["id"] not in NOT_SENDABLE}

@@ -26,7 +26,6 @@ class LeaseRenewer:
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"arctic-lease-{job_id}"
         )
-        self.renewals = 0
 
     def start(self) -> LeaseRenewer:
         self._thread.start()
@@ -47,7 +46,6 @@ class LeaseRenewer:
                     transport.call(
                         M.RENEW_JOB_LEASE, body, CallOptions(timeout=max(5.0, self._interval))
                     )
-                    self.renewals += 1
                 except Exception as exc:  # keep renewing: a blip must not drop the lease
                     log.warning("renewing the lease of job %s failed: %s", self._job_id, exc)
         finally:

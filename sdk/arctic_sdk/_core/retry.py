@@ -69,9 +69,6 @@ class Deadline:
     def remaining(self) -> float:
         return self.at - self.clock()
 
-    def passed(self) -> bool:
-        return self.remaining() <= 0
-
 
 @dataclass
 class Contact:

@@ -271,14 +271,3 @@ class AiohttpIO:
                 await asyncio.wrap_future(fut)
             else:
                 entry.abandon()
-
-    def close_sync(self) -> None:
-        """Close from outside any loop (pickling, garbage collection)."""
-        with self._lock:
-            entries = list(self._sessions.values())
-            self._sessions.clear()
-        for entry in entries:
-            if not entry.loop.is_closed() and entry.loop.is_running():
-                asyncio.run_coroutine_threadsafe(entry.close(), entry.loop)
-            else:
-                entry.abandon()
