@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_sdk._core.calls import CoreState, call_flow, prepare
+from arctic_sdk._core.calls import call_flow, prepare
 from arctic_sdk._core.effects import (
     ConnectionFailure,
     HttpRequest,
@@ -17,6 +17,7 @@ from arctic_sdk._core.effects import (
     Sleep,
 )
 from arctic_sdk._core.requests import HttpWire
+from arctic_sdk._core.state import CoreState
 from arctic_sdk._generated import methods as M
 from arctic_sdk.config import ArcticConfig, build_config
 

@@ -3,137 +3,41 @@
 `prepare` runs when a call is submitted, synchronously: it binds path parameters and the job,
 validates the body (bad input never reaches the wire), encodes a DSSST1 body, draws the
 idempotency key or chunk-group id, and reserves the call's sequence numbers. `call_flow` is the
-generator the drivers run: capabilities (once per client), fallbacks, chunk groups with the
-restart-once rule, retries, and the poll state machine.
+generator the drivers run: capabilities (once per client, `state.ensure_caps`), fallbacks, the request
+(`submit`: its body or chunk group, replayed once on restart_required), retries, resubmission of
+what never ran, and the poll state machine.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import secrets
-import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
-
-import dssst1
 
 from .._client_base import CallOptions
 from .._generated import methods as M
 from .._generated.error_codes import ErrorCode
 from .._spec import BodyKind, Fallback, Idempotency, MethodInfo
-from ..config import ArcticConfig
 from ..errors import (
     ArcticError,
-    ChunkGroupRestartRequiredError,
-    NotFoundError,
-    ServerError,
-    UnimplementedError,
     refused_locally,
 )
 from . import chunks, fallback
 from .capabilities import Capabilities
-from .effects import Flow, Progress
+from .effects import Flow
 from .poll import await_result, poll_status
-from .replies import ChunkCached, Exchange, Raw, Reply, Value, Wire
+from .replies import Exchange, Raw, Reply, Value
 from .requests import is_data_plane
-from .retry import Contact, Deadline, RetryPolicy, exchange
-from .sequence import SeqAllocator, SeqSlot
+from .retry import Deadline
+from .state import CoreState, PreparedCall, ensure_caps
+from .submit import send_group, submit
 from .validate import request_fields, validate_body
 
 log = logging.getLogger("arctic_sdk")
 # How often a request that failed `not_executed` (it never ran) is resubmitted under its identity.
 RESUBMITS = 3
-
-PROGRESS_BYTES = 32 * 1024 * 1024  # show upload bars from this body size
-CAPS_TIMEOUT_S = 60.0
-
-
-def make_redactor(secret: str | None) -> Callable[[str], str]:
-    if not secret or len(secret) < 4:
-        return lambda text: text
-    return lambda text: text.replace(secret, "***") if secret in text else text
-
-
-class CoreState:
-    """Per-client protocol state: configuration, wire, capabilities, job, sequence numbers."""
-
-    def __init__(
-        self,
-        config: ArcticConfig,
-        wire: Wire,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        rng: Callable[[], float] = random.random,
-        seq_start: dict[str, int] | None = None,
-    ) -> None:
-        self.config = config
-        self.wire = wire
-        self.clock = clock
-        self.caps: Capabilities | None = None
-        self.seq = SeqAllocator(seq_start, every_job=config.sequencing is True)
-        self.job_id: str | None = config.job_id
-        self.redact = make_redactor(config.token())
-        self.policy = RetryPolicy(config.retry, rng)
-        self.contact = Contact(server_address(config))
-        self.lock = threading.Lock()
-
-    def set_caps(self, caps: Capabilities) -> None:
-        self.caps = caps
-        self.seq.resolve(self.seq_count)
-
-    def seq_count(self, method: MethodInfo) -> int:
-        """Sequence numbers one call of `method` takes (capabilities known)."""
-        assert self.caps is not None
-        return fallback.seq_count(method, self.caps)
-
-    def send(self, deadline: Deadline, max_retries: int) -> Callable[[Exchange], Flow[Reply]]:
-        """An exchange-with-retries bound to this state (for sub-flows)."""
-
-        def run(ex: Exchange) -> Flow[Reply]:
-            return (
-                yield from exchange(
-                    ex,
-                    wire=self.wire,
-                    caps=self.caps,
-                    policy=self.policy,
-                    deadline=deadline,
-                    request_timeout=self.config.request_timeout,
-                    max_retries=max_retries,
-                    contact=self.contact,
-                    poll=self.config.poll,
-                )
-            )
-
-        return run
-
-
-def server_address(config: ArcticConfig) -> str:
-    """Where the client's server is, as an error message names it."""
-    base = config.cortex.base() or "(no base_url)"
-    if config.transport == "grpc":
-        return config.grpc.target or f"{base} (gRPC port from its capabilities)"
-    return "the in-process server" if config.transport == "inproc" else base
-
-
-@dataclass
-class PreparedCall:
-    method: MethodInfo
-    job_id: str | None
-    path_params: dict[str, str]
-    body: dict[str, Any]  # without path parameters
-    query: list[tuple[str, str]]
-    timeout: float
-    max_retries: int
-    sub_job_id: str | None = None
-    frame: dssst1.EncodedFrame | None = None  # DSSST1 body
-    group_id: str | None = None
-    idempotency_key: str | None = None
-    slot: SeqSlot | None = None
-    submitted_at: float = field(default_factory=time.monotonic)
 
 
 def _query(body: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -206,23 +110,6 @@ def prepare(
     return prep
 
 
-def ensure_caps(state: CoreState) -> Flow[Capabilities]:
-    """The server's capabilities, fetched once per client (§5 defaults when it has none)."""
-    if state.caps is not None:
-        return state.caps
-    deadline = Deadline(state.clock() + min(CAPS_TIMEOUT_S, state.config.timeout), state.clock)
-    ex = Exchange(method=M.GET_CAPABILITIES, message={})
-    try:
-        reply = yield from state.send(deadline, state.config.retry.max_retries)(ex)
-        doc = reply.value if isinstance(reply, Value) else None
-        caps = Capabilities.from_json(doc) if isinstance(doc, Mapping) else Capabilities.deployed()
-    except (NotFoundError, UnimplementedError):
-        caps = Capabilities.deployed()
-    log.debug("capabilities: %s", caps.raw or "defaults (server has no capabilities route)")
-    state.set_caps(caps)
-    return caps
-
-
 def call_flow(state: CoreState, prep: PreparedCall) -> Flow[Any]:
     """Run a prepared call to its result."""
     method = prep.method
@@ -284,7 +171,7 @@ def _direct(
     accept_octet = caps is not None and caps.octet_results and method.body is BodyKind.DSSST1
     for resubmit in range(RESUBMITS + 1):
         try:
-            reply = yield from _submit(state, prep, caps, send, seq, accept_octet)
+            reply = yield from submit(state, prep, caps, send, seq, accept_octet)
         except ArcticError as exc:
             if exc.status is not None and prep.slot is not None:
                 state.seq.release(prep.slot)  # refused, so not run: its number can be reused
@@ -340,106 +227,6 @@ def _result(
     )
 
 
-def _submit(
-    state: CoreState,
-    prep: PreparedCall,
-    caps: Capabilities | None,
-    send: Callable[[Exchange], Flow[Reply]],
-    seq: int | None,
-    accept_octet: bool,
-) -> Flow[Reply]:
-    """Send the call itself (its JSON body, or its chunk group); the first answer."""
-    method = prep.method
-    if state.wire.frames_for(method):
-        if caps is None:
-            caps = yield from ensure_caps(state)
-        return (yield from _send_group(state, prep, caps, send, seq, accept_octet))
-    message = {**prep.body, **prep.path_params}
-    ex = Exchange(
-        method=method,
-        job_id=prep.job_id,
-        path_params=prep.path_params,
-        query=prep.query,
-        json_body=prep.body,
-        message=message,
-        idempotency_key=prep.idempotency_key,
-        seq=seq,
-        sub_job_id=prep.sub_job_id,
-        accept_octet=accept_octet,
-    )
-    return (yield from send(ex))
-
-
-def _send_group(
-    state: CoreState,
-    prep: PreparedCall,
-    caps: Capabilities,
-    send: Callable[[Exchange], Flow[Reply]],
-    seq: int | None,
-    accept_octet: bool,
-) -> Flow[Reply]:
-    """Send the call's chunk group; replay it once from chunk 0 on restart_required."""
-    method = prep.method
-    frame = prep.frame
-    if frame is None:  # a JSON-bodied op on a frames-only wire (gRPC)
-        body = {k: v for k, v in {**prep.body, **prep.path_params}.items() if k != "job_id"}
-        frame = chunks.encode_body(method, body)
-    assert prep.group_id is not None
-    parts = chunks.split(
-        frame,
-        method=method,
-        group_id=prep.group_id,
-        max_bytes=state.wire.max_chunk_bytes(caps),
-        caps=caps,
-    )
-    batches = state.wire.batches(parts)
-    show = frame.nbytes >= PROGRESS_BYTES
-    key = f"upload:{prep.group_id}"
-    for replay in (False, True):
-        if show:
-            yield Progress(key, "start", desc=f"{method.name} upload", total=frame.nbytes)
-        try:
-            for i, batch in enumerate(batches):
-                last = i == len(batches) - 1
-                ex = Exchange(
-                    method=method,
-                    job_id=prep.job_id,
-                    path_params=prep.path_params,
-                    frames=batch,
-                    idempotency_key=prep.idempotency_key,
-                    seq=seq,
-                    sub_job_id=prep.sub_job_id,
-                    accept_octet=accept_octet,
-                    executes=last,
-                )
-                reply = yield from send(ex)
-                if show:
-                    yield Progress(key, "update", n=sum(len(p) for c in batch for p in c))
-                if isinstance(reply, ChunkCached):
-                    if last:
-                        raise ServerError(
-                            f"{method.name}: the last chunk of group {prep.group_id} was "
-                            "answered chunk_cached",
-                            code="internal",
-                            op=method.name,
-                        )
-                    continue
-                if show:
-                    yield Progress(key, "close")
-                return reply  # the completing chunk (or a replay of a completed group)
-        except ChunkGroupRestartRequiredError:
-            if replay:
-                raise
-            log.warning(
-                "%s: server lost chunk group %s; replaying it from chunk 0",
-                method.name,
-                prep.group_id,
-            )
-            if show:
-                yield Progress(key, "close")
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def _operation(
     state: CoreState,
     prep: PreparedCall,
@@ -474,7 +261,7 @@ def _operation(
     send = state.send(deadline, prep.max_retries)
     accept_octet = caps.octet_results and prep.method.body is BodyKind.DSSST1
     if state.wire.frames_for(method):
-        reply = yield from _send_group(state, sub, caps, send, seq, accept_octet)
+        reply = yield from send_group(state, sub, caps, send, seq, accept_octet)
     else:
         ex = Exchange(
             method=method,

@@ -6,9 +6,9 @@ three. `make_sync_transport` / `make_async_transport` build the transport a clie
 
 from __future__ import annotations
 
-from .._core.calls import make_redactor
 from .._core.grpc_wire import GrpcWire
 from .._core.requests import HttpWire
+from .._core.state import make_redactor
 from ..config import ArcticConfig, InprocConfig
 from ._driver import AsyncTransport, SyncTransport
 

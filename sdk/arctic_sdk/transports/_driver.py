@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from .._client_base import CallOptions
-from .._core.calls import CoreState, call_flow, prepare
+from .._core.calls import call_flow, prepare
 from .._core.effects import (
     Answer,
     ConnectionFailure,
@@ -31,6 +31,7 @@ from .._core.effects import (
     Sleep,
 )
 from .._core.replies import Wire
+from .._core.state import CoreState
 from .._spec import MethodInfo
 from ..config import ArcticConfig
 
