@@ -3,9 +3,9 @@
 `prepare` runs when a call is submitted, synchronously: it binds path parameters and the job,
 validates the body (bad input never reaches the wire), encodes a DSSST1 body, draws the
 idempotency key or chunk-group id, and reserves the call's sequence numbers. `call_flow` is the
-generator the drivers run: capabilities (once per client, `state.ensure_caps`), fallbacks, the request
-(`submit`: its body or chunk group, replayed once on restart_required), retries, resubmission of
-what never ran, and the poll state machine.
+generator the drivers run: capabilities (once per client, `state.ensure_caps`), fallbacks, the
+request (`submit`: its body or chunk group, replayed once on restart_required), retries,
+resubmission of what never ran, and the poll state machine.
 """
 
 from __future__ import annotations
