@@ -373,7 +373,7 @@ def test_lora_job_on_the_gateways_real_engines(real_gw: Gateway) -> None:
             checkpoint_id="lora-r",
             **kw,
         )
-        assert r.status == 404 and r.data["error"]["code"] == "not_found", r.data
+        assert r.status == 404 and r.data["error"]["code"] == "job_not_found", r.data
     _sft(c, job, 1)  # the trainer moves on; the checkpoint puts both back to step 6
     _done(c, job, c.call(M.LOAD_CHECKPOINT, {"checkpoint_id": "lora-r"}, job_id=job))
     sampler = f"{job}:sampling:0"
@@ -414,7 +414,7 @@ def test_lm_head_lora_merges_and_pushes_on_the_gateway(real_gw: Gateway) -> None
     assert [s["weight_version"] for s in syncs] == [1, 2] and g1["weight_version"] == 1
     assert g2["weight_version"] == 2
     # the full weights (every HF tensor of the tiny model), not the adapter
-    assert syncs[0]["num_bytes"] > 1_500_000 and syncs[0]["num_tensors"] > 32
+    assert syncs[0]["num_tensors"] == 27 and syncs[0]["num_bytes"] == 1_708_544  # fp32, all
     assert after.size >= 256 and after.max() <= 1e-3 and after2.max() <= 1e-3
     r = c.dss(M.GENERATE, job, {"prompts": [[1, 2, 3]], "adapter": "base"})
     assert r.status == 400 and r.data["error"]["details"]["field"] == "adapter", r.data
