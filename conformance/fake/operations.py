@@ -11,7 +11,7 @@ from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.jobs import sub_job_by_id
-from arctic_servers.protocol.lora_config import check_weight_format, job_lora
+from arctic_servers.protocol.lora_config import adapter_sync, check_weight_format, job_lora
 from arctic_servers.protocol.operation_types import (
     OP_CANCEL,
     OP_FORWARD,
@@ -80,7 +80,7 @@ def check_simple(job: Job, m: MethodInfo, body: Mapping[str, Any]) -> None:
 def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:
     _one_of(body, "method", SYNC_METHODS, path)
     check_sync_sub_jobs(job, body, path)
-    lora = job_lora([(s.role, s.config) for s in job.sub_jobs]) is not None
+    lora = adapter_sync(job_lora([(s.role, s.config) for s in job.sub_jobs]))
     check_weight_format(body, lora, path)
 
 
@@ -93,7 +93,10 @@ def sync(job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
     method = body.get("method") or "auto"
     lora = job_lora([(s.role, s.config) for s in job.sub_jobs])
     # a LoRA job moves its adapter only: A (rank x 259) and B (259 x rank), fp32 (NUMERICS §6)
-    n_tensors, n_bytes = (1, 4 * 259) if lora is None else (2, 2 * 4 * 259 * int(lora["rank"]))
+    # (an embedding / lm_head adapter: merged full weights, PROTOCOL.md §3.6)
+    n_tensors, n_bytes = (1, 4 * 259)
+    if lora is not None and adapter_sync(lora):
+        n_tensors, n_bytes = (2, 2 * 4 * 259 * int(lora["rank"]))
     return {
         "weight_version": job.weight_version,
         "method": "shm" if method == "auto" else method,

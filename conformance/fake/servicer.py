@@ -22,7 +22,7 @@ from arctic_servers.protocol.fields import learning_rate
 from arctic_servers.protocol.job_control import JobControl
 from arctic_servers.protocol.jobs import config_keys_json
 from arctic_servers.protocol.lora_config import SUPPORT as LORA_SUPPORT
-from arctic_servers.protocol.lora_config import check_adapter, job_lora
+from arctic_servers.protocol.lora_config import adapter_sync, check_adapter, job_lora
 from arctic_servers.protocol.operation_types import OPERATION_TYPES
 
 from . import checkpoints as ck
@@ -289,4 +289,4 @@ def forward_result(
 
 
 def _lora_job(job: Job) -> bool:
-    return job_lora([(s.role, s.config) for s in job.sub_jobs]) is not None
+    return adapter_sync(job_lora([(s.role, s.config) for s in job.sub_jobs]))

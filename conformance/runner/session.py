@@ -130,7 +130,8 @@ class Session:
         lora = caps.get("lora") or {}  # LoraSupport (PROTOCOL.md §3.6)
         f.update(f"lora:{k}" for k, v in lora.items() if v is True)
         if lora.get("training") and lora.get("sampling") and not lora.get("sampler_embeddings"):
-            f.add("lora:no_sampler_embeddings")
+            # such adapters are refused with a sampler, unless syncs merge and push them
+            f.add("lora:no_sampler_embeddings" if not lora.get("merged_sync") else "lora:merged")
         if not lora.get("training"):
             f.add("lora:none")
         listed = {r.removeprefix("route:") for r in f if r.startswith("route:")}

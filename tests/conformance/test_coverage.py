@@ -29,6 +29,8 @@ KNOWN_FEATURES = {
     "lora:training",
     "lora:sampling",
     "lora:no_sampler_embeddings",
+    "lora:merged",
+    "lora:merged_sync",
     "lora:none",
     "idempotency",
     "sequencing",

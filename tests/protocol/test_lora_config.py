@@ -66,13 +66,18 @@ def test_no_support_refuses() -> None:
     assert refused(lc.check_lora, {}, "l", none).code == "unsupported_option"
 
 
-def test_embeddings_with_a_sampler_are_refused_by_name() -> None:
+def test_embeddings_with_a_sampler_merge_and_push_or_are_refused_by_name() -> None:
     lora = lc.check_lora({"train_embeddings": True}, "c0")
     job = [("training", "c0", {"lora": lora}), ("sampling", "c1", {})]
-    e = refused(lc.check_job_lora, job)
+    lc.check_job_lora(job)  # the servers' default: accepted, its syncs push merged weights
+    assert not lc.adapter_sync(lora) and lc.SUPPORT.json()["merged_sync"] is True
+    no_merge = lc.LoraSupport(merged_sync=False)
+    e = refused(lc.check_job_lora, job, no_merge)
     assert e.code == "unsupported_option" and e.details["options"] == ["c0.lora.train_embeddings"]
-    lc.check_job_lora(job[:1])  # no sampler: trained and checkpointed
-    lc.check_job_lora(job, lc.LoraSupport(sampler_embeddings=True))
+    lc.check_job_lora(job[:1], no_merge)  # no sampler: trained and checkpointed
+    lc.check_job_lora(job, lc.LoraSupport(sampler_embeddings=True, merged_sync=False))
+    assert lc.adapter_sync(lora, lc.LoraSupport(sampler_embeddings=True))
+    assert lc.adapter_sync(lc.check_lora({}, "c0")) and not lc.adapter_sync(None)
 
 
 def test_vllm_rank_and_adapter_and_formats() -> None:
@@ -96,9 +101,6 @@ def test_vllm_rank_and_adapter_and_formats() -> None:
     )
 
 
-def test_job_lora_and_refuse_lora() -> None:
+def test_job_lora() -> None:
     assert lc.job_lora([("training", {}), ("sampling", {})]) is None
     assert lc.job_lora([("training", {"lora": {"rank": 4}})]) == {"rank": 4}
-    body = {"sub_job_configs": [{"job_type": "training", "training_config": {"lora": {}}}]}
-    e = refused(lc.refuse_lora, body, "no")
-    assert e.details["options"] == ["sub_job_configs[0].training_config.lora"]

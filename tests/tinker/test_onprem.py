@@ -38,7 +38,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def onprem_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Full fine-tuning for Tinker's LoRA requests (the operator's opt-in): the cookbook recipes
-    ask for the unembedding adapter (train_unembed=True), which the sampler cannot serve."""
+    ask for the unembedding adapter (train_unembed=True), kept on this opt-in as
+    measured (a LoRA job with it now syncs merged weights: test_lora_client_trains_an_adapter)."""
     yield from _onprem(tmp_path_factory, TinkerSettings(models=(MODEL,), lora="full_finetune"))
 
 
@@ -76,8 +77,9 @@ def test_sft_loop_sample_and_listing(onprem_url: str) -> None:
 
 
 def test_lora_client_trains_an_adapter(onprem_lora_url: str) -> None:
-    """Tinker's LoRA client on the real trainer: the PEFT adapter trains (its loss falls) and
-    the sampler samples with the synced adapter version."""
+    """Tinker's LoRA client (default train_unembed=True) on the real trainer: the PEFT adapter,
+    lm_head included, trains (its loss falls) and the sampler samples the merged weights its
+    sync pushed (merge-and-push: vLLM serves no lm_head adapter)."""
     out = run_scenario("lora_adapter_trains", onprem_lora_url, model=MODEL, eps=EPS, timeout=600)
     assert out["losses"][-1] < out["losses"][0], out["losses"]
 

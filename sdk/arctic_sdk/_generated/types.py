@@ -608,12 +608,19 @@ class LoraSupport(TypedDict, total=False):
     train_lm_head: bool
 
     sampler_embeddings: bool
-    """Samplers can serve an adapter on the embedding / lm_head; when false, a LoRA job with a
-    sampling sub-job refuses `train_embeddings` / `train_lm_head` with `unsupported_option`.
+    """Samplers can serve an adapter on the embedding / lm_head; when false (and `merged_sync`
+    is false), a LoRA job with a sampling sub-job refuses `train_embeddings` / `train_lm_head`
+    with `unsupported_option`.
     """
 
     shared_sampler: bool
     """Several LoRA jobs over one base model share one sampling engine."""
+
+    merged_sync: bool
+    """A LoRA job whose adapter the samplers cannot serve (`train_embeddings` / `train_lm_head`
+    where `sampler_embeddings` is false) is accepted: each sync merges the adapter into the full
+    weights on the trainer and pushes them to the samplers (a full-weight sync: PROTOCOL.md §3.6).
+    """
 
 
 class SubJobConfigKeys(TypedDict, total=False):

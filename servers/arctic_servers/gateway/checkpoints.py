@@ -17,6 +17,7 @@ from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
 from ..protocol.lora_config import export_format
+from . import lora
 from .base import GatewayBase
 
 
@@ -43,6 +44,7 @@ class Checkpoints(GatewayBase):
             **cf.new_meta(job, ckpt, ctype, res, now),
             "model_dir": str((sub.worker.get("info") or {}).get("model_dir") or ""),
             "dtype": sub.dtype,
+            **({"lora": job_lora} if (job_lora := lora.lora_of(job)) else {}),
         }
         self.ckpts.write_meta(job.job_id, ckpt, meta)
         return {"checkpoint": cf.public(meta)}
@@ -65,14 +67,12 @@ class Checkpoints(GatewayBase):
             # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
             res = await self.call(ctx, sub, "load", **args)  # not-an-op
         else:  # a vLLM sampler or scorer takes the checkpoint's exported HF weights
-            out = await self._export(root, meta)
+            load = lora.sampler_load_args(job, root, ckpt) if sub.role == "sampling" else None
+            if load is None:  # (an adapter job's sampler: the adapter, a new version)
+                load = {"path": str((await self._export(root, meta)) / cf.EXPORT_WEIGHTS)}
             # the version its results report from now on (the worker's own, since issue 21)
             res = await self.call(
-                ctx,
-                sub,
-                "load_weights",
-                path=str(out / cf.EXPORT_WEIGHTS),
-                weight_version=job.weight_version + 1,
+                ctx, sub, "load_weights", **load, weight_version=job.weight_version + 1
             )
         if sub.role == "training":
             job.global_step = int(res.get("global_steps", job.global_step))
@@ -96,17 +96,22 @@ class Checkpoints(GatewayBase):
         job = self.job(ctx)
         ckpt = str(body["checkpoint_id"])
         meta = self.ckpts.meta(job.job_id, ckpt)
-        export_format(body, lora_checkpoint=False)  # the gateway runs no LoRA jobs (yet)
-        await self._export(self.ckpts.path(job.job_id, ckpt), meta)
+        root = self.ckpts.path(job.job_id, ckpt)
+        if export_format(body, lora.is_lora_checkpoint(meta)) == "peft":  # PROTOCOL.md §3.6
+            files = await self.ckpts.exported(
+                job.job_id, ckpt, await lora.export_peft(self.profile, root, meta)
+            )
+            return {"checkpoint_id": ckpt, "files": files, "expires_at": ""}
+        await self._export(root, meta)
         files = await self.ckpts.exported(job.job_id, ckpt)
         return {"checkpoint_id": ckpt, "files": files, "expires_at": ""}
 
     async def download_checkpoint_file(self, ctx: CallContext, body: dict[str, Any]) -> bytes:
         job = self.job(ctx)
         ckpt = str(body["checkpoint_id"])
-        self.ckpts.meta(job.job_id, ckpt)
+        meta = self.ckpts.meta(job.job_id, ckpt)
         name = checkpoint_ids.check_filename(body.get("filename"))
-        return await self.ckpts.read_exported(job.job_id, ckpt, name)
+        return await self.ckpts.read_exported(job.job_id, ckpt, name, lora.file_dir(meta, name))
 
     async def delete_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self.job(ctx)

@@ -29,6 +29,7 @@ from ..protocol.operation_types import (
     tail_args,
 )
 from ..protocol.sub_jobs import sync_sub_jobs
+from . import lora
 from .base import GatewayBase
 from .model import Job
 
@@ -71,6 +72,8 @@ class DataPlane(GatewayBase):
         self.require_running(job, ctx.method)
         version = sub.weight_version
         args = self.profile.generate_args(body, sub)
+        if lora.generate_args(job, body, args):  # "base": the base model, version 0
+            version = 0
         res = dict(await self.call(ctx, sub, M.GENERATE.python_name, **args))
         # the sampler's own version of the weights that ran it (a sync in between cannot skew it)
         res["weight_version"] = int(res.get("weight_version", version))
@@ -119,6 +122,8 @@ class DataPlane(GatewayBase):
                     exp = dict(await self.call(ctx, src, "export_weights"))
                     load = {"blob": exp.pop("blob")}
                 load["weight_version"] = version  # what the targets' results report once loaded
+                if "adapter_config" in exp:  # a LoRA job: a new adapter version (gateway/lora.py)
+                    load["adapter_config"] = exp.pop("adapter_config")
                 await asyncio.gather(*(self.call(ctx, t, "load_weights", **load) for t in targets))
             finally:
                 if path is not None:

@@ -24,6 +24,7 @@ from conformance.fake import sampling, training
 from conformance.fake.jobs import Checkpoint
 
 from ..protocol.errors import ProtocolError
+from ..protocol.lora_config import adapter_sync
 
 DEFAULT_VOCAB = 151_936
 NOTHING = {"applied": False, "reason": "fake engine: nothing to offload"}
@@ -142,12 +143,16 @@ class FakeEngine:
         sampling_params: Mapping[str, Any],
         strict: bool = False,
         weight_version: int = 0,
+        adapter: str = "",
     ) -> dict[str, Any]:
         self._begin(M.GENERATE.python_name)
         body = {"prompts": list(prompts), "sampling_params": dict(sampling_params or {})}
         p = sampling.parse_params(body)
         ids_list = sampling.prompt_ids(body, self.vocab, self.max_seq_len)
         seed = p.seed if p.seed is not None else sampling.draw_seed()
+        if adapter:  # "base": a LoRA job's base model, version 0 (NUMERICS.md §6)
+            results = sampling.completions(ids_list, p, seed, 0, 0, self.max_seq_len)
+            return {"results": results, "weight_version": 0}
         self.weight_version = int(weight_version)
         results = sampling.completions(
             ids_list, p, seed, self.weight_version, self.model_step, self.max_seq_len
@@ -159,6 +164,9 @@ class FakeEngine:
     def op_export_weights(self, path: str | None = None, method: str = "") -> dict[str, Any]:
         blob = json.dumps({"model_step": self.model_step}).encode()
         out: dict[str, Any] = {"num_tensors": 1, "num_bytes": 4 * 259}
+        lora = self.config.get("lora")
+        if isinstance(lora, Mapping) and adapter_sync(lora):  # the adapter: A and B (NUMERICS §6)
+            out.update(num_tensors=2, num_bytes=2 * 4 * 259 * int(lora["rank"]))
         if path:
             Path(path).write_bytes(blob)
             out["path"] = path
@@ -217,8 +225,25 @@ class FakeEngine:
 
 def export_checkpoint(directory: Path, tag: str, out: Path) -> list[str]:
     """Write a saved checkpoint's exported files (NUMERICS.md: three small real files)."""
+    ckpt = _checkpoint(directory, tag)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in fake_ckpt.files(ckpt).items():
+        (out / name).write_bytes(data)
+    return sorted(fake_ckpt.FILES)
+
+
+def export_peft(directory: Path, tag: str, out: Path, lora: Mapping[str, Any]) -> list[str]:
+    """A LoRA checkpoint's PEFT export (NUMERICS.md §6), as the fake server writes it."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = fake_ckpt.peft_files(_checkpoint(directory, tag), lora)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    return sorted(files)
+
+
+def _checkpoint(directory: Path, tag: str) -> Checkpoint:
     state = json.loads((directory / tag / "fake_state.json").read_text())
-    ckpt = Checkpoint(
+    return Checkpoint(
         checkpoint_id=directory.name,
         checkpoint_type=str(state["checkpoint_type"]),
         global_step=int(state["global_step"]),
@@ -228,7 +253,3 @@ def export_checkpoint(directory: Path, tag: str, out: Path) -> list[str]:
         created_at=time.time(),
         model_name=str(state.get("model_name") or ""),
     )
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in fake_ckpt.files(ckpt).items():
-        (out / name).write_bytes(data)
-    return sorted(fake_ckpt.FILES)

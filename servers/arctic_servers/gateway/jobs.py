@@ -25,6 +25,7 @@ from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import terminal_error
+from .lora import engine_spec as lora_spec
 from .model import Job, JobStore, SubJob
 from .profiles import Profile
 from .settings import GatewaySettings
@@ -138,7 +139,10 @@ class JobManager(JobQueue[Job]):
             for s in missing:
                 await self.supervisor.discard_unrecorded(job, s)
             launched = await asyncio.gather(
-                *(self.supervisor.launch(job, s, self.profile.engine_spec(s)) for s in missing),
+                *(
+                    self.supervisor.launch(job, s, lora_spec(job, s, self.profile.engine_spec(s)))
+                    for s in missing
+                ),
                 return_exceptions=True,
             )
             for sub, rec in zip(missing, launched, strict=True):

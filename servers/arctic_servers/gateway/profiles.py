@@ -21,6 +21,8 @@ from arctic_sdk._spec import MethodInfo
 
 from ..protocol.checkpoint_files import run_export
 from ..protocol.errors import ProtocolError
+from ..protocol.lora_config import SUPPORT as LORA_SUPPORT
+from ..protocol.lora_config import LoraSupport
 from .model import SubJob
 from .settings import GatewaySettings
 
@@ -36,9 +38,17 @@ class FakeProfile:
     """Fake workers (`fake_engine.py`): NUMERICS.md, any model name, no torch anywhere."""
 
     name = "fake"
+    lora: LoraSupport = LORA_SUPPORT  # the fake's: LoRA jobs with adapter versions (NUMERICS.md §6)
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
+
+    @property
+    def config_keys(self) -> dict[str, list[str]]:
+        """The fake's keys: the standard ones and `lora` (what `sub_jobs_of` checks)."""
+        from conformance.fake.servicer import FakeServicer
+
+        return dict(FakeServicer.config_keys)
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
         from conformance.fake.control import sub_jobs_of
@@ -103,8 +113,11 @@ class OnpremProfile:
     name = "onprem"
 
     def __init__(self, settings: GatewaySettings) -> None:
+        from ..onprem.settings import LORA
+
         self.settings = settings
         self.cuda = _has_cuda() or bool(settings.ray_address)
+        self.lora: LoraSupport = LORA  # the on-prem engines' (none without peft)
 
     @property
     def config_keys(self) -> dict[str, list[str]]:
@@ -113,8 +126,7 @@ class OnpremProfile:
         from ..onprem.settings import config_keys
         from ..protocol.jobs import config_keys_json
 
-        refused = {GATEWAY_REFUSED, "lora"}  # lora: GatewayServicer.create_job refuses it
-        keys = {role: frozenset(ks - refused) for role, ks in config_keys().items()}
+        keys = {role: frozenset(ks - {GATEWAY_REFUSED}) for role, ks in config_keys().items()}
         return config_keys_json(keys)
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:

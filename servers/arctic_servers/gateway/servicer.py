@@ -17,8 +17,8 @@ from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.fields import learning_rate
-from ..protocol.lora_config import refuse_lora
-from ..protocol.operation_types import OP_TAIL_LOGS, OPERATION_TYPES
+from ..protocol.operation_types import OP_TAIL_LOGS, OP_WEIGHT_SYNC, OPERATION_TYPES
+from . import lora
 from .base import GatewayBase
 from .checkpoints import Checkpoints
 from .dataplane import DataPlane
@@ -43,6 +43,11 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
         keys = getattr(self.profile, "config_keys", None)
         return dict(keys) if keys else None
 
+    @property
+    def lora_support(self) -> dict[str, Any]:
+        """The capabilities' `lora` (PROTOCOL.md §3.6): the engine profile's."""
+        return dict(self.profile.lora.json())
+
     # ------------------------------------------------------------------ protocol hooks
 
     async def authorize_job(self, ctx: CallContext, *, running: bool) -> None:
@@ -64,10 +69,14 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             train = job.sub_job("training")
             vocab = (train.vocab_size if train else 0) or 151_936
             operations.check(_OperationChecks(vocab), fake_job, ctx, body)  # type: ignore[arg-type]
+            if body.get("operation_type") == OP_WEIGHT_SYNC:
+                lora.check_sync(job, body.get("payload") or {}, "payload.")
             return
         sub = self.target(job, ctx)
         if m in (M.FORWARD_BACKWARD, M.FORWARD, M.LOG_PROBS, M.GENERATE):
             self.profile.check(m, body, sub)
+            if m is M.GENERATE:
+                lora.check_adapter(body, lora.adapter_job(job))
         elif m is M.STEP:
             learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
@@ -79,6 +88,8 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             )
         else:
             operations.check_simple(fake_job, m, body)
+            if m is M.SYNC_WEIGHTS:
+                lora.check_sync(job, body, "")
 
     # ------------------------------------------------------------------ control plane
 
@@ -87,8 +98,7 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
         old = self.jobs.find_created(owner, key)
         if old is not None:  # a retried create (even across a restart) is the same job
             return {"job_id": old.job_id}
-        # LoRA jobs run on the on-prem server and the fake (PROTOCOL.md §3.6), not here yet
-        refuse_lora(body, "the gateway runs no LoRA jobs yet (the on-prem server does)")
+        # LoRA jobs: the profile's checks are the shared rules (protocol/lora_config.py)
         subs = self.profile.sub_jobs(body)
         labels = body.get("labels") or {}
         if any(not k for k in labels):

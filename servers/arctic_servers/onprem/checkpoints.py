@@ -15,9 +15,10 @@ from typing import Any
 
 from ..protocol import checkpoint_files as cf
 from ..protocol import checkpoint_ids
+from ..protocol.checkpoint_files import copy_tree as _copy_tree
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
-from ..protocol.lora_config import PEFT_FILES, export_format
+from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, export_format
 from . import checks
 from .base import OnpremBase
 from .jobs import SubJob
@@ -77,7 +78,7 @@ class Checkpoints(OnpremBase):
             res = await self._call(sub, "load", **args)  # not-an-op
             job.global_step = int(res.get("global_steps", job.global_step))
         else:  # a sampler or scorer takes the checkpoint's exported HF weights
-            if job.lora is not None and sub.role == "sampling":  # its adapter: a new version
+            if adapter_sync(job.lora) and sub.role == "sampling":  # its adapter: a new version
                 load = adapter_load_args(self._ckpts.path(source, ckpt) / cf.ENGINE_TAG, ckpt)
             else:
                 out = await self._export(source, ckpt, meta)
@@ -136,16 +137,6 @@ class Checkpoints(OnpremBase):
         job = self._job(ctx)
         await self._ckpts.delete(job.job_id, str(body["checkpoint_id"]))
         return {"deleted": True}
-
-
-PEFT_EXPORT = "export-peft"  # a LoRA checkpoint's adapter directory, as exported
-
-
-def _copy_tree(src: Path, dest: Path) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src, dest)
 
 
 async def resume(sub: SubJob, root: Path) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from arctic_sdk._generated import methods as M
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.fields import learning_rate
-from ..protocol.lora_config import check_adapter, check_weight_format
+from ..protocol.lora_config import adapter_sync, check_adapter, check_weight_format
 from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
 from . import checks
 from .base import OnpremBase
@@ -65,7 +65,7 @@ class DataPlane(OnpremBase):
         await job.gate.wait()  # a weight sync in progress pauses new generates
         self._require_running(job, ctx.method)
         # a LoRA job: the current adapter version, or "base" (version 0; PROTOCOL.md §3.6)
-        adapter = check_adapter(body, job.lora is not None)
+        adapter = check_adapter(body, adapter_sync(job.lora))
         version = 0 if adapter else sub.weight_version
         res = dict(
             await self._call(
@@ -115,8 +115,8 @@ class DataPlane(OnpremBase):
                 "unsupported_option", str(exc), options=[f"{path}method"], field=f"{path}method"
             ) from None
         check_sync_sub_jobs(job, body, path)
-        check_weight_format(body, job.lora is not None, path)
-        if job.lora is not None:
+        check_weight_format(body, adapter_sync(job.lora), path)
+        if adapter_sync(job.lora):  # (an lm_head / embedding adapter: merged full weights)
             check_lora_sync(job, body, path)
 
     async def _sync(self, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,7 +128,7 @@ class DataPlane(OnpremBase):
             shm_ok=shm_dir.is_dir(),
             cuda_ipc=body.get("cuda_ipc"),
         )
-        if job.lora is not None:  # the adapter only, as a file or a blob (lora_sampler.py)
+        if adapter_sync(job.lora):  # the adapter only, as a file or a blob (lora_sampler.py)
             method = lora_method(method, shm_dir.is_dir())
         async with job.sync_lock:
             # new generates wait here; the sampler finishes those already sent before it swaps

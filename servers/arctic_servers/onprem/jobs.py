@@ -24,7 +24,7 @@ from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import JobRecord, not_running_error, terminal_error
-from ..protocol.lora_config import job_lora
+from ..protocol.lora_config import adapter_sync, job_lora
 from .procs import WorkerHandle
 from .settings import ServerSettings, SubJobSpec, cpu_count, resolve_model
 
@@ -180,7 +180,7 @@ class JobManager(JobQueue[Job]):
                 "engine": kind,
                 "sub_job_id": sub.sub_job_id,
             }
-            if job.lora is not None and sub.role == "sampling":
+            if adapter_sync(job.lora) and sub.role == "sampling":
                 spec["lora"] = job.lora  # the sampler loads adapters (lora_sampler.py)
             worker = self._take(sub.role, kind, threads) or self._new_worker(
                 sub.role, kind, threads

@@ -22,7 +22,7 @@ from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
 from ..protocol.jobs import sub_job_by_id
-from ..protocol.lora_config import check_adapter
+from ..protocol.lora_config import adapter_sync, check_adapter
 from . import checks
 from .checkpoints import Checkpoints
 from .jobs import Job, engine_kind
@@ -53,7 +53,7 @@ class OnpremServicer(Operations, Checkpoints):
             assert sub is not None
             checks.sampling_params(body)
             checks.prompts(body, self._vocab_of(sub))
-            check_adapter(body, job.lora is not None)
+            check_adapter(body, adapter_sync(job.lora))
         elif m is M.STEP:
             learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:

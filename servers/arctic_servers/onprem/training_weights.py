@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..protocol.lora_config import adapter_sync
 from .hf_model import write_hf_dir
 from .worker import WorkerError
 
@@ -50,12 +51,12 @@ class TrainerWeights:
 
             return trainer_export_gpu(self, method)
         out: dict[str, Any] = {}
-        if self.lora is not None:  # the adapter only (PROTOCOL.md §3.6)
+        if adapter_sync(self.lora):  # the adapter only (PROTOCOL.md §3.6)
             from .lora_trainer import adapter_config_json, adapter_tensors
 
             sd = adapter_tensors(self.engine.module, self.stage)
             out["adapter_config"] = adapter_config_json(self.engine.module)
-        else:
+        else:  # full weights; an lm_head / embedding adapter merged in (merge-and-push)
             sd = self.state_dict()
         nbytes = sum(v.numel() * v.element_size() for v in sd.values())
         out.update(num_tensors=len(sd), num_bytes=nbytes)

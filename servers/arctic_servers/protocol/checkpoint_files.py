@@ -189,3 +189,11 @@ async def run_export(
         )
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """`dest` becomes a copy of the directory `src` (whatever was there is replaced)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dest)

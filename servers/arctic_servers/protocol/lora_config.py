@@ -46,6 +46,8 @@ class LoraSupport:
     # vLLM 0.32 serves no embedding / lm_head LoRA for Qwen2 (ENGINE_NOTES.md §LoRA)
     sampler_embeddings: bool = False
     shared_sampler: bool = False
+    # ... so such a job's syncs merge the adapter and push full weights (`adapter_sync` false)
+    merged_sync: bool = True
     why: str = ""  # why `training` is off, for the refusal
 
     def json(self) -> dict[str, Any]:
@@ -59,6 +61,7 @@ class LoraSupport:
             "train_lm_head": self.train_lm_head,
             "sampler_embeddings": self.sampler_embeddings,
             "shared_sampler": self.shared_sampler,
+            "merged_sync": self.merged_sync,
         }
 
 
@@ -177,7 +180,7 @@ def check_job_lora(
                 field=f"{path}.lora",
             )
         for key in ("train_embeddings", "train_lm_head"):
-            if lora.get(key) and not support.sampler_embeddings:
+            if lora.get(key) and not (support.sampler_embeddings or support.merged_sync):
                 opt = f"{path}.lora.{key}"
                 raise ProtocolError(
                     "unsupported_option",
@@ -189,13 +192,25 @@ def check_job_lora(
                 )
 
 
+def adapter_sync(lora: Mapping[str, Any] | None, support: LoraSupport = SUPPORT) -> bool:
+    """Whether a job with this (normalised) `lora` syncs its adapter into samplers that load it
+    as a new adapter version; False for a full-weight job and for a merge-and-push one (an
+    embedding / lm_head adapter the samplers cannot serve: each sync sends the merged full
+    weights through the full-weight path, and the samplers hold no base model)."""
+    if lora is None:
+        return False
+    unservable = bool(lora.get("train_embeddings") or lora.get("train_lm_head"))
+    return not unservable or support.sampler_embeddings
+
+
 def vllm_max_rank(rank: int) -> int:
     """The smallest `max_lora_rank` vLLM accepts that holds `rank`."""
     return next(r for r in VLLM_RANKS if r >= rank)
 
 
 def check_adapter(body: Mapping[str, Any], lora_job: bool, path: str = "") -> str:
-    """generate's `adapter`: "" (current weights) or "base" (a LoRA job's base model)."""
+    """generate's `adapter`: "" (current weights) or "base" (a LoRA job's base model);
+    `lora_job`: the job's samplers load adapters (`adapter_sync`)."""
     v = body.get("adapter")
     if v is None or v == "":
         return ""
@@ -206,24 +221,12 @@ def check_adapter(body: Mapping[str, Any], lora_job: bool, path: str = "") -> st
     if not lora_job:
         raise field_error(
             f"{path}adapter",
-            "'base' needs a LoRA job: this job's sampler holds the synced full weights only",
-            expected="a job whose training sub-job has training_config.lora",
+            "'base' needs a LoRA job whose samplers load adapters: this job's sampler holds the "
+            "synced full weights only (a full-weight job, or a LoRA job on the embedding / "
+            "lm_head, whose syncs push merged weights)",
+            expected="a job whose training sub-job has training_config.lora on projections only",
         )
     return BASE_ADAPTER
-
-
-def refuse_lora(body: Mapping[str, Any], why: str) -> None:
-    """For a server without LoRA jobs: `unsupported_option` naming each `training_config.lora`
-    (before any other check, so the reason is the server's, not a key list)."""
-    opts = [
-        f"sub_job_configs[{i}].training_config.lora"
-        for i, cfg in enumerate(body.get("sub_job_configs") or [])
-        if isinstance(cfg, Mapping) and "lora" in (cfg.get("training_config") or {})
-    ]
-    if opts:
-        raise ProtocolError(
-            "unsupported_option", f"{', '.join(opts)}: {why}", options=opts, field=opts[0]
-        )
 
 
 def job_lora(configs: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any] | None:
@@ -238,6 +241,7 @@ def job_lora(configs: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]
 
 EXPORT_FORMATS = ("hf", "peft")
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+PEFT_EXPORT = "export-peft"  # a LoRA checkpoint's adapter directory, as exported
 
 
 def export_format(body: Mapping[str, Any], lora_checkpoint: bool) -> str:
@@ -278,5 +282,8 @@ def check_weight_format(payload: Mapping[str, Any], lora_job: bool, path: str) -
         )
     if not lora_job and fmt == "lora":
         raise field_error(
-            where, "'lora' needs a LoRA job (training_config.lora)", expected=["vllm", "hf"]
+            where,
+            "'lora' needs a LoRA job whose samplers load adapters (training_config.lora on the "
+            "projections only; an embedding / lm_head adapter syncs merged full weights)",
+            expected=["vllm", "hf"],
         )

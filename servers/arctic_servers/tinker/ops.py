@@ -55,9 +55,10 @@ class TinkerSettings:
 
 def lora_of(lora: Mapping[str, Any]) -> dict[str, Any]:
     """Tinker's `LoraConfig` as our `training_config.lora` (PROTOCOL.md §3.6): `rank` as is;
-    `train_attn` / `train_mlp` choose the target modules; `train_unembed` is `train_lm_head`,
-    which a job with a sampler cannot serve (vLLM has no lm_head LoRA for these models), so it
-    is refused here by its Tinker name; Tinker has no alpha: ours is the default, 2 x rank."""
+    `train_attn` / `train_mlp` choose the target modules; `train_unembed` (Tinker's default) is
+    `train_lm_head`, which vLLM cannot serve as an adapter for these models, so such a job's
+    syncs merge the adapter and push full weights (PROTOCOL.md §3.6); Tinker has no alpha: ours
+    is the default, 2 x rank."""
     modules = [
         *(ATTENTION_MODULES if lora.get("train_attn", True) else ()),
         *(MLP_MODULES if lora.get("train_mlp", True) else ()),
@@ -69,16 +70,10 @@ def lora_of(lora: Mapping[str, Any]) -> dict[str, Any]:
             "invalid_argument",
             field="lora_config.train_mlp",
         )
-    if lora.get("train_unembed", True):
-        raise TinkerError(
-            400,
-            "lora_config.train_unembed = True: this server's sampler (vLLM) cannot serve a LoRA "
-            "adapter on the unembedding (lm_head) of this model; pass train_unembed=False "
-            "(attention and MLP adapters are trained and sampled)",
-            "unsupported_option",
-            field="lora_config.train_unembed",
-        )
-    return {"rank": int(lora["rank"]), "target_modules": modules}
+    out: dict[str, Any] = {"rank": int(lora["rank"]), "target_modules": modules}
+    if lora.get("train_unembed", True):  # merge-and-push syncs (a full-weight sync each)
+        out["train_lm_head"] = True
+    return out
 
 
 def _version_error(ref: SamplerRef, now: int) -> TinkerError:

@@ -914,6 +914,7 @@ class LoraSupport(_message.Message):
     TRAIN_LM_HEAD_FIELD_NUMBER: _builtins.int
     SAMPLER_EMBEDDINGS_FIELD_NUMBER: _builtins.int
     SHARED_SAMPLER_FIELD_NUMBER: _builtins.int
+    MERGED_SYNC_FIELD_NUMBER: _builtins.int
     training: _builtins.bool
     """Training sub-jobs accept `training_config.lora`."""
     sampling: _builtins.bool
@@ -927,11 +928,17 @@ class LoraSupport(_message.Message):
     """`train_embeddings` / `train_lm_head` are trained and checkpointed."""
     train_lm_head: _builtins.bool
     sampler_embeddings: _builtins.bool
-    """Samplers can serve an adapter on the embedding / lm_head; when false, a LoRA job with a
-    sampling sub-job refuses `train_embeddings` / `train_lm_head` with `unsupported_option`.
+    """Samplers can serve an adapter on the embedding / lm_head; when false (and `merged_sync`
+    is false), a LoRA job with a sampling sub-job refuses `train_embeddings` / `train_lm_head`
+    with `unsupported_option`.
     """
     shared_sampler: _builtins.bool
     """Several LoRA jobs over one base model share one sampling engine."""
+    merged_sync: _builtins.bool
+    """A LoRA job whose adapter the samplers cannot serve (`train_embeddings` / `train_lm_head`
+    where `sampler_embeddings` is false) is accepted: each sync merges the adapter into the full
+    weights on the trainer and pushes them to the samplers (a full-weight sync: PROTOCOL.md §3.6).
+    """
     @_builtins.property
     def target_modules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Module names `LoraConfig.target_modules` accepts (the default is all of them)."""
@@ -948,10 +955,11 @@ class LoraSupport(_message.Message):
         train_lm_head: _builtins.bool = ...,
         sampler_embeddings: _builtins.bool = ...,
         shared_sampler: _builtins.bool = ...,
+        merged_sync: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_rank", b"default_rank", "max_rank", b"max_rank", "sampler_embeddings", b"sampler_embeddings", "sampling", b"sampling", "shared_sampler", b"shared_sampler", "target_modules", b"target_modules", "train_embeddings", b"train_embeddings", "train_lm_head", b"train_lm_head", "training", b"training"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_rank", b"default_rank", "max_rank", b"max_rank", "merged_sync", b"merged_sync", "sampler_embeddings", b"sampler_embeddings", "sampling", b"sampling", "shared_sampler", b"shared_sampler", "target_modules", b"target_modules", "train_embeddings", b"train_embeddings", "train_lm_head", b"train_lm_head", "training", b"training"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
