@@ -83,3 +83,13 @@ def run_scenario(
     assert p.returncode == 0, f"scenario {name} failed:\n{out[-6000:]}"
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return dict(json.loads(line[7:]))
+
+
+@pytest.fixture(scope="session")
+def tinker_expiring() -> Iterator[TinkerServer]:
+    """Sessions expire after 3 s without a heartbeat (the SDK beats every 10 s)."""
+    yield from _serve(
+        TinkerSettings(
+            models=(BASE_MODEL,), only_listed=True, lora="full_finetune", session_timeout_s=3.0
+        )
+    )

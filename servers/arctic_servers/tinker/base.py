@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -59,6 +60,7 @@ class RouteBase:
         self.ops = Ops(self.state, backend, settings)
         self.settings = settings
         self.tokens, self.sha = frozenset(tokens), frozenset(token_sha256)
+        self.encodings: Counter[str] = Counter()  # forward_backward bodies by Content-Encoding
 
     # ------------------------------------------------------------------ plumbing
 

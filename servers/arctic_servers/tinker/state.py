@@ -15,10 +15,11 @@ task; `retrieve_future` long-polls it. A model's ops run one at a time in `seq_i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -68,8 +69,10 @@ class Model:
     user_metadata: dict[str, str] = field(default_factory=dict)
     lora_config: dict[str, Any] | None = None  # Tinker's LoraConfig as created
 
+    refused: set[int] = field(default_factory=set)  # seq_ids refused at submit
+
     async def in_turn(self, seq_id: int, op: Callable[[], Awaitable[Any]]) -> Any:
-        """Run `op` when every earlier seq_id of this model has run."""
+        """Run `op` when every earlier seq_id of this model has run (or was refused)."""
         async with self.turn:
             await self.turn.wait_for(lambda: self.next_seq >= seq_id)
         try:
@@ -77,8 +80,29 @@ class Model:
         finally:
             async with self.turn:
                 self.next_seq = max(self.next_seq, seq_id + 1)
+                self._advance()
                 self.last_request = time.time()
                 self.turn.notify_all()
+
+    def _advance(self) -> None:
+        while self.next_seq in self.refused:
+            self.refused.discard(self.next_seq)
+            self.next_seq += 1
+
+    @contextlib.asynccontextmanager
+    async def submitting(self, seq_id: int | None) -> AsyncIterator[None]:
+        """A refusal at submit still used up the SDK's turn `seq_id`: later ones must not wait
+        for it (the SDK numbers every call, refused or not)."""
+        try:
+            yield
+        except TinkerError:
+            if seq_id:
+                async with self.turn:
+                    if seq_id >= self.next_seq:
+                        self.refused.add(seq_id)
+                    self._advance()
+                    self.turn.notify_all()
+            raise
 
 
 @dataclass

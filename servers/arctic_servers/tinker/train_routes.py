@@ -77,9 +77,12 @@ class TrainRoutes(RouteBase):
         )
 
     async def forward_backward(self, request: web.Request, token: str | None) -> web.Response:
+        enc = request.headers.get("Content-Encoding", "identity").strip().lower()[:16]
         fb = wire.decode_forward_backward(await self.body(request))
+        self.encodings[enc] += 1  # what the SDK sent (zstd once /client/config asks for it)
         m = self.state.model(fb.model_id, token)
-        losses.check(fb)
+        async with m.submitting(fb.seq_id):
+            losses.check(fb)
         fb.forward_only = fb.forward_only or request.path.endswith("/forward")
         coro = m.in_turn(fb.seq_id, lambda: self.ops.forward_backward(m, fb))
         return web.json_response({**self.state.submit(token, coro), "model_id": m.model_id})
@@ -88,13 +91,14 @@ class TrainRoutes(RouteBase):
         req = await self._json(request, T.OptimStepRequest)
         m = self.state.model(req.model_id, token)
         p = req.optim_params
-        if not isinstance(p, T.AdamParams):
-            raise TinkerError(
-                400,
-                f"optimizer_params of type {getattr(p, 'type', '?')!r}; served: adam_params",
-                "unsupported_option",
-                field="optim_params",
-            )
+        async with m.submitting(req.seq_id):
+            if not isinstance(p, T.AdamParams):
+                raise TinkerError(
+                    400,
+                    f"optimizer_params of type {getattr(p, 'type', '?')!r}; served: adam_params",
+                    "unsupported_option",
+                    field="optim_params",
+                )
         params = p.model_dump()
         coro = m.in_turn(req.seq_id or m.next_seq, lambda: self.ops.optim_step(m, params))
         return web.json_response(self.state.submit(token, coro))
@@ -102,9 +106,10 @@ class TrainRoutes(RouteBase):
     async def save_weights(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SaveWeightsRequest)
         m = self.state.model(req.model_id, token)
-        ttl = ttl_s(req.ttl_seconds)
         name = req.path or f"step-{req.seq_id}"
-        self.ops.path(m, "weights", name)  # refused at submit when not a plain name
+        async with m.submitting(req.seq_id):
+            ttl = ttl_s(req.ttl_seconds)
+            self.ops.path(m, "weights", name)  # refused at submit when not a plain name
         coro = m.in_turn(
             req.seq_id or m.next_seq,
             lambda: self.ops.save_weights(m, name, bool(req.overwrite), ttl),
@@ -114,13 +119,14 @@ class TrainRoutes(RouteBase):
     async def save_for_sampler(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SaveWeightsForSamplerRequest)
         m = self.state.model(req.model_id, token)
-        ttl = ttl_s(req.ttl_seconds)
-        if req.path is not None:
-            self.ops.path(m, "sampler_weights", req.path)
-        if req.path is None and req.sampling_session_seq_id is None:
-            raise TinkerError(
-                400, "send path or sampling_session_seq_id", "missing_field", field="path"
-            )
+        async with m.submitting(req.seq_id):
+            ttl = ttl_s(req.ttl_seconds)
+            if req.path is not None:
+                self.ops.path(m, "sampler_weights", req.path)
+            if req.path is None and req.sampling_session_seq_id is None:
+                raise TinkerError(
+                    400, "send path or sampling_session_seq_id", "missing_field", field="path"
+                )
         coro = m.in_turn(
             req.seq_id or m.next_seq,
             lambda: self.ops.save_for_sampler(
@@ -132,24 +138,39 @@ class TrainRoutes(RouteBase):
     async def load_weights(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.LoadWeightsRequest)
         path = str(req.path)
-        if not req.optimizer:  # load_state / create_training_client_from_state
-            raise TinkerError(
-                400,
-                "optimizer=false (weights only): our checkpoints restore weights and optimizer "
-                "state together; use load_state_with_optimizer / "
-                "create_training_client_from_state_with_optimizer",
-                "unsupported_option",
-                field="optimizer",
-            )
-        run_id = path.removeprefix("tinker://").split("/", 1)[0]
-        source = self.state.model(run_id, token, live=False)  # a model of an ended session too
-        if req.model_id is not None:  # TrainingClient.load_state*: into this model
-            m = self.state.model(req.model_id, token)
+        target = self.state.model(req.model_id, token) if req.model_id is not None else None
+
+        def check() -> Model:
+            if not req.optimizer:  # load_state / create_training_client_from_state
+                raise TinkerError(
+                    400,
+                    "optimizer=false (weights only): our checkpoints restore weights and "
+                    "optimizer state together; use load_state_with_optimizer / "
+                    "create_training_client_from_state_with_optimizer",
+                    "unsupported_option",
+                    field="optimizer",
+                )
+            run_id = path.removeprefix("tinker://").split("/", 1)[0]
+            src = self.state.model(run_id, token, live=False)  # an ended session's too
+            if self.ops.live(src).get(path, {}).get("type") != "training":
+                raise TinkerError(
+                    404,
+                    f"path {path!r} is not a saved training checkpoint",
+                    "not_found",
+                    field="path",
+                )
+            return src
+
+        if target is not None:  # TrainingClient.load_state*: into this model
+            m = target
+            async with m.submitting(req.seq_id):
+                source = check()
             coro = m.in_turn(
                 req.seq_id or m.next_seq,
                 lambda: self.ops.load_weights(m, path, source, bool(req.optimizer)),
             )
             return web.json_response(self.state.submit(token, coro))
+        source = check()
         s = self.state.session(str(req.session_id), token)
         model_id = f"{s.session_id}:train:{req.model_seq_id}"
         body = self.ops.job_body(source.base_model, source.lora_config, None)
