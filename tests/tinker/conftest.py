@@ -19,6 +19,7 @@ from conformance.fake.server import BackgroundFake
 
 TOKEN = "tinker-test-pat-7c1e"
 API_KEY = "tml-" + TOKEN
+OTHER_TOKEN = "tinker-test-pat-other"  # a second token of the Tinker routes (hostile tests)
 BASE_MODEL = "fake-tiny"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,9 @@ class TinkerServer:
 def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with BackgroundFake(token=TOKEN, grpc=False) as fake:
-        runner, url, routes = fake.run(start_tinker_server(fake.base_url, settings, tokens=[TOKEN]))
+        runner, url, routes = fake.run(
+            start_tinker_server(fake.base_url, settings, tokens=[TOKEN, OTHER_TOKEN])
+        )
         try:
             yield TinkerServer(url, routes, fake)
         finally:
