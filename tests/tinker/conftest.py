@@ -62,13 +62,30 @@ def tinker_lora() -> Iterator[TinkerServer]:
     yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True))
 
 
+def scenario_env(model: str = BASE_MODEL, eps: float = 1e-12, key: str = API_KEY) -> dict:
+    return {
+        **os.environ,
+        "TINKER_API_KEY": key,
+        "TINKER_TELEMETRY": "0",
+        "TINKER_TEST_MODEL": model,
+        "HF_HUB_OFFLINE": "1",
+        "TINKER_TEST_EPS": repr(eps),
+    }
+
+
 def run_scenario(
-    name: str, url: str, *, model: str = BASE_MODEL, eps: float = 1e-12, timeout: float = 300
+    name: str,
+    url: str,
+    *,
+    model: str = BASE_MODEL,
+    eps: float = 1e-12,
+    timeout: float = 300,
+    key: str = API_KEY,
 ) -> dict:
     """Run `tests/tinker/scenarios.py`'s scenario `name` against `url` in a child process."""
     env = {
         **os.environ,
-        "TINKER_API_KEY": API_KEY,
+        "TINKER_API_KEY": key,
         "TINKER_TELEMETRY": "0",
         "TINKER_TEST_MODEL": model,
         "HF_HUB_OFFLINE": "1",

@@ -279,6 +279,55 @@ def scenario_zstd_bodies(tinker_fake: str) -> dict:
     return {"loss": out.metrics["loss:sum"]}
 
 
+def scenario_restart(server: str) -> dict:
+    """Clients made before a real restart of the server (the test restarts it between the
+    `ready` and `restarted` files in $TINKER_TEST_SIGNALS): their calls answer in the SDK's
+    error shapes naming the lost id and the restart; a new ServiceClient trains."""
+    import logging
+    import pathlib
+    import time
+
+    sig = pathlib.Path(os.environ["TINKER_TEST_SIGNALS"])
+    seen: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    lg = logging.getLogger("tinker")
+    lg.setLevel(logging.INFO)
+    lg.addHandler(Grab())
+    batch = [_datum([5, 6, 7, 8])]
+    with _service(server) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        tc.forward_backward(batch, "cross_entropy").result()
+        sc = tc.save_weights_and_get_sampling_client()
+        (sig / "ready").write_text(tc.get_info().model_id)
+        deadline = time.time() + 120
+        while not (sig / "restarted").exists():
+            assert time.time() < deadline, "the test did not restart the server"
+            time.sleep(0.2)
+        with pytest.raises(tinker.NotFoundError) as e:
+            tc.forward_backward(batch, "cross_entropy").result()
+        body = e.value.body
+        assert body["reason"] == "server_restarted" and body["field"] == "model_id", body
+        assert "restarted" in body["detail"] and "ServiceClient" in body["detail"]
+        with pytest.raises(tinker.NotFoundError) as e2:
+            prompt = types.ModelInput.from_ints([5, 6])
+            sc.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
+        assert e2.value.body["field"] == "sampling_session_id"
+        # the old session's heartbeat answers 410: the SDK stops its loop (every 10 s)
+        deadline = time.time() + 25
+        while time.time() < deadline and not any("stopping its heartbeat" in m for m in seen):
+            time.sleep(0.5)
+        assert any("stopping its heartbeat loop" in m for m in seen), seen
+    with _service(server) as svc:  # a new client trains on the restarted server
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        out = tc.forward_backward(batch, "cross_entropy").result()
+        assert np.isfinite(out.metrics["loss:sum"])
+    return {"detail": body["detail"]}
+
+
 if __name__ == "__main__":
     name, url = sys.argv[1], sys.argv[2]
     out = globals()["scenario_" + name](url) or {}

@@ -88,7 +88,9 @@ def test_zstd_bodies_are_bounded_after_decoding(tinker_fake: TinkerServer) -> No
     # the same limit on the JSON routes (their own is 16 MiB)
     r = _post(u, "/create_session", data=_zstd_bomb(64 << 20), headers={**zstd, **H})
     assert r.status_code == 413 and r.json()["code"] == "body_too_large"
-    good = zstandard.ZstdCompressor().compress(b'{"tags": [], "user_metadata": {}, "sdk_version": "x"}')
+    good = zstandard.ZstdCompressor().compress(
+        b'{"tags": [], "user_metadata": {}, "sdk_version": "x"}'
+    )
     # a truncated frame: aiohttp hands on what decoded, which is no complete body
     r = _post(u, "/create_session", data=good[:-6], headers=zstd)
     assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
