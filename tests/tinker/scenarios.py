@@ -301,7 +301,7 @@ def scenario_restart(server: str) -> dict:
     with _service(server) as svc:
         tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
         tc.forward_backward(batch, "cross_entropy").result()
-        sc = tc.save_weights_and_get_sampling_client()
+        sc = tc.save_weights_and_get_sampling_client().result()
         (sig / "ready").write_text(tc.get_info().model_id)
         deadline = time.time() + 120
         while not (sig / "restarted").exists():

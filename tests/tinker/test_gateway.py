@@ -23,6 +23,7 @@ FULL = ("--tinker-lora", "full_finetune", "--tinker-models", MODEL)
 
 
 def _gateway(tmp: Path, *args: str) -> Iterator[Gateway]:
+    tmp.mkdir(parents=True, exist_ok=True)
     g = Gateway(tmp, args=("--gpus", "8", *args))
     g.start()
     try:

@@ -141,7 +141,15 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish(self, request: web.Request, token: str | None) -> web.Response:
-        s = self.state.session(request.match_info["session_id"], token, live=False)
+        """A session lost in a restart has nothing left to finish: 200 with a `warning`, so the
+        SDK's `ServiceClient.close()` (the end of every `with ServiceClient`) does not raise."""
+        sid = request.match_info["session_id"]
+        try:
+            s = self.state.session(sid, token, live=False)
+        except TinkerError as exc:
+            if exc.extra.get("reason") != "server_restarted":
+                raise
+            return web.json_response({"warning": exc.message})
         s.finished = True
         return web.json_response({})
 
