@@ -19,6 +19,7 @@ from conformance.fake.server import BackgroundFake
 
 TOKEN = "tinker-test-pat-7c1e"
 API_KEY = "tml-" + TOKEN
+OTHER_TOKEN = "tinker-test-pat-other"  # a second token of the Tinker routes (hostile tests)
 BASE_MODEL = "fake-tiny"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,9 @@ class TinkerServer:
 def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with BackgroundFake(token=TOKEN, grpc=False) as fake:
-        runner, url, routes = fake.run(start_tinker_server(fake.base_url, settings, tokens=[TOKEN]))
+        runner, url, routes = fake.run(
+            start_tinker_server(fake.base_url, settings, tokens=[TOKEN, OTHER_TOKEN])
+        )
         try:
             yield TinkerServer(url, routes, fake)
         finally:
@@ -59,13 +62,30 @@ def tinker_lora() -> Iterator[TinkerServer]:
     yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True))
 
 
+def scenario_env(model: str = BASE_MODEL, eps: float = 1e-12, key: str = API_KEY) -> dict:
+    return {
+        **os.environ,
+        "TINKER_API_KEY": key,
+        "TINKER_TELEMETRY": "0",
+        "TINKER_TEST_MODEL": model,
+        "HF_HUB_OFFLINE": "1",
+        "TINKER_TEST_EPS": repr(eps),
+    }
+
+
 def run_scenario(
-    name: str, url: str, *, model: str = BASE_MODEL, eps: float = 1e-12, timeout: float = 300
+    name: str,
+    url: str,
+    *,
+    model: str = BASE_MODEL,
+    eps: float = 1e-12,
+    timeout: float = 300,
+    key: str = API_KEY,
 ) -> dict:
     """Run `tests/tinker/scenarios.py`'s scenario `name` against `url` in a child process."""
     env = {
         **os.environ,
-        "TINKER_API_KEY": API_KEY,
+        "TINKER_API_KEY": key,
         "TINKER_TELEMETRY": "0",
         "TINKER_TEST_MODEL": model,
         "HF_HUB_OFFLINE": "1",
@@ -83,3 +103,13 @@ def run_scenario(
     assert p.returncode == 0, f"scenario {name} failed:\n{out[-6000:]}"
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return dict(json.loads(line[7:]))
+
+
+@pytest.fixture(scope="session")
+def tinker_expiring() -> Iterator[TinkerServer]:
+    """Sessions expire after 3 s without a heartbeat (the SDK beats every 10 s)."""
+    yield from _serve(
+        TinkerSettings(
+            models=(BASE_MODEL,), only_listed=True, lora="full_finetune", session_timeout_s=3.0
+        )
+    )

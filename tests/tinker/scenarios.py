@@ -184,6 +184,148 @@ def scenario_lora_adapter_trains(tinker_lora: str) -> dict:
     return {"losses": losses, "model_id": info.model_id}
 
 
+def _step(tc: tinker.TrainingClient, batch: list[types.Datum]) -> float:
+    """One forward_backward + optim_step, then the loss of a forward on the same batch."""
+    tc.forward_backward(batch, "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2, eps=EPS)).result()
+    return float(tc.forward(batch, "cross_entropy").result().metrics["loss:sum"])
+
+
+def scenario_load_state_and_weights_info(tinker_fake: str) -> dict:
+    """save_state, load_state_with_optimizer into the same model and
+    create_training_client_from_state_with_optimizer into a new one: the loss after the load
+    equals the loss at save time, and the next step equals the step taken right after the save
+    (Adam's moments resumed: a reset optimizer takes a different first step)."""
+    batch = [_datum([5, 6, 7, 8, 9, 10]), _datum([11, 12, 13, 14])]
+    with _service(tinker_fake) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        model_id = tc.get_info().model_id
+        for _ in range(2):
+            _step(tc, batch)
+        saved = tc.save_state("ck1").result().path
+        at_save = float(tc.forward(batch, "cross_entropy").result().metrics["loss:sum"])
+        after_one = _step(tc, batch)
+        moved = _step(tc, batch)
+        assert moved != pytest.approx(at_save, rel=1e-6)
+        tc.load_state_with_optimizer(saved).result()
+        loaded = float(tc.forward(batch, "cross_entropy").result().metrics["loss:sum"])
+        assert loaded == pytest.approx(at_save, rel=1e-5, abs=1e-6)
+        resumed = _step(tc, batch)
+        assert resumed == pytest.approx(after_one, rel=1e-5, abs=1e-6)
+        tc2 = svc.create_training_client_from_state_with_optimizer(saved).result()
+        assert tc2.get_info().model_id != model_id
+        loss2 = float(tc2.forward(batch, "cross_entropy").result().metrics["loss:sum"])
+        assert loss2 == pytest.approx(at_save, rel=1e-5, abs=1e-6)
+        assert _step(tc2, batch) == pytest.approx(after_one, rel=1e-5, abs=1e-6)
+        # weights only is not what our checkpoints restore: refused by name at submit
+        with pytest.raises(tinker.BadRequestError) as e:
+            tc.load_state(saved).result()
+        assert e.value.body["field"] == "optimizer"
+        with pytest.raises(tinker.NotFoundError):
+            tc.load_state_with_optimizer(f"tinker://{model_id}/weights/nope").result()
+        # GET /samplers/{id}: what the SDK asks when sampling from a model_path alone
+        spath = tc.save_weights_for_sampler("s1").result().path
+        sc = svc.create_sampling_client(model_path=spath).result()
+        assert sc.get_base_model() == BASE_MODEL
+    with _rest(tinker_fake) as rc:
+        info = rc.get_weights_info_by_tinker_path(saved).result()
+        assert info.base_model == BASE_MODEL and info.is_lora is False
+        with pytest.raises(tinker.NotFoundError):
+            rc.get_weights_info_by_tinker_path(f"tinker://{model_id}/weights/nope").result()
+        got = rc.get_sampler(sc._sampling_session_id).result()  # the id the SDK asked about
+        assert got.base_model == BASE_MODEL and got.model_path == spath
+    return {"at_save": at_save, "loaded": loaded, "after_one": after_one, "resumed": resumed}
+
+
+def scenario_session_expires(tinker_expiring: str) -> dict:
+    """A session whose heartbeats stop (server timeout 3 s, the SDK beats every 10 s): a call
+    of its model answers 410 (`tinker.APIStatusError`), and the SDK's heartbeat loop, answered
+    410, stops itself."""
+    import logging
+    import time
+
+    seen: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    lg = logging.getLogger("tinker")
+    lg.setLevel(logging.INFO)
+    lg.addHandler(Grab())
+    with _service(tinker_expiring) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        time.sleep(4.0)
+        with pytest.raises(tinker.APIStatusError) as e:
+            tc.forward_backward([_datum([1, 2, 3])], "cross_entropy").result()
+        assert e.value.status_code == 410 and e.value.body["code"] == "gone"
+        assert "heartbeat" in e.value.body["detail"]
+        deadline = time.time() + 20
+        while time.time() < deadline and not any("stopping its heartbeat" in m for m in seen):
+            time.sleep(0.5)
+        assert any("stopping its heartbeat loop" in m for m in seen), seen
+    return {"status": e.value.status_code}
+
+
+def scenario_zstd_bodies(tinker_fake: str) -> dict:
+    """The server's /client/config turns proto_compress_fwdbwd on: the SDK sends its
+    forward_backward bodies zstd-compressed, and training runs on them."""
+    with _service(tinker_fake) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        out = tc.forward_backward([_datum(list(range(1, 200)))], "cross_entropy").result()
+        assert np.isfinite(out.metrics["loss:sum"])
+    return {"loss": out.metrics["loss:sum"]}
+
+
+def scenario_restart(server: str) -> dict:
+    """Clients made before a real restart of the server (the test restarts it between the
+    `ready` and `restarted` files in $TINKER_TEST_SIGNALS): their calls answer in the SDK's
+    error shapes naming the lost id and the restart; a new ServiceClient trains."""
+    import logging
+    import pathlib
+    import time
+
+    sig = pathlib.Path(os.environ["TINKER_TEST_SIGNALS"])
+    seen: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    lg = logging.getLogger("tinker")
+    lg.setLevel(logging.INFO)
+    lg.addHandler(Grab())
+    batch = [_datum([5, 6, 7, 8])]
+    with _service(server) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        tc.forward_backward(batch, "cross_entropy").result()
+        sc = tc.save_weights_and_get_sampling_client().result()
+        (sig / "ready").write_text(tc.get_info().model_id)
+        deadline = time.time() + 120
+        while not (sig / "restarted").exists():
+            assert time.time() < deadline, "the test did not restart the server"
+            time.sleep(0.2)
+        with pytest.raises(tinker.NotFoundError) as e:
+            tc.forward_backward(batch, "cross_entropy").result()
+        body = e.value.body
+        assert body["reason"] == "server_restarted" and body["field"] == "model_id", body
+        assert "restarted" in body["detail"] and "ServiceClient" in body["detail"]
+        with pytest.raises(tinker.NotFoundError) as e2:
+            prompt = types.ModelInput.from_ints([5, 6])
+            sc.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
+        assert e2.value.body["field"] == "sampling_session_id"
+        # the old session's heartbeat answers 410: the SDK stops its loop (every 10 s)
+        deadline = time.time() + 25
+        while time.time() < deadline and not any("stopping its heartbeat" in m for m in seen):
+            time.sleep(0.5)
+        assert any("stopping its heartbeat loop" in m for m in seen), seen
+    with _service(server) as svc:  # a new client trains on the restarted server
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        out = tc.forward_backward(batch, "cross_entropy").result()
+        assert np.isfinite(out.metrics["loss:sum"])
+    return {"detail": body["detail"]}
+
+
 if __name__ == "__main__":
     name, url = sys.argv[1], sys.argv[2]
     out = globals()["scenario_" + name](url) or {}

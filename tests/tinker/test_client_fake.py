@@ -38,3 +38,23 @@ def test_lora_client_trains_an_adapter(tinker_lora: TinkerServer) -> None:
         files = c.export_checkpoint(checkpoint_id="probe", format="peft")
     names = {f["filename"] for f in files["files"]}
     assert "adapter_config.json" in names, files
+
+
+def test_load_state_weights_info_and_sampler(tinker_fake: TinkerServer) -> None:
+    out = run_scenario("load_state_and_weights_info", tinker_fake.url)
+    assert out["loaded"] == pytest.approx(out["at_save"], rel=1e-5)
+
+
+def test_session_without_heartbeats_expires(tinker_expiring: TinkerServer) -> None:
+    run_scenario("session_expires", tinker_expiring.url)
+    # its jobs were cancelled when it expired
+    models = list(tinker_expiring.routes.state.models.values())
+    assert models and all(
+        tinker_expiring.routes.state.sessions[m.session_id].expired for m in models
+    )
+
+
+def test_zstd_forward_backward_bodies(tinker_fake: TinkerServer) -> None:
+    before = tinker_fake.routes.encodings["zstd"]
+    run_scenario("zstd_bodies", tinker_fake.url)
+    assert tinker_fake.routes.encodings["zstd"] > before, tinker_fake.routes.encodings

@@ -26,10 +26,9 @@ def test_bad_bodies(tinker_fake: TinkerServer) -> None:
     u = tinker_fake.url
     r = _post(u, "/forward_backward", data=b"\xff\x00garbage", headers=H)
     assert r.status_code == 400 and r.json()["code"] == "bad_body"
-    # aiohttp itself refuses a zstd body it cannot decode (400, text): never a 500
-    zstd = {**H, "Content-Encoding": "zstd"}
+    zstd = {**H, "Content-Encoding": "zstd"}  # a frame that decodes to nothing
     r = _post(u, "/forward_backward", data=b"\x28\xb5\x2f\xfdjunk", headers=zstd)
-    assert r.status_code == 400
+    assert r.status_code == 400 and r.json()["field"] == "body"
     r = _post(u, "/create_session", data=b"{" * 100_000, headers=H)
     assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
     r = _post(u, "/create_session", json={"tags": [], "surprise": 1}, headers=H)
@@ -60,3 +59,85 @@ def test_session_fields_not_kept_are_named(tinker_refusing: TinkerServer) -> Non
     r = _post(u, "/create_session", json={**base, "tags": ["a"], "display_name": "d"}, headers=H)
     warning = r.json()["warning_message"]
     assert "tags" in warning and "display_name" in warning and "project_id" not in warning
+
+
+def _zstd_bomb(decoded_bytes: int) -> bytes:
+    """A small zstd frame that decodes to `decoded_bytes` zeros (made without holding them)."""
+    import zstandard
+
+    c = zstandard.ZstdCompressor(level=3).compressobj()
+    zeros = bytes(1 << 20)
+    out = [c.compress(zeros) for _ in range(decoded_bytes >> 20)]
+    return b"".join(out) + c.flush()
+
+
+def test_zstd_bodies_are_bounded_after_decoding(tinker_fake: TinkerServer) -> None:
+    """PROTOCOL.md §13's body limit applies to the decoded size: a zstd bomb (1 GiB of zeros in
+    ~32 KiB) answers 413 body_too_large with the Tinker error body, never a 500; a truncated or
+    garbage frame answers 400."""
+    import zstandard
+
+    u = tinker_fake.url
+    zstd = {**H, "Content-Encoding": "zstd", "Content-Type": "application/x-protobuf"}
+    bomb = _zstd_bomb(1 << 30)
+    assert len(bomb) < 1 << 20
+    r = _post(u, "/forward_backward", data=bomb, headers=zstd)
+    assert r.status_code == 413, r.text
+    body = r.json()
+    assert body["code"] == "body_too_large" and body["limit_bytes"] == 60 << 20, body
+    # the same limit on the JSON routes (their own is 16 MiB)
+    r = _post(u, "/create_session", data=_zstd_bomb(64 << 20), headers={**zstd, **H})
+    assert r.status_code == 413 and r.json()["code"] == "body_too_large"
+    good = zstandard.ZstdCompressor().compress(
+        b'{"tags": [], "user_metadata": {}, "sdk_version": "x"}'
+    )
+    # a truncated frame: aiohttp hands on what decoded, which is no complete body
+    r = _post(u, "/create_session", data=good[:-6], headers=zstd)
+    assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
+    r = _post(u, "/forward_backward", data=b"\x28\xb5\x2f\xfd" + bytes(range(256)), headers=zstd)
+    assert r.status_code == 400 and r.json()["field"] == "body", r.text
+    r = _post(u, "/create_session", data=good, headers=zstd)  # and the server still serves
+    assert r.status_code == 200 and r.json()["session_id"].startswith("sess-")
+
+
+def test_another_tokens_ids_are_not_found(tinker_fake: TinkerServer) -> None:
+    """Ids of another token's session / model / future answer 404 exactly as ids that never
+    existed (nothing about them is revealed)."""
+    from .conftest import OTHER_TOKEN
+
+    u = tinker_fake.url
+    other = {"X-API-Key": "tml-" + OTHER_TOKEN}
+    base = {"tags": [], "user_metadata": {}, "sdk_version": "x"}
+    sid = _post(u, "/create_session", json=base, headers=H).json()["session_id"]
+    body = {"session_id": sid, "model_seq_id": 0, "base_model": "fake-tiny"}
+    fut = _post(u, "/create_model", json=body, headers=H).json()["request_id"]
+    r = _post(u, "/retrieve_future", json={"request_id": fut}, headers=H)
+    model_id = r.json()["model_id"]
+    for path, payload, field in [
+        ("/session_heartbeat", {"session_id": sid}, "session_id"),
+        ("/get_info", {"model_id": model_id}, "model_id"),
+        ("/retrieve_future", {"request_id": fut}, "request_id"),
+        ("/create_model", {**body, "model_seq_id": 1}, "session_id"),
+    ]:
+        r = _post(u, path, json=payload, headers=other)
+        assert r.status_code == 404 and r.json()["field"] == field, (path, r.text)
+        assert "does not exist" in r.json()["detail"]
+    r = requests.get(u + f"/api/v1/training_runs/{model_id}", headers=other, timeout=30)
+    assert r.status_code == 404
+
+
+def test_ids_of_an_earlier_server_run(tinker_fake: TinkerServer) -> None:
+    """An id made by an earlier run (another run tag; a real restart is in test_gateway.py)
+    answers 404 saying the server restarted and what to do; a heartbeat answers 410 (the SDK
+    stops its heartbeat loop on 410)."""
+    u = tinker_fake.url
+    old = "sess-0badc0de-0123456789ab"
+    r = _post(u, "/get_info", json={"model_id": f"{old}:train:0"}, headers=H)
+    assert r.status_code == 404 and r.json()["reason"] == "server_restarted"
+    assert "restarted" in r.json()["detail"] and "ServiceClient" in r.json()["detail"]
+    r = _post(u, "/retrieve_future", json={"request_id": "fut-0badc0de-ab"}, headers=H)
+    assert r.status_code == 404 and r.json()["reason"] == "server_restarted"
+    r = _post(u, "/session_heartbeat", json={"session_id": old}, headers=H)
+    assert r.status_code == 410 and r.json()["reason"] == "server_restarted"
+    r = _post(u, "/session_heartbeat", json={"session_id": "sess-nope"}, headers=H)
+    assert r.status_code == 404 and "reason" not in r.json()

@@ -143,3 +143,13 @@ def test_cookbook_supervised(onprem_url: str, tmp_path: Path) -> None:
 def test_cookbook_rl(onprem_url: str, tmp_path: Path) -> None:
     metrics = _recipe("rl", onprem_url, tmp_path / "rl")
     assert len(metrics) >= 2  # one row per RL batch (2 batches x 2 groups x 4 samples)
+
+
+def test_load_state_with_optimizer(onprem_url: str) -> None:
+    """On DeepSpeed: the loss after load_state_with_optimizer / create-from-state equals the
+    loss at save time, and the next step equals the step right after the save (Adam resumed)."""
+    out = run_scenario("load_state_and_weights_info", onprem_url, model=MODEL, eps=EPS, timeout=600)
+    print("load_state on DeepSpeed:", out)  # at_save, loaded, after_one, resumed
+    assert out["resumed"] == out["after_one"] or math.isclose(
+        out["resumed"], out["after_one"], rel_tol=1e-5
+    )

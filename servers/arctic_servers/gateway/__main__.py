@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..protocol.config import ProtocolLimits
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
+from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
 MiB = 1024 * 1024
 
@@ -76,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
         "--no-engine-check", action="store_true", help="--engine onprem: skip the engine check"
     )
     add_limit_arguments(ap)
+    add_tinker_arguments(ap)
     ap.add_argument("command", nargs="*", help="hash-token TOKEN")
     return ap
 
@@ -119,6 +121,7 @@ async def _serve(args: argparse.Namespace) -> int:
         limits=limits,
         answer_mode=args.answer_mode,
         admin=args.admin,
+        tinker=tinker_settings_from_args(args),
     )
     info = {
         "base_url": gw.base_url,

@@ -155,8 +155,10 @@ async def start_gateway(
     answer_mode: str = "async",
     inline_wait_seconds: float = 2.0,
     admin: bool = False,
+    tinker: Any = None,
 ) -> RunningGateway:
-    """Serve the gateway on HTTP (and gRPC unless `grpc_port` is None); 0 = a free port."""
+    """Serve the gateway on HTTP (and gRPC unless `grpc_port` is None); 0 = a free port.
+    `tinker`: the Tinker surface's `TinkerSettings` (default ones when None)."""
     settings.root.mkdir(parents=True, exist_ok=True)
     settings.db.parent.mkdir(parents=True, exist_ok=True)
     stores = (
@@ -194,7 +196,7 @@ async def start_gateway(
         gserver, grpc_port = await start_grpc_server(core, host=host, port=grpc_port)
     app = make_app(core)
     install_openai(app, servicer, token_sha256)  # /v1/models, /v1/chat/completions, ...
-    mount_tinker(app, token_sha256=token_sha256)  # Tinker's /api/v1/...
+    mount_tinker(app, tinker, token_sha256=token_sha256)  # Tinker's /api/v1/...
     if admin:
         _admin_routes(servicer, core)(app)
     # after the drain (hand_off) nothing is left to finish: open handlers get 2 s, so SIGTERM

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
+from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
 
 def parser() -> argparse.ArgumentParser:
@@ -86,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
         help="start without checking the engines' Python first",
     )
     add_limit_arguments(p)
+    add_tinker_arguments(p)
     c = sub.add_parser("check", help="check that the engines' Python can run the engines")
     c.add_argument(
         "--worker-python", default=sys.executable, help="interpreter of the engine workers"
@@ -132,6 +134,7 @@ async def _serve(args: argparse.Namespace) -> int:
         admin=args.admin,
         create_jobs=create,
         limits=limits_from_args(args),
+        tinker=tinker_settings_from_args(args),
     )
     info = {
         "base_url": srv.base_url,

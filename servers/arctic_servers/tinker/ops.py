@@ -9,6 +9,7 @@ save_weights -> save (resumable); load_weights -> load; save_weights_for_sampler
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
@@ -22,7 +23,7 @@ from ..protocol.lora_config import ATTENTION_MODULES, MLP_MODULES
 from . import losses, wire
 from .backend import Backend
 from .errors import TinkerError
-from .state import Model, SamplerRef, State
+from .state import Model, SamplerRef, Session, State
 
 __all__ = ["ADAM_DEFAULTS", "Ops", "TinkerSettings"]
 
@@ -51,6 +52,7 @@ class TinkerSettings:
     adam: Mapping[str, float] | None = None  # the jobs' Adam parameters (default Tinker's)
     training_config: Mapping[str, Any] | None = None  # extra training_config keys
     max_context_length: int = 2048
+    session_timeout_s: float = 180.0  # a session without a heartbeat this long expires
 
 
 def lora_of(lora: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,6 +140,13 @@ class Ops:
             "experiment_name": "tinker",
         }
 
+    def end_session(self, s: Session) -> None:
+        """An expired session's jobs are cancelled (in the background: nothing awaits them)."""
+        for m in self.state.models.values():
+            if m.session_id == s.session_id:
+                task = asyncio.ensure_future(self.backend.cancel(m.token, m.job_id))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
     def adam(self) -> dict[str, float]:
         return {**ADAM_DEFAULTS, **(self.settings.adam or {})}
 
@@ -220,15 +229,6 @@ class Ops:
             raise TinkerError(
                 404, f"path {path!r} is not a saved training checkpoint", "not_found", field="path"
             )
-        if not optimizer:
-            raise TinkerError(
-                400,
-                "optimizer=false: our checkpoints restore weights and optimizer state "
-                "together (use load_state_with_optimizer / "
-                "create_training_client_from_state_with_optimizer)",
-                "unsupported_option",
-                field="optimizer",
-            )
         await self.backend.load(m.token, m.job_id, info["checkpoint_id"], info["job_id"])
         return {"path": path, "model_id": m.model_id, "type": "load_weights"}
 
@@ -260,7 +260,7 @@ class Ops:
     def sampler_for_path(self, path: str, token: str | None) -> SamplerRef:
         rest = path.removeprefix("tinker://")
         model_id = rest.split("/", 1)[0]
-        m = self.state.model(model_id, token)
+        m = self.state.model(model_id, token, live=False)
         info = self.live(m).get(path)
         if info is None or info["type"] != "sampler":
             raise TinkerError(

@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..protocol.config import ProtocolLimits
 from .backend import Backend
 from .ops import TinkerSettings
 from .routes import TinkerRoutes, add_tinker_routes
@@ -52,7 +53,8 @@ async def start_tinker_server(
     port: int = 0,
 ) -> tuple[web.AppRunner, str, TinkerRoutes]:
     """A standalone Tinker service in front of a protocol server at `protocol_url` (tests)."""
-    app = web.Application(client_max_size=256 << 20)
+    # the protocol's body limit (PROTOCOL.md §13), after decoding, as on our servers
+    app = web.Application(client_max_size=ProtocolLimits().max_body_bytes + 1)
     routes = add_tinker_routes(app, Backend(lambda: protocol_url), settings, tokens)
     runner = web.AppRunner(app)
     await runner.setup()

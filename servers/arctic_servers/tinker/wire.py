@@ -1,7 +1,8 @@
 """Tinker's protobuf bodies, decoded and encoded with the `tinker` package's own generated
 module (`tinker.proto.tinker_public_pb2`, the schema the SDK itself uses; nothing re-typed).
 
-`forward_backward` arrives as a `ForwardBackwardRequest` (optionally zstd-compressed); the
+`forward_backward` arrives as a `ForwardBackwardRequest` (zstd-compressed when the server's
+`/client/config` asks for it; aiohttp decodes it); the
 results of `forward_backward`/`forward` and `asample` must be protobuf (`ForwardBackwardOutput`,
 `SampleResponse`): the 0.38 SDK refuses JSON for them.
 """
@@ -20,8 +21,6 @@ from .errors import TinkerError
 
 __all__ = ["Datum", "FwdBwd", "decode_forward_backward", "encode_output", "encode_sample"]
 
-MAX_BODY_BYTES = 256 << 20  # a decompressed forward_backward body; larger is refused
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
 
@@ -111,21 +110,11 @@ def _check_spans(d: Any, i: int, n: int) -> None:
                 )
 
 
-def decode_forward_backward(body: bytes, encoding: str = "") -> FwdBwd:
-    # aiohttp may have decoded the body already (with backports.zstd installed); a zstd frame
-    # starts with its magic number, which no ForwardBackwardRequest does (0x28 = field 5 as a
-    # varint, and field 5 is a map).
-    if encoding.strip().lower() == "zstd" and body[:4] == ZSTD_MAGIC:
-        import zstandard
-
-        try:
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_BODY_BYTES)
-        except zstandard.ZstdError as exc:
-            raise TinkerError(
-                400, f"the zstd body does not decompress: {exc}", "bad_body"
-            ) from None
-    elif encoding.strip().lower() not in ("", "identity", "zstd"):
-        raise TinkerError(415, f"Content-Encoding {encoding!r}; expected zstd", "bad_body")
+def decode_forward_backward(body: bytes) -> FwdBwd:
+    """`body` as read by `RouteBase.body`: already decoded from its Content-Encoding (zstd when
+    `/client/config` turned `proto_compress_fwdbwd` on) and bounded."""
+    if not body:
+        raise TinkerError(400, "the ForwardBackwardRequest body is empty", "bad_body", field="body")
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)

@@ -1,0 +1,110 @@
+"""The unmodified `tinker` 0.38 client against the Cortex gateway (`python -m
+arctic_servers.gateway --engine fake`, a subprocess): the SFT loop, save for sampler + sample,
+an RL step and load_state, with the `--tinker-lora full_finetune` operator setting; the default
+settings (LoRA jobs) as a strict xfail until the gateway trains LoRA (issue 19); a `--tinker-*`
+flag taking effect; and a real restart of the gateway process under a live client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..gateway.harness import Gateway
+from .conftest import ROOT, scenario_env
+
+MODEL = "fake-model"
+KEY = "tml-pat-1"  # the harness's token, with the SDK's required prefix
+FULL = ("--tinker-lora", "full_finetune", "--tinker-models", MODEL)
+
+
+def _gateway(tmp: Path, *args: str) -> Iterator[Gateway]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    g = Gateway(tmp, args=("--gpus", "8", *args))
+    g.start()
+    try:
+        yield g
+    finally:
+        g.cleanup()
+
+
+@pytest.fixture(scope="module")
+def gw_full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    yield from _gateway(tmp_path_factory.mktemp("tinker-gw"), *FULL)
+
+
+def _run(name: str, g: Gateway, timeout: float = 300) -> dict:
+    from .conftest import run_scenario
+
+    return run_scenario(name, g.base_url, model=MODEL, key=KEY, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sft_loop_sample_and_listing",
+        "rl_step_importance_sampling",
+        "load_state_and_weights_info",
+        "zstd_bodies",
+    ],
+)
+def test_scenario_on_gateway(gw_full: Gateway, name: str) -> None:
+    _run(name, gw_full)
+
+
+@pytest.mark.xfail(strict=True, reason="gateway LoRA: issue-19 branch")
+def test_lora_client_on_gateway_default_settings(tmp_path: Path) -> None:
+    """The default settings: a LoRA client's job is a LoRA job, which the gateway refuses
+    until issue 19 lands its LoRA data plane."""
+    for g in _gateway(tmp_path, "--tinker-models", MODEL):
+        _run("lora_adapter_trains", g)
+
+
+def test_lora_flag_refuse_takes_effect(tmp_path: Path) -> None:
+    """`--tinker-lora refuse`: a LoRA client is refused, naming lora_config.rank."""
+    for g in _gateway(tmp_path, "--tinker-lora", "refuse", "--tinker-models", MODEL):
+        _run("lora_rank_is_refused_by_default", g)
+
+
+def test_tinker_flags_in_help() -> None:
+    for mod in (["arctic_servers.gateway"], ["arctic_servers.onprem", "serve"]):
+        out = subprocess.run(
+            [sys.executable, "-m", *mod, "--help"], capture_output=True, text=True, timeout=120
+        ).stdout
+        for flag in ("--tinker-lora", "--tinker-models", "--tinker-adam", "--tinker-session"):
+            assert flag in out, (mod, flag)
+
+
+def test_restart_answers_in_the_sdks_shapes(tmp_path: Path) -> None:
+    """A real restart (kill -9, start on the same state file and port) under a live client."""
+    sig = tmp_path / "signals"
+    sig.mkdir()
+    for g in _gateway(tmp_path / "gw", *FULL):
+        env = {**scenario_env(MODEL, key=KEY), "TINKER_TEST_SIGNALS": str(sig)}
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.tinker.scenarios", "restart", g.base_url],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while not (sig / "ready").exists():
+                assert child.poll() is None, child.stdout.read() if child.stdout else ""
+                assert time.monotonic() < deadline, "the client did not get ready"
+                time.sleep(0.2)
+            g.kill9()
+            g.start()
+            (sig / "restarted").write_text("")
+            out, _ = child.communicate(timeout=180)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        assert child.returncode == 0, out[-6000:]
+        assert "RESULT " in out
