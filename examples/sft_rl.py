@@ -1,7 +1,7 @@
 """The README's main job: SFT, then RL, on integer addition, measured on held-out problems.
 
     python examples/sft_rl.py [--model tiny-4l | --model HF_DIR] [--url http://HOST:PORT]
-                              [--seed 0] [--out out] [--smoke]
+                              [--seed 0] [--out out] [--smoke] [--set KNOB=VALUE ...]
 
 Without `--url` it starts the on-prem server (DeepSpeed trainer, vLLM sampler) and drives one job
 through `arctic_sdk.AsyncClient`:
@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -81,6 +82,19 @@ class Recipe:
         no group has an advantage and no GRPO step is taken.
         """
         return Recipe(sft_target=0.1, rl_steps=4, rl_prompts=16, rl_eval_every=2)
+
+    def override(self, settings: Sequence[str]) -> None:
+        """Apply `KNOB=VALUE` settings (`--set`), typed as the knob's default; unknown refused."""
+        for item in settings:
+            key, sep, value = item.partition("=")
+            if not sep or key in ("model", "seed") or not hasattr(self, key):
+                knobs = ", ".join(k for k in asdict(self) if k not in ("model", "seed"))
+                raise SystemExit(f"--set {item!r}: expected KNOB=VALUE with KNOB one of {knobs}")
+            kind = type(getattr(self, key))
+            try:
+                setattr(self, key, kind(value))
+            except ValueError:
+                raise SystemExit(f"--set {item!r}: {value!r} is not a {kind.__name__}") from None
 
 
 @dataclass
@@ -311,15 +325,21 @@ async def amain(args: argparse.Namespace) -> int:
     r.seed = args.seed
     if args.model:
         r.model = args.model
+    r.override(args.set)
     t0 = time.perf_counter()
     async with contextlib.AsyncExitStack() as stack:
         url = args.url or await stack.enter_async_context(local_server())
         curves = await run(url, r, Path(args.out))
+    # the server (started here) and its workers have exited: their CPU time is in the children's
+    cpu = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = sum(u.ru_utime + u.ru_stime for u in cpu)
+    whose = "this process" if args.url else "this process and the server's"
     c = curves
     print(
         f"SFT {c['sft'].steps[-1]} steps ({c['sft'].seconds:.0f} s), RL {r.rl_steps} steps "
         f"({c['rl'].seconds:.0f} s), control ({c['control'].seconds:.0f} s); total "
-        f"{time.perf_counter() - t0:.0f} s; curves: {args.out}/main_job.png",
+        f"{time.perf_counter() - t0:.0f} s (CPU {cpu_s:.0f} s: {whose}); "
+        f"curves: {args.out}/main_job.png",
         flush=True,
     )
     print("\n".join(summary(curves)), flush=True)
@@ -334,6 +354,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out")
     ap.add_argument("--smoke", action="store_true", help="reduced sizes (CI)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="change one Recipe knob (repeatable), e.g. --set rl_lr=2e-3",
+    )
     ap.add_argument(
         "--url",
         default=os.environ.get("ARCTIC_ONPREM_URL", ""),
