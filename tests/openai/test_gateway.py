@@ -21,7 +21,7 @@ import requests
 
 from arctic_sdk._generated import methods as M
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
-from conformance.fake import tokenizer
+from arctic_servers.engines.fake import tokenizer
 
 from ..gateway.harness import SAMPLE, Client, Gateway
 from .disconnect import leave_stream_and_wait_abort

@@ -33,7 +33,7 @@ GATEWAY_REFUSED = "checkpoint_path"
 
 
 class FakeProfile:
-    """Fake workers (`fake_engine.py`): NUMERICS.md, any model name, no torch anywhere."""
+    """Fake workers (`engines/fake/engine.py`): NUMERICS.md, any model name, no torch anywhere."""
 
     name = "fake"
 
@@ -41,7 +41,7 @@ class FakeProfile:
         self.settings = settings
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
-        from conformance.fake.control import sub_jobs_of
+        from ..engines.fake.config import sub_jobs_of
 
         out = []
         configs = body.get("sub_job_configs") or []
@@ -68,8 +68,7 @@ class FakeProfile:
         }
 
     def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
-        from conformance.fake import sampling, training
-
+        from ..engines.fake import sampling, training
         from ..onprem import checks
 
         vocab = sub.vocab_size or 151_936
@@ -92,7 +91,7 @@ class FakeProfile:
         }
 
     async def export(self, ckpt_dir: Path, meta: Mapping[str, Any], out: Path) -> None:
-        from .fake_engine import export_checkpoint
+        from ..engines.fake.engine import export_checkpoint
 
         await asyncio.to_thread(export_checkpoint, ckpt_dir, "ds", out)
 

@@ -102,7 +102,7 @@ def build_engine(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The sub-job's engine, and what to add to its info."""
     kind = spec.get("engine", "fake")
     if kind == "fake":
-        from .fake_engine import FakeEngine
+        from ..engines.fake.engine import FakeEngine
 
         return FakeEngine(spec), {}
     if kind == "onprem":

@@ -1,4 +1,4 @@
-"""Checkpoints of the fake gateway: save, load, list, export as real files, download, delete.
+"""Checkpoints of the fake engine: save, load, list, export as real files, download, delete.
 
 A checkpoint is a snapshot of the job's fake training state (NUMERICS.md §6). Export produces
 three small real files: `model.safetensors` (one F32 tensor computed from the snapshot),
@@ -12,22 +12,27 @@ import json
 import struct
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from arctic_servers.protocol import checkpoint_ids
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.jobs import rfc3339
-from arctic_servers.protocol.lora_config import export_format, job_lora
-
+from ...protocol import checkpoint_ids
+from ...protocol.errors import ProtocolError
+from ...protocol.jobs import rfc3339
+from ...protocol.lora_config import export_format, job_lora
 from . import tokenizer
-from .jobs import Checkpoint, Job, JobManager, SubJob
 from .numerics import token_logprob
+from .state import Checkpoint, Job, SubJob
 
 TYPES = ("resumable", "weights-only")
 FILES = ("model.safetensors", "config.json", "tokenizer_config.json")
 EXPORT_TTL_S = 3600
+
+
+class Jobs(Protocol):
+    """What `load` needs of its server's jobs: another job, as the caller's token may see it."""
+
+    def visible(self, job_id: str, owner: str | None) -> Job: ...
 
 
 def not_found(job_id: str, checkpoint_id: str) -> ProtocolError:
@@ -93,7 +98,7 @@ def save(job: Job, train: SubJob, body: Mapping[str, Any]) -> dict[str, Any]:
     return {"checkpoint": to_json(ckpt)}
 
 
-def load(jobs: JobManager, job: Job, token: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
+def load(jobs: Jobs, job: Job, token: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
     """Restore a snapshot into the target sub-job (NUMERICS.md §6)."""
     cid = str(body.get("checkpoint_id") or "")
     if not cid:

@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_servers.onprem import checks, loss_config
-
+from ...onprem import checks, loss_config
 from . import numerics as nx
 
 

@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from arctic_servers.onprem import checks
-from arctic_servers.protocol import fields
-from arctic_servers.protocol.errors import ProtocolError
-
+from ...onprem import checks
+from ...protocol import fields
+from ...protocol.errors import ProtocolError
 from . import tokenizer
 from .numerics import (
     PRINTABLE_IDS,

@@ -1,7 +1,7 @@
 """The fake engine: the on-prem engines' command set over the fake gateway's numerics.
 
 A gateway worker runs it in place of DeepSpeed / vLLM for tests, the kill matrix, the load test
-and the Ray test: pure, fast and deterministic (`conformance/fake/NUMERICS.md`). One engine is one
+and the Ray test: pure, fast and deterministic (`engines/fake/NUMERICS.md`). One engine is one
 sub-job: the trainer keeps the model step, the gradients and the optimizer counters; a sampler
 keeps the model step and weight version it was last synced to. `stats()` exposes the counters a
 crash test checks: optimizer steps applied and how often each request id and idempotency key ran.
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from arctic_sdk._generated import methods as M
-from conformance.fake import checkpoints as fake_ckpt
-from conformance.fake import numerics as nx
-from conformance.fake import sampling, training
-from conformance.fake.jobs import Checkpoint
 
-from ..protocol.errors import ProtocolError
+from ...protocol.errors import ProtocolError
+from . import checkpoints as fake_ckpt
+from . import numerics as nx
+from . import sampling, training
+from .state import Checkpoint
 
 DEFAULT_VOCAB = 151_936
 NOTHING = {"applied": False, "reason": "fake engine: nothing to offload"}
