@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk._generated import methods as M
+from arctic_servers.engines import checks
 from arctic_servers.engines.fake import checkpoints as ck
 from arctic_servers.engines.fake import numerics as nx
 from arctic_servers.engines.fake import operations, sampling, training
 from arctic_servers.engines.fake.config import FAKE_TRAINING_KEYS
 from arctic_servers.engines.fake.state import Job, SubJob
-from arctic_servers.onprem import checks
 from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError

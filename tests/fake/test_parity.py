@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from arctic_servers.engines import checks
+from arctic_servers.engines.config import sub_job_specs
 from arctic_servers.engines.fake import config, sampling, training
-from arctic_servers.onprem import checks
-from arctic_servers.onprem.settings import sub_job_specs
 from arctic_servers.protocol.errors import ProtocolError
 
 VOCAB = 512

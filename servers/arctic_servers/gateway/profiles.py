@@ -68,8 +68,8 @@ class FakeProfile:
         }
 
     def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
+        from ..engines import checks
         from ..engines.fake import sampling, training
-        from ..onprem import checks
 
         vocab = sub.vocab_size or 151_936
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
@@ -97,7 +97,7 @@ class FakeProfile:
 
 
 class OnpremProfile:
-    """The on-prem engines (`arctic_servers.onprem`): DeepSpeed trainers, vLLM samplers."""
+    """The on-prem engines (`arctic_servers.engines`): DeepSpeed trainers, vLLM samplers."""
 
     name = "onprem"
 
@@ -109,7 +109,7 @@ class OnpremProfile:
     def config_keys(self) -> dict[str, list[str]]:
         """The on-prem engines' keys, but `checkpoint_path`: checkpoints live in the gateway's
         store, not at a path of some host."""
-        from ..onprem.settings import config_keys
+        from ..engines.config import config_keys
         from ..protocol.jobs import config_keys_json
 
         refused = {GATEWAY_REFUSED, "lora"}  # lora: GatewayServicer.create_job refuses it
@@ -117,7 +117,7 @@ class OnpremProfile:
         return config_keys_json(keys)
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
-        from ..onprem.settings import sub_job_specs
+        from ..engines.config import sub_job_specs
 
         for i, cfg in enumerate(body.get("sub_job_configs") or []):
             if GATEWAY_REFUSED in (cfg.get("training_config") or {}):
@@ -156,7 +156,7 @@ class OnpremProfile:
         }
 
     def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
-        from ..onprem import checks
+        from ..engines import checks
 
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
             checks.train_body(body, sub.vocab_size)
@@ -169,7 +169,7 @@ class OnpremProfile:
             checks.prompts(body, sub.vocab_size)
 
     def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
-        from ..onprem import checks
+        from ..engines import checks
 
         return {
             "prompts": checks.prompts(body, 0),
@@ -185,9 +185,9 @@ class OnpremProfile:
 
 
 def engine_kind(role: str, config: Mapping[str, Any]) -> str:
-    """The on-prem engine of a sub-job (`arctic_servers.onprem.jobs.engine_kind`)."""
+    """The on-prem engine of a sub-job (`arctic_servers.engines.config.engine_kind`)."""
     try:
-        from ..onprem.jobs import engine_kind as onprem_kind
+        from ..engines.config import engine_kind as onprem_kind
     except ImportError:  # an on-prem package without it: its documented defaults
         defaults = {"training": "deepspeed", "sampling": "vllm"}
         return defaults.get(role) or str(config.get("engine") or "hf")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from ..onprem.worker import merge_stream, unbatch
+from ..engines.worker.worker import merge_stream, unbatch
 from ..protocol import faultpoints
 from ..protocol.errors import ProtocolError
 

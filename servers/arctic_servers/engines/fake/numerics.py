@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 # training.proto's LossConfig (names, defaults) as the on-prem trainer reads it; torch-free
-from ...onprem.loss_config import (
+from ..losses.table import (
     ADVANTAGE_LOSSES,
     AGG_MODES,
     IGNORE_INDEX,

@@ -1,6 +1,6 @@
 """The fake sampler: `generate` bodies checked and answered with NUMERICS.md §5 samples.
 
-The sampling parameters get the servers' shared checks (`arctic_servers.onprem.checks`) first,
+The sampling parameters get the servers' shared checks (`arctic_servers.engines.checks`) first,
 so the fake refuses what the on-prem server refuses; the fake adds its own resource limits.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ...onprem import checks
 from ...protocol import fields
 from ...protocol.errors import ProtocolError
+from .. import checks
 from . import tokenizer
 from .numerics import (
     PRINTABLE_IDS,

@@ -3,7 +3,7 @@
 The protocol layer has already checked field names, types, dtypes, the B/S shape agreement and
 the per-loss field table; the semantic checks (token ids in the vocabulary, 0/1 masks, finite
 tensors, the loss's options and the context tensors it needs) are the on-prem server's own
-(`arctic_servers.onprem.checks`, torch-free), so the fake refuses exactly what it refuses. This
+(`arctic_servers.engines.checks`, torch-free), so the fake refuses exactly what it refuses. This
 module turns a checked body into `numerics` inputs and a result dict.
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ...onprem import checks, loss_config
+from .. import checks
+from ..losses import table as loss_config
 from . import numerics as nx
 
 

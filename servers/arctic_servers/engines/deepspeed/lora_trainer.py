@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..protocol.lora_config import EMBEDDING_MODULE, LM_HEAD_MODULE
+from ...protocol.lora_config import EMBEDDING_MODULE, LM_HEAD_MODULE
 
 ADAPTER = "default"  # PEFT's adapter name
 PEFT_PREFIX = "base_model.model."

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from . import losses
+from ..losses import torch_losses as losses
+from ..worker.worker import WorkerError
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets
 from .ds_setup import device
 from .hf_model import _read_vocab, enable_determinism, load_hf_model, load_state_file
-from .worker import WorkerError
 
 
 class _Forward:

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ..worker.worker import WorkerError
 from .engine_batch import Finish
-from .worker import WorkerError
 
 
 def _mask_of(kw: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -64,8 +64,8 @@ class VllmScoring:
         """Forward on a vLLM sub-job: its prompt log-probs, and the loss of `processing` (default
         cross_entropy) computed from them by the trainer's loss code. What vLLM's scoring
         cannot honour (entropy, a temperature, labels or position ids) is refused."""
-        from ..protocol.errors import ProtocolError
-        from .checks import vllm_forward
+        from ...protocol.errors import ProtocolError
+        from ..checks import vllm_forward
 
         try:
             vllm_forward(body)  # the server refused these before sending; a direct caller too
@@ -79,7 +79,7 @@ class VllmScoring:
         def finish(outs: list[Any]) -> dict[str, Any]:
             import torch
 
-            from . import losses
+            from ..losses import torch_losses as losses
 
             lp = fill(outs)
             ctx = {k: torch.as_tensor(np.asarray(v)) for k, v in context.items() if v is not None}

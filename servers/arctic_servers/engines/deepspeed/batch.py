@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .worker import WorkerError
+from ..worker.worker import WorkerError
 
 
 class Batch:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .worker import WorkerError, error_body
+from ..worker.worker import WorkerError, error_body
 
 Send = Callable[[dict[str, Any]], None]
 Finish = Callable[[list[Any]], dict[str, Any]]

@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import losses, row_balance
+from ..losses import torch_losses as losses
+from ..worker.worker import WorkerError
+from . import row_balance
 from .batch import Batch
 from .call_loss import _loss_processing, fb_targets, loss_and_gradients
 from .ranks import RankGroup, RankLost, world_size
 from .training import TrainingEngine
-from .worker import WorkerError
 
 ENGINE_START_TIMEOUT_S = 600.0
 DRAIN_TIMEOUT_S = 120.0  # followers finishing a command rank 0 failed

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from . import losses
+from ..losses import torch_losses as losses
 from .batch import Batch
 
 

@@ -3,10 +3,10 @@
 A training sub-job with `n_gpus` = W > 1 runs W processes under torch.distributed (gloo on CPU,
 NCCL on GPU). Rank 0 is the sub-job's worker (the on-prem `worker.py` or the gateway's
 `worker_host.py`): it alone talks to the server. Ranks 1..W-1 are followers
-(`python -m arctic_servers.onprem.ranks`, their spec in `ARCTIC_RANK_SPEC`), started either by
-rank 0 itself (`launch: "local"`, the default: children in its process group, so stopping the
-worker stops them) or by someone else (`launch: "external"`: the gateway's Ray backend, one actor
-per rank).
+(`python -m arctic_servers.engines.deepspeed.ranks`, their spec in `ARCTIC_RANK_SPEC`), started
+either by rank 0 itself (`launch: "local"`, the default: children in its process group, so
+stopping the worker stops them) or by someone else (`launch: "external"`: the gateway's Ray
+backend, one actor per rank).
 
 Besides torch.distributed (which DeepSpeed uses for the gradient all-reduce), every follower holds
 one control connection to rank 0 (`multiprocessing.connection`, authkey): rank 0 sends each rank
@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from .worker import WorkerError, error_body
+from ..worker.worker import WorkerError, error_body
 
 SPEC_ENV = "ARCTIC_RANK_SPEC"
 CONNECT_TIMEOUT_S = 600.0  # followers wait this long for rank 0's control port
@@ -206,7 +206,7 @@ class RankGroup:
                 dict(self.follower_spec(engine_spec, r), parent_pid=os.getpid())
             )
             f.proc = subprocess.Popen(
-                [sys.executable, "-m", "arctic_servers.onprem.ranks"],
+                [sys.executable, "-m", "arctic_servers.engines.deepspeed.ranks"],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -408,15 +408,15 @@ def follower_main() -> int:
             time.sleep(0.1)
     conn.send({"rank": rank, "pid": os.getpid(), "host": socket.gethostname()})
     atexit.register(remove_shm_buffers, str(spec["master_addr"]), int(spec["master_port"]))
-    from .worker import set_threads
+    from ..worker.worker import set_threads
 
     es = dict(spec["engine_spec"])
     try:
         set_threads(int(es.get("num_threads") or os.environ.get("ARCTIC_NUM_THREADS") or 1))
         if not es.get("model_dir"):
-            from .settings import ServerSettings, resolve_model
+            from ..config import ModelChoice, resolve_model
 
-            settings = ServerSettings(model=str(es.get("model") or ""))
+            settings = ModelChoice(model=str(es.get("model") or ""))
             es["model_dir"] = str(resolve_model(str(es.get("model_name") or ""), settings))
         from .dp_training import RankTrainer
 
@@ -449,7 +449,9 @@ def follower_main() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m arctic_servers.onprem.ranks").parse_args(argv)
+    argparse.ArgumentParser(prog="python -m arctic_servers.engines.deepspeed.ranks").parse_args(
+        argv
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return follower_main()
 

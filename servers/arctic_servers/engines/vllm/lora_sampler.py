@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..protocol.lora_config import BASE_ADAPTER, vllm_max_rank
-from .worker import WorkerError
+from ...protocol.lora_config import BASE_ADAPTER, vllm_max_rank
+from ..worker.worker import WorkerError
 
 
 def engine_args(spec: Mapping[str, Any]) -> dict[str, Any]:

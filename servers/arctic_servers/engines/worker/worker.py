@@ -1,4 +1,4 @@
-"""A sub-job's engine process: `python -m arctic_servers.onprem.worker --role R --engine E --fd N`.
+"""A sub-job's engine process: `python -m arctic_servers.engines.worker.worker --role R ...`.
 
 The server starts one worker per sub-job and talks to it over an inherited socket (a
 `multiprocessing.connection.Connection` on fd N: pickled dicts, NumPy arrays inside; nothing
@@ -69,8 +69,8 @@ class WorkerError(Exception):
 
 def error_body(exc: BaseException, what: str) -> dict[str, Any]:
     """The error body of an engine's exception. Matched by shape, not class: the worker runs as
-    `__main__`, so the engines' `WorkerError` (imported as `arctic_servers.onprem.worker`) is not
-    this module's class; `LossConfigError` carries a spec code the same way."""
+    `__main__`, so the engines' `WorkerError` (imported as `arctic_servers.engines.worker.worker`)
+    is not this module's class; `LossConfigError` carries a spec code the same way."""
     from arctic_sdk._generated.error_codes import ERRORS
 
     code, message = getattr(exc, "code", None), getattr(exc, "message", None)
@@ -97,25 +97,25 @@ def set_threads(n: int) -> None:
 def build_engine(role: str, spec: dict[str, Any]) -> Any:
     engine = spec.get("engine") or {"training": "deepspeed", "sampling": "vllm"}.get(role, "hf")
     if engine == "deepspeed" and role == "log_prob":  # a forward-only reference model
-        from .ds_scoring import DeepSpeedScoringEngine
+        from ..deepspeed.ds_scoring import DeepSpeedScoringEngine
 
         return DeepSpeedScoringEngine(spec)
     if engine == "deepspeed":
-        from .ranks import world_size
+        from ..deepspeed.ranks import world_size
 
         if world_size(spec) > 1:  # n_gpus ranks under torch.distributed (dp_training.py)
-            from .dp_training import DataParallelTrainer
+            from ..deepspeed.dp_training import DataParallelTrainer
 
             return DataParallelTrainer(spec)
-        from .training import TrainingEngine
+        from ..deepspeed.training import TrainingEngine
 
         return TrainingEngine(spec)
     if engine == "vllm":
-        from .sampling import SamplingEngine
+        from ..vllm.sampling import SamplingEngine
 
         return SamplingEngine(spec)
     if engine == "hf":
-        from .scoring import ScoringEngine
+        from ..deepspeed.scoring import ScoringEngine
 
         return ScoringEngine(spec)
     raise WorkerError("invalid_argument", f"unknown engine {engine!r}")
@@ -273,7 +273,7 @@ def preload(engine: str) -> None:
         import deepspeed  # noqa: F401
         from transformers import AutoModelForCausalLM
     elif engine == "vllm":
-        from .sampling import set_vllm_env
+        from ..vllm.sampling import set_vllm_env
 
         set_vllm_env(cuda)
         from vllm import LLM, SamplingParams  # noqa: F401
@@ -283,7 +283,7 @@ def preload(engine: str) -> None:
 
 def report_failure(conn: Connection, reason: str) -> None:
     """A rank of this multi-rank sub-job was lost (ranks.py): tell the server, then end."""
-    from .ranks import RANK_GROUP_FAILED
+    from ..deepspeed.ranks import RANK_GROUP_FAILED
 
     print(f"{RANK_GROUP_FAILED}{reason}", flush=True)
     with contextlib.suppress(Exception):
@@ -292,7 +292,7 @@ def report_failure(conn: Connection, reason: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m arctic_servers.onprem.worker")
+    ap = argparse.ArgumentParser(prog="python -m arctic_servers.engines.worker.worker")
     ap.add_argument("--role", required=True, choices=("training", "sampling", "log_prob"))
     ap.add_argument("--engine", required=True, choices=("deepspeed", "vllm", "hf"))
     ap.add_argument("--fd", type=int, required=True, help="inherited socket to the server")
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = dict(msg["args"]["spec"])
     t1 = time.perf_counter()
     if args.engine == "deepspeed":
-        from .ranks import set_failure_handler
+        from ..deepspeed.ranks import set_failure_handler
 
         set_failure_handler(lambda reason: report_failure(conn, reason))
     try:

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..worker.worker import WorkerError
 from . import lora_sampler
 from .engine_batch import EngineBatch, Finish
 from .vllm_scoring import VllmScoring
-from .worker import WorkerError
 
-EXT_CLS = "arctic_servers.onprem.vllm_ext.OnpremWorkerExtension"
+EXT_CLS = "arctic_servers.engines.vllm.vllm_ext.OnpremWorkerExtension"
 MAX_LOGPROBS = 20
 BATCHED = "_batch_"  # `_batch_<cmd>`: a command that runs in the engine's continuous batch
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from ..worker.worker import WorkerError
 from .hf_model import write_hf_dir
-from .worker import WorkerError
 
 
 class TrainerWeights:
@@ -46,7 +46,7 @@ class TrainerWeights:
 
         t = time.perf_counter()
         if method in ("cuda_ipc", "nccl"):
-            from .weight_sync import trainer_export_gpu
+            from ..vllm.weight_sync import trainer_export_gpu
 
             return trainer_export_gpu(self, method)
         out: dict[str, Any] = {}
@@ -70,7 +70,7 @@ class TrainerWeights:
         return out
 
     def op_nccl_broadcast(self, host: str, port: int) -> dict[str, Any]:  # pragma: no cover - GPU
-        from .weight_sync import trainer_nccl_broadcast
+        from ..vllm.weight_sync import trainer_nccl_broadcast
 
         return trainer_nccl_broadcast(self, host, port)
 

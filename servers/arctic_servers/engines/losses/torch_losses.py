@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .loss_config import (
+from .table import (
     AGG_MODES,
     CONFIG_KEYS,
     CONTEXT_KEYS,

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from ..worker.worker import WorkerError
 from .ds_setup import _merge, _unlink_allreduce_buffers, set_ds_env
 from .scoring import ScoringEngine
-from .worker import WorkerError
 
 
 def inference_config(conf: Mapping[str, Any], dtype: str) -> dict[str, Any]:

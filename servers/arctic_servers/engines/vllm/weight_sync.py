@@ -19,8 +19,8 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..deepspeed.training import TrainingEngine
     from .sampling import SamplingEngine
-    from .training import TrainingEngine
 
 CPU_METHODS = ("shm", "safetensors")
 GPU_METHODS = ("cuda_ipc", "nccl")

@@ -19,7 +19,7 @@ from arctic_sdk._generated import methods as M
 from ..protocol import checkpoint_ids, fields
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
-from . import loss_config
+from .losses import table as loss_config
 
 POST = ("compute_logprobs", "compute_entropy")
 CHECKPOINT_TYPES = ("resumable", "weights-only")

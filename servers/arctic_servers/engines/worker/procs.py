@@ -1,9 +1,9 @@
 """Worker processes as the server sees them: spawn, call, watch, stop.
 
-Each sub-job is one `python -m arctic_servers.onprem.worker` process with its own environment
-(thread counts, PYTHONPATH) and an inherited socket (`socket.socketpair`, so nothing else can
-connect to it) wrapped in a `multiprocessing.connection.Connection`. A reader thread turns the
-worker's replies into asyncio results; a watcher thread waits on the process. When the process
+Each sub-job is one `python -m arctic_servers.engines.worker.worker` process with its own
+environment (thread counts, PYTHONPATH) and an inherited socket (`socket.socketpair`, so nothing
+else can connect to it) wrapped in a `multiprocessing.connection.Connection`. A reader thread turns
+the worker's replies into asyncio results; a watcher thread waits on the process. When the process
 ends — killed, crashed, or out of memory — every call in flight and every later call fails at once
 with `sub_job_failed` (details: `sub_job_id`, `reason` with the exit status and the last lines the
 worker printed), and `on_exit` tells the job manager. A multi-rank trainer's worker (rank 0) that
@@ -35,9 +35,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..protocol.errors import ProtocolError
-from .ranks import describe_exit
-from .settings import servers_dir, thread_env
+from ...protocol.errors import ProtocolError
+from ..config import servers_dir, thread_env
+from ..deepspeed.ranks import describe_exit
 from .worker import ABORT_CMD, merge_stream, unbatch
 
 log = logging.getLogger("arctic_servers.onprem")
@@ -116,7 +116,7 @@ class WorkerHandle:
         argv = [
             self.python,
             "-m",
-            "arctic_servers.onprem.worker",
+            "arctic_servers.engines.worker.worker",
             "--role",
             self.role,
             "--engine",

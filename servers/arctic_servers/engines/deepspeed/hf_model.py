@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .worker import WorkerError
+from ..worker.worker import WorkerError
 
 MODEL_FILES = (
     "config.json",

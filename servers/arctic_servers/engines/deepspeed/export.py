@@ -1,6 +1,6 @@
 """Export a checkpoint as a Hugging Face directory (runs as its own process).
 
-    python -m arctic_servers.onprem.export --checkpoint CKPT/ds --type resumable \
+    python -m arctic_servers.engines.deepspeed.export --checkpoint CKPT/ds --type resumable \
         --model-dir MODEL --dtype float32 --out OUT
 
 A resumable checkpoint is consolidated from DeepSpeed's files with `zero_to_fp32` (ZeRO 1-3; the
@@ -53,7 +53,7 @@ def merge_adapter(model_dir: Path, adapter: Path) -> dict[str, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m arctic_servers.onprem.export")
+    ap = argparse.ArgumentParser(prog="python -m arctic_servers.engines.deepspeed.export")
     ap.add_argument(
         "--checkpoint", type=Path, required=True, help="the checkpoint's DeepSpeed tag dir"
     )

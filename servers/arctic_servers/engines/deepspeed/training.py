@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import losses
+from ..losses import torch_losses as losses
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets, loss_and_gradients
 
@@ -354,7 +354,7 @@ class TrainingEngine(TrainerWeights, _Forward):
                 "applied": False,
                 "reason": CPU_TRAINER_REASON,
             }
-        from .weight_sync import offload_trainer
+        from ..vllm.weight_sync import offload_trainer
 
         return offload_trainer(self, mode)
 
@@ -364,7 +364,7 @@ class TrainingEngine(TrainerWeights, _Forward):
                 "applied": False,
                 "reason": CPU_TRAINER_REASON,
             }
-        from .weight_sync import reload_trainer
+        from ..vllm.weight_sync import reload_trainer
 
         return reload_trainer(self)
 
