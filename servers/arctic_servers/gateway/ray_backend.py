@@ -13,7 +13,7 @@ trainer (a training sub-job with `n_gpus` = W > 1, `engines/deepspeed/dp_trainin
 W actors, one per rank, each with one GPU (one CPU on a cluster without GPUs): the sub-job's actor
 is rank 0 and runs the worker host; it picks torch.distributed's `MASTER_ADDR`/`MASTER_PORT` and
 rank 0's control port on its node, and the rank actors (`arctic-worker:{sub_job}:rank{r}`) start
-the followers (`python -m arctic_servers.engines.deepspeed.ranks`) against them. A rank that dies
+the followers (`python -m arctic_servers.engines.deepspeed.follower`) against them. A rank that dies
 ends rank 0 (its worker host exits with the reason in its log), so the sub-job fails.
 """
 
@@ -81,7 +81,7 @@ class _Process:
 
 @ray.remote(max_restarts=0)
 class RankActor(_Process):
-    """Rank r > 0 of a multi-rank trainer: a follower (`arctic_servers.engines.deepspeed.ranks`)."""
+    """Rank r > 0 of a multi-rank trainer (`arctic_servers.engines.deepspeed.follower`)."""
 
     def start(self, fspec: dict[str, Any], env: dict[str, str], log: str) -> dict[str, Any]:
         from ..engines.deepspeed.ranks import SPEC_ENV, dist_env
@@ -101,7 +101,7 @@ class RankActor(_Process):
                 [
                     fspec.get("python") or sys.executable,
                     "-m",
-                    "arctic_servers.engines.deepspeed.ranks",
+                    "arctic_servers.engines.deepspeed.follower",
                 ],
                 env=env,
                 stdin=subprocess.DEVNULL,

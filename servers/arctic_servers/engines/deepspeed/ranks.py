@@ -3,8 +3,8 @@
 A training sub-job with `n_gpus` = W > 1 runs W processes under torch.distributed (gloo on CPU,
 NCCL on GPU). Rank 0 is the sub-job's worker (the on-prem `worker.py` or the gateway's
 `worker_host.py`): it alone talks to the server. Ranks 1..W-1 are followers
-(`python -m arctic_servers.engines.deepspeed.ranks`, their spec in `ARCTIC_RANK_SPEC`), started
-either by rank 0 itself (`launch: "local"`, the default: children in its process group, so
+(`python -m arctic_servers.engines.deepspeed.follower`, their spec in `ARCTIC_RANK_SPEC`),
+started either by rank 0 itself (`launch: "local"`, the default: children in its process group, so
 stopping the worker stops them) or by someone else (`launch: "external"`: the gateway's Ray
 backend, one actor per rank).
 
@@ -19,8 +19,6 @@ moments instead of hanging in a collective. A follower exits when its connection
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import contextlib
 import json
 import os
@@ -32,17 +30,17 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Mapping
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from typing import Any
 
-from ..worker.worker import WorkerError, error_body
+from ..worker.worker import WorkerError
 
 SPEC_ENV = "ARCTIC_RANK_SPEC"
 CONNECT_TIMEOUT_S = 600.0  # followers wait this long for rank 0's control port
 FOLLOWER_LOST = "closed its connection to rank 0 (it died, or its host is unreachable)"
+FOLLOWER_MODULE = "arctic_servers.engines.deepspeed.follower"  # `python -m` of ranks 1..W-1
 
 
 def world_size(spec: Mapping[str, Any]) -> int:
@@ -206,7 +204,7 @@ class RankGroup:
                 dict(self.follower_spec(engine_spec, r), parent_pid=os.getpid())
             )
             f.proc = subprocess.Popen(
-                [sys.executable, "-m", "arctic_servers.engines.deepspeed.ranks"],
+                [sys.executable, "-m", FOLLOWER_MODULE],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -376,85 +374,3 @@ class RankGroup:
 
 
 # ---------------------------------------------------------------------------- followers
-
-
-def _watch_parent(pid: int) -> None:
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != pid:
-            os._exit(0)  # rank 0 is gone
-
-
-def follower_main() -> int:
-    spec = json.loads(os.environ.pop(SPEC_ENV))
-    rank, world = int(spec["rank"]), int(spec["world_size"])
-    os.environ.update(
-        {k: v for k, v in dist_env(rank, world, rank, "", 0).items() if k not in os.environ}
-    )
-    os.environ["MASTER_ADDR"] = str(spec["master_addr"])
-    os.environ["MASTER_PORT"] = str(spec["master_port"])
-    if spec.get("parent_pid"):
-        threading.Thread(target=_watch_parent, args=(int(spec["parent_pid"]),), daemon=True).start()
-    address = (str(spec["control"][0]), int(spec["control"][1]))
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S
-    while True:
-        try:
-            conn = Client(address, authkey=bytes.fromhex(spec["authkey"]))
-            break
-        except (OSError, EOFError):
-            if time.monotonic() > deadline:
-                print(f"rank {rank}: rank 0's control port {address} never answered", flush=True)
-                return 1
-            time.sleep(0.1)
-    conn.send({"rank": rank, "pid": os.getpid(), "host": socket.gethostname()})
-    atexit.register(remove_shm_buffers, str(spec["master_addr"]), int(spec["master_port"]))
-    from ..worker.worker import set_threads
-
-    es = dict(spec["engine_spec"])
-    try:
-        set_threads(int(es.get("num_threads") or os.environ.get("ARCTIC_NUM_THREADS") or 1))
-        if not es.get("model_dir"):
-            from ..config import ModelChoice, resolve_model
-
-            settings = ModelChoice(model=str(es.get("model") or ""))
-            es["model_dir"] = str(resolve_model(str(es.get("model_name") or ""), settings))
-        from .dp_training import RankTrainer
-
-        engine = RankTrainer(es)
-    except BaseException as exc:
-        traceback.print_exc()
-        conn.send({"ok": False, "error": error_body(exc, f"rank {rank} engine start")})
-        return 1
-    conn.send({"ok": True, "result": engine.info()})
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return 0
-        cmd = str(msg.get("cmd"))
-        if cmd == "shutdown":
-            engine.close()
-            return 0
-        try:
-            reply = {"ok": True, "result": getattr(engine, f"rank_{cmd}")(**msg["args"])}
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            traceback.print_exc()
-            reply = {"ok": False, "error": error_body(exc, f"rank {rank}: {cmd}")}
-        try:
-            conn.send(reply)
-        except (OSError, ValueError):
-            return 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m arctic_servers.engines.deepspeed.ranks").parse_args(
-        argv
-    )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return follower_main()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import logging
 import os
 import queue
@@ -38,13 +37,14 @@ from typing import Any
 from ...protocol.errors import ProtocolError
 from ..config import servers_dir, thread_env
 from ..deepspeed.ranks import describe_exit
-from .worker import ABORT_CMD, merge_stream, unbatch
+from .replies import Replies
+from .worker import ABORT_CMD, unbatch
 
 log = logging.getLogger("arctic_servers.onprem")
 LOG_LINES = 2000
 
 
-class WorkerHandle:
+class WorkerHandle(Replies):
     def __init__(
         self,
         role: str,
@@ -55,6 +55,7 @@ class WorkerHandle:
         cpus: list[int] | None = None,
         echo: bool = False,
     ) -> None:
+        super().__init__()
         self.sub_job_id = f"(pooled {engine} worker)"
         self.role = role
         self.engine = engine
@@ -71,12 +72,7 @@ class WorkerHandle:
         self.log_count = 0  # lines ever printed (cursor base for tail-logs)
         self.idle: asyncio.Future[dict[str, Any]] | None = None  # set once the imports are done
         self._conn: Connection | None = None
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._streams: dict[int, asyncio.Queue[dict[str, Any] | None]] = {}
-        self._send_lock = threading.Lock()
         self._outbox: queue.SimpleQueue[tuple[Any, asyncio.Future[None] | None]] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_reported = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -208,16 +204,6 @@ class WorkerHandle:
         time.sleep(0.05)  # let the reader drain a final reply first
         self._post(self._process_exited)
 
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # loop closing
-                loop.call_soon_threadsafe(fn, *args)
-
-    def _deliver_all(self, msgs: list[dict[str, Any]]) -> None:
-        for msg in msgs:
-            self._deliver(msg)
-
     def _deliver(self, msg: Mapping[str, Any]) -> None:
         kind = msg.get("kind")
         if kind == "idle":
@@ -231,25 +217,7 @@ class WorkerHandle:
             err = msg.get("error") or {}
             self._fail_all(f"engine start failed: {err.get('message', err)}", init_error=err)
             return
-        if "partial" in msg:
-            q = self._streams.get(int(msg.get("id") or 0))
-            if q is not None:
-                q.put_nowait(dict(msg["partial"]))
-            return
-        fut = self._pending.pop(int(msg.get("id") or 0), None)
-        if fut is None or fut.done():
-            return
-        if msg.get("ok"):
-            fut.set_result(msg.get("result"))
-        else:
-            err = dict(msg.get("error") or {})
-            code = str(err.get("code") or "internal")
-            details = dict(err.get("details") or {})
-            try:
-                exc = ProtocolError(code, str(err.get("message") or code), **details)
-            except ValueError:  # a code outside errors.proto
-                exc = ProtocolError("internal", f"{code}: {err.get('message')}", **details)
-            fut.set_exception(exc)
+        super()._deliver(msg)  # a reply, or a stream's partial message
 
     def _connection_lost(self) -> None:
         if self.proc is not None and self.proc.poll() is None and not self.stopping:
@@ -383,13 +351,7 @@ class WorkerHandle:
     async def stream(self, cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
         """Run the streaming command `cmd`: each message the worker sends for it, the final
         result last. Leaving early sends the worker's abort command (`{"stream": id}`)."""
-        loop = self._started_loop()
-        rid = next(self._ids)
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        fut: asyncio.Future[Any] = loop.create_future()
-        fut.add_done_callback(lambda _: queue.put_nowait(None))
-        self._pending[rid] = fut
-        self._streams[rid] = queue
+        rid, fut, queue = self._open_stream(self._started_loop())
         ended = False
         try:
             try:
@@ -397,19 +359,10 @@ class WorkerHandle:
             except ProtocolError:
                 ended = True
                 raise
-            while True:
-                items = [await queue.get()]
-                while items[-1] is not None and not queue.empty():
-                    items.append(queue.get_nowait())  # what piled up: one item (merge_stream)
-                if items[-1] is None:  # the final reply (or the worker's failure)
-                    ended = True
-                    final = dict(fut.result())
-                    yield merge_stream([*(i for i in items if i is not None), final])
-                    return
-                yield merge_stream([i for i in items if i is not None])
+            async for item in self._stream_items(rid, fut, queue):
+                yield item
         finally:
-            self._streams.pop(rid, None)
-            self._pending.pop(rid, None)
+            ended = self._close_stream(rid) or ended
             if not ended:
                 self._abort(rid)  # the consumer left: stop the engine's work on it
 
