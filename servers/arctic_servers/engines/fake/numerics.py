@@ -17,14 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 # training.proto's LossConfig (names, defaults) as the on-prem trainer reads it; torch-free
-from ..losses.table import (
-    ADVANTAGE_LOSSES,
-    AGG_MODES,
-    IGNORE_INDEX,
-    KL_TYPES,
-    LOSS_FNS,
-    LossSettings,
-)
+from ..losses import reference
+from ..losses.table import AGG_MODES, IGNORE_INDEX, KL_TYPES, LOSS_FNS, LossSettings
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -156,44 +150,22 @@ def loss_mask(b: Batch, spec: LossSpec, x: LossInputs) -> F64:
 
 
 def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResult:
-    """Loss, metrics and gradient contributions of one call (NUMERICS.md §3-§4)."""
+    """Loss, metrics and gradient contributions of one call (NUMERICS.md §3-§4): the fake
+    model's log-probs through the loss table's NumPy reference (`losses/reference.py`)."""
     targets = None
     if spec.loss_fn == "cross_entropy" and x.labels is not None:
         targets = np.where(x.labels == IGNORE_INDEX, b.ids, x.labels).astype(np.int64)
     lp = token_aligned(shifted_logprobs(b, step, targets)) / spec.temperature
     m = loss_mask(b, spec, x)
     on = m != 0
-    old = lp if x.old_shifted is None else token_aligned(x.old_shifted)
-    adv = np.zeros_like(lp) if x.advantages is None else x.advantages
-    metrics: dict[str, Any] = {}
-    ratio = np.exp(lp - old)
-    if spec.loss_fn == "cross_entropy":  # per-token weights, absent = 1
-        per = -lp if x.weights is None else -x.weights * lp
-    elif spec.loss_fn == "weighted_logprob":
-        assert x.weights is not None
-        per = -x.weights * lp
-    elif spec.loss_fn == "importance_sampling":
-        per = -ratio * adv
-    elif spec.loss_fn in ("ppo", "grpo"):
-        clipped = np.clip(ratio, 1.0 - spec.eps_clip, 1.0 + spec.eps_clip_high)
-        per = np.maximum(-ratio * adv, -clipped * adv)
-        metrics["clip_fraction"] = _mean(((-clipped * adv) > (-ratio * adv)), on)
-    else:  # cispo: -stopgrad(clip(r, 1 - eps_clip, 1 + eps_clip_high)) * A * logp
-        lo, hi = 1.0 - spec.eps_clip, 1.0 + spec.eps_clip_high
-        per = -np.clip(ratio, lo, hi) * adv * lp
-        metrics["clip_fraction"] = _mean((ratio < lo) | (ratio > hi), on)
-    if spec.loss_fn in ADVANTAGE_LOSSES:
-        metrics["approx_kl"] = _mean(old - lp, on)
-    if x.ref_shifted is not None:  # reported whenever given; a penalty when kl_coeff > 0
-        kl = kl_term(lp, token_aligned(x.ref_shifted), spec.kl_type)
-        if spec.kl_coeff > 0:
-            per = per + spec.kl_coeff * kl
-        metrics["kl"] = _mean(kl, on)
-    if spec.needs_entropy:
-        ent = token_aligned(shifted_entropy(b, step))
-        per = per - spec.entropy_coeff * ent
-    weight = agg_weights(m, spec)
-    contrib = weight * per
+    terms = reference.LossTerms(
+        old=None if x.old_shifted is None else token_aligned(x.old_shifted),
+        advantages=x.advantages,
+        weights=x.weights,
+        ref=None if x.ref_shifted is None else token_aligned(x.ref_shifted),
+        entropy=token_aligned(shifted_entropy(b, step)) if spec.needs_entropy else None,
+    )
+    contrib, metrics = reference.token_losses(lp, m, spec, terms)
     loss = float(contrib.sum())
     metrics.update(loss=loss, num_tokens=int(on.sum()), num_sequences=int(b.ids.shape[0]))
     tgt = b.ids if targets is None else targets
@@ -201,39 +173,6 @@ def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResu
     for t, c in zip(tgt[on].tolist(), contrib[on].tolist(), strict=True):
         grad[t] = grad.get(t, 0.0) + c
     return LossResult(loss, metrics, grad)
-
-
-def kl_term(lp: F64, ref: F64, kl_type: str) -> F64:
-    """k1 ("kl") = lp - ref; k2 ("mse") = (lp - ref)^2 / 2; k3 ("low_var_kl") = e^d - d - 1.
-
-    Here d = ref - lp.
-    """
-    if kl_type == "kl":
-        return lp - ref
-    if kl_type == "mse":
-        return 0.5 * (lp - ref) ** 2
-    d = np.clip(ref - lp, -20.0, 20.0)
-    return np.asarray(np.clip(np.exp(d) - d - 1.0, -10.0, 10.0), np.float64)
-
-
-def agg_weights(m: F64, spec: LossSpec) -> F64:
-    """Per-token weight w so that loss = sum(w * per_token_loss) (NUMERICS.md §3.3)."""
-    if spec.loss_agg_mode == "sum":
-        return m
-    if spec.loss_agg_mode == "seq-mean":
-        row = m.sum(axis=1, keepdims=True)
-        rows = int((row[:, 0] > 0).sum())
-        if rows == 0:
-            return np.zeros_like(m)
-        out: F64 = np.divide(m, row * rows, out=np.zeros_like(m), where=row > 0)
-        return out
-    denom = float(spec.global_num_tokens) if spec.global_num_tokens > 0 else float(m.sum())
-    return m / denom if denom > 0 else np.zeros_like(m)
-
-
-def _mean(values: Any, on: npt.NDArray[np.bool_]) -> float:
-    n = int(on.sum())
-    return float(np.asarray(values, np.float64)[on].sum() / n) if n else 0.0
 
 
 def grad_norm(grad: Mapping[int, float]) -> float:
@@ -293,7 +232,6 @@ def min_p_candidates(prev: int, position: int, step: int, min_p: float) -> tuple
 
 
 __all__ = [
-    "ADVANTAGE_LOSSES",
     "AGG_MODES",
     "IGNORE_INDEX",
     "KL_TYPES",
