@@ -19,7 +19,7 @@ ONPREM = config_keys()
 @pytest.fixture(autouse=True)
 def _lora_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's rules as with peft installed (this module needs no engine)."""
-    from arctic_servers.onprem import settings
+    from arctic_servers.engines import config as settings
     from arctic_servers.protocol.lora_config import LoraSupport
 
     monkeypatch.setattr(settings, "LORA", LoraSupport())

@@ -177,7 +177,7 @@ def test_request_checks_do_not_import_torch() -> None:
 
     code = (
         "import sys, numpy as np\n"
-        "from arctic_servers.onprem import checks\n"
+        "from arctic_servers.engines import checks\n"
         "body = {'input_ids': np.ones((1, 4), np.int64)}\n"
         "checks.train_body({'kwargs': body, 'processing': {'loss_fn': 'grpo'},\n"
         "                   'context': {'loss_mask': np.ones((1, 4), np.float32),\n"
@@ -217,7 +217,7 @@ def test_engine_errors_keep_their_code_across_the_worker_boundary() -> None:
 def test_lora_without_peft_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without peft in the environment the capabilities say `lora.training: false` and CreateJob
     refuses `lora` with the reason, instead of a job that fails at start."""
-    from arctic_servers.onprem import settings
+    from arctic_servers.engines import config as settings
     from arctic_servers.protocol.lora_config import LoraSupport
 
     off = LoraSupport(training=False, sampling=False, why="peft is not installed")
