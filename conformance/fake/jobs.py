@@ -1,4 +1,4 @@
-"""Jobs of the fake gateway: states, sub-jobs, capacity, leases, and per-job training state.
+"""Jobs of the fake gateway: states, capacity and leases (the per-job state: `engines/fake/state`).
 
 States advance `pending → placing → initializing → running` on asyncio timers (`JobDelays`); a
 zero delay moves on at once, inside the same call, but every state is still entered and recorded
@@ -9,12 +9,11 @@ that does not fit waits in `pending` (FIFO) until another job ends.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from arctic_servers.engines.fake.state import Job, SubJob
 from arctic_servers.protocol import jobs as pj
 from arctic_servers.protocol.job_queue import JobQueue
-from arctic_servers.protocol.jobs import JobRecord
 
 
 @dataclass(frozen=True)
@@ -24,54 +23,6 @@ class JobDelays:
     placing: float = 0.0  # pending (with capacity) -> placing
     initializing: float = 0.0  # placing -> initializing
     running: float = 0.0  # initializing -> running
-
-
-@dataclass
-class SubJob:
-    sub_job_id: str
-    role: str
-    index: int
-    model_name: str
-    n_gpus: int
-    config: dict[str, Any]
-    # NUMERICS.md §2: the step whose weights this sub-job serves (training: its own steps).
-    model_step: int = 0
-
-    @property
-    def max_seq_len(self) -> int:
-        return int(self.config.get("max_seq_len") or 0)
-
-
-@dataclass
-class Checkpoint:
-    checkpoint_id: str
-    checkpoint_type: str
-    global_step: int
-    model_step: int
-    lr: float
-    avg_loss: float
-    created_at: float
-    model_name: str
-
-
-@dataclass
-class Job(JobRecord[SubJob]):
-    # Training state (NUMERICS.md §4).
-    applied_steps: int = 0
-    lr: float = 1e-5
-    grad: dict[int, float] = field(default_factory=dict)
-    accum_loss: float = 0.0
-    accum_tokens: int = 0
-    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
-    execution_log: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def n_gpus(self) -> int:
-        return sum(s.n_gpus for s in self.sub_jobs)
-
-    def sub_job_json(self, sub: SubJob) -> dict[str, Any]:
-        # the fake's sub-jobs are always in their job's state
-        return pj.sub_job_json(sub.sub_job_id, sub.role, self.state, self.reason, sub.model_name)
 
 
 class JobManager(JobQueue[Job]):

@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk._generated import methods as M
-from arctic_servers.onprem import checks
+from arctic_servers.engines import checks
+from arctic_servers.engines.fake import checkpoints as ck
+from arctic_servers.engines.fake import numerics as nx
+from arctic_servers.engines.fake import operations, sampling, training
+from arctic_servers.engines.fake.config import FAKE_TRAINING_KEYS
+from arctic_servers.engines.fake.state import Job, SubJob
 from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
@@ -25,10 +30,9 @@ from arctic_servers.protocol.lora_config import SUPPORT as LORA_SUPPORT
 from arctic_servers.protocol.lora_config import adapter_sync, check_adapter, job_lora
 from arctic_servers.protocol.operation_types import OPERATION_TYPES
 
-from . import checkpoints as ck
-from . import control, operations, sampling, training
-from . import numerics as nx
-from .jobs import Job, JobManager, SubJob
+from . import control
+from . import operations as run_operation
+from .jobs import JobManager
 
 if TYPE_CHECKING:
     from arctic_servers.protocol.core import ProtocolCore
@@ -46,7 +50,7 @@ class FakeServicer(JobControl[Job]):
 
     operation_types = OPERATION_TYPES
     lora_support = LORA_SUPPORT.json()  # the capabilities' `lora` (the on-prem server's)
-    config_keys = config_keys_json({**STANDARD_CONFIG_KEYS, "training": control.FAKE_TRAINING_KEYS})
+    config_keys = config_keys_json({**STANDARD_CONFIG_KEYS, "training": FAKE_TRAINING_KEYS})
 
     def __init__(
         self,
@@ -205,7 +209,7 @@ class FakeServicer(JobControl[Job]):
             await asyncio.sleep(float(delay))
         job = self._job(ctx)
         self._require_running(job, ctx.method)
-        return await operations.run(self, job, ctx, body)
+        return await run_operation.run(self, job, ctx, body)
 
     # ------------------------------------------------------------------ checkpoints
 

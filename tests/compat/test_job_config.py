@@ -19,7 +19,7 @@ from arctic_sdk.compat.unified import (
     TrainingConfig,
     UnifiedClientConfig,
 )
-from arctic_servers.onprem.settings import config_keys
+from arctic_servers.engines.config import config_keys
 
 ONPREM = config_keys()
 STD = STANDARD_CONFIG_KEYS

@@ -11,7 +11,7 @@ import pytest
 from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk.compat import ArcticRLClientConfig
 from arctic_sdk.compat.job_config import JobPlan, UnsupportedConfigError, plan_job
-from arctic_servers.onprem.settings import config_keys, sub_job_specs
+from arctic_servers.engines.config import config_keys, sub_job_specs
 
 ONPREM = config_keys()
 
@@ -19,7 +19,7 @@ ONPREM = config_keys()
 @pytest.fixture(autouse=True)
 def _lora_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's rules as with peft installed (this module needs no engine)."""
-    from arctic_servers.onprem import settings
+    from arctic_servers.engines import config as settings
     from arctic_servers.protocol.lora_config import LoraSupport
 
     monkeypatch.setattr(settings, "LORA", LoraSupport())

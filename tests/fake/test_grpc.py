@@ -12,7 +12,7 @@ from google.protobuf import struct_pb2
 
 from arctic_sdk._generated import methods as M
 from arctic_sdk._generated.arctic.v1 import jobs_pb2 as J
-from conformance.fake import numerics as nx
+from arctic_servers.engines.fake import numerics as nx
 
 from .raw import Grpc, GrpcError, Http, chunks_of
 from .test_numerics import lp_ref

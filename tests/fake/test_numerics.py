@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from conformance.fake import numerics as nx
-from conformance.fake import tokenizer
+from arctic_servers.engines.fake import numerics as nx
+from arctic_servers.engines.fake import tokenizer
 
 
 def lp_ref(t: int, p: int, q: int, s: int) -> float:

@@ -13,8 +13,8 @@ from safetensors.numpy import load as st_load
 
 import dssst1
 from arctic_sdk._generated import methods as M
-from conformance.fake import numerics as nx
-from conformance.fake import tokenizer
+from arctic_servers.engines.fake import numerics as nx
+from arctic_servers.engines.fake import tokenizer
 
 from .raw import Http, batch
 from .test_numerics import lp_ref

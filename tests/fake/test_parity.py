@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_servers.onprem import checks
-from arctic_servers.onprem.settings import sub_job_specs
+from arctic_servers.engines import checks
+from arctic_servers.engines.config import sub_job_specs
+from arctic_servers.engines.fake import config, sampling, training
 from arctic_servers.protocol.errors import ProtocolError
-from conformance.fake import control, sampling, training
 
 VOCAB = 512
 IDS = np.array([[5, 6, 7, 8]], np.int64)
@@ -67,7 +67,7 @@ CONFIGS = [
 
 @pytest.mark.parametrize("body", CONFIGS, ids=[str(i) for i in range(len(CONFIGS))])
 def test_sub_job_configs(body: dict[str, Any]) -> None:
-    fake = outcome(lambda: control.sub_jobs_of(body, max_total_gpus=64))
+    fake = outcome(lambda: config.sub_jobs_of(body, max_total_gpus=64))
     onprem = outcome(lambda: sub_job_specs(body, cuda=False))
     assert fake == onprem, body
 

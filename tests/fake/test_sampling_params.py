@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from arctic_sdk._generated import methods as M
-from conformance.fake import numerics as nx
-from conformance.fake import tokenizer
+from arctic_servers.engines.fake import numerics as nx
+from arctic_servers.engines.fake import tokenizer
 
 from .raw import Http
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from arctic_sdk._generated import methods as M
-from conformance.fake import numerics as nx
+from arctic_servers.engines.fake import numerics as nx
 
 from .raw import OCTET, Http, batch
 from .test_numerics import ent_ref, lp_ref

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_servers.onprem.engine_batch import IDLE_MARK
+from arctic_servers.engines.vllm.engine_batch import IDLE_MARK
 
 from .conftest import ServerInfo
 from .helpers import sft_body

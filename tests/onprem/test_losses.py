@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from arctic_servers.onprem import losses as L  # noqa: E402
-from arctic_servers.onprem.losses import LossConfigError, compute_loss  # noqa: E402
+from arctic_servers.engines.losses import torch_losses as L  # noqa: E402
+from arctic_servers.engines.losses.torch_losses import LossConfigError, compute_loss  # noqa: E402
 
 Tensor = Any  # torch.Tensor; torch is imported lazily so the suite runs without it
 F64 = torch.float64

@@ -2,7 +2,7 @@
 
 A training sub-job with `n_gpus: 2` runs two rank processes under torch.distributed; rank 0 splits
 each forward-backward's rows between them, computes the whole call's loss on the gathered
-log-probs, and DeepSpeed all-reduces the gradients (`onprem/dp_training.py`).
+log-probs, and DeepSpeed all-reduces the gradients (`engines/deepspeed/dp_training.py`).
 
 - W = 2 and W = 1 on the same batches (B = 4, B = 3 with seq-mean, B = 1 < W, left-padded with
   sum; rows in contiguous slices and token-balanced (`balance_rows`, ZoRRO); micro-batched

@@ -1,11 +1,11 @@
-"""The row assignment of the multi-rank trainer (`onprem/row_balance.py`): pure, no engines."""
+"""The multi-rank trainer's row assignment (`engines/deepspeed/row_balance.py`), no engines."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from arctic_servers.onprem import row_balance as rb
+from arctic_servers.engines.deepspeed import row_balance as rb
 
 
 def _mask(lengths: list[int], width: int, left: bool = False) -> np.ndarray:

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from arctic_servers.onprem.ds_scoring import DeepSpeedScoringEngine
-from arctic_servers.onprem.scoring import ScoringEngine
-from arctic_servers.onprem.worker import WorkerError
+from arctic_servers.engines.deepspeed.ds_scoring import DeepSpeedScoringEngine
+from arctic_servers.engines.deepspeed.scoring import ScoringEngine
+from arctic_servers.engines.worker.worker import WorkerError
 
 
 @pytest.mark.parametrize(

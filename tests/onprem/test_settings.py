@@ -7,15 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arctic_servers.onprem import checks
-from arctic_servers.onprem.settings import (
-    ServerSettings,
-    ThreadPlan,
-    resolve_model,
-    sub_job_specs,
-    thread_env,
-)
-from arctic_servers.onprem.weight_sync import pick_method
+from arctic_servers.engines import checks
+from arctic_servers.engines.config import resolve_model, sub_job_specs, thread_env
+from arctic_servers.engines.vllm.weight_sync import pick_method
+from arctic_servers.onprem.settings import ServerSettings, ThreadPlan
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
 
@@ -182,7 +177,7 @@ def test_request_checks_do_not_import_torch() -> None:
 
     code = (
         "import sys, numpy as np\n"
-        "from arctic_servers.onprem import checks\n"
+        "from arctic_servers.engines import checks\n"
         "body = {'input_ids': np.ones((1, 4), np.int64)}\n"
         "checks.train_body({'kwargs': body, 'processing': {'loss_fn': 'grpo'},\n"
         "                   'context': {'loss_mask': np.ones((1, 4), np.float32),\n"
@@ -198,7 +193,7 @@ def test_engine_errors_keep_their_code_across_the_worker_boundary() -> None:
     """The worker runs as `__main__`, so an engine's `WorkerError` (imported under the package
     name) is another class than the one `error_body` sees: it must still answer its code, not
     `internal` (found when a vLLM sub-job's unsupported_option came back as a 500)."""
-    from arctic_servers.onprem import worker
+    from arctic_servers.engines.worker import worker
 
     class WorkerError(Exception):  # what `__main__.WorkerError` is to the engines' instances
         def __init__(self, code: str, message: str, **details: object) -> None:
@@ -222,7 +217,7 @@ def test_engine_errors_keep_their_code_across_the_worker_boundary() -> None:
 def test_lora_without_peft_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without peft in the environment the capabilities say `lora.training: false` and CreateJob
     refuses `lora` with the reason, instead of a job that fails at start."""
-    from arctic_servers.onprem import settings
+    from arctic_servers.engines import config as settings
     from arctic_servers.protocol.lora_config import LoraSupport
 
     off = LoraSupport(training=False, sampling=False, why="peft is not installed")

@@ -10,7 +10,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from arctic_servers.engines import tiny_model as tm
-from arctic_servers.onprem.settings import ServerSettings, embedded_model_names, resolve_model
+from arctic_servers.engines.config import embedded_model_names, resolve_model
+from arctic_servers.onprem.settings import ServerSettings
 from arctic_servers.protocol.errors import ProtocolError
 
 # The default model's content hash before named configs existed: every test and cache built on

@@ -1,4 +1,4 @@
-"""The on-prem training options (`onprem/train_options.py`) at CreateJob: pure, no engines."""
+"""The training options (`engines/deepspeed/train_options.py`) at CreateJob: pure, no engines."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from arctic_servers.onprem.settings import config_keys, sub_job_specs
-from arctic_servers.onprem.train_options import lr_factor
+from arctic_servers.engines.config import config_keys, sub_job_specs
+from arctic_servers.engines.deepspeed.train_options import lr_factor
 from arctic_servers.protocol.errors import ProtocolError
 
 

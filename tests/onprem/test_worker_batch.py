@@ -1,6 +1,7 @@
 """The sampling worker's continuous batch over its pipe, without vLLM: the worker's serve loop
-(`onprem/worker.py`) with a toy engine in the shape of `onprem/sampling.py` (one token per
-request per step), and the server's side (`onprem/procs.py` `WorkerHandle`) reading it.
+(`engines/worker/worker.py`) with a toy engine in the shape of `engines/vllm/sampling.py` (one
+token per request per step), and the server's side (`engines/worker/procs.py` `WorkerHandle`)
+reading it.
 
 What it proves: whole generates and streams are submitted as they arrive and share engine steps;
 any other command (a weight load) waits until the batch is empty and the batched commands sent
@@ -21,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from arctic_servers.onprem.procs import WorkerHandle
-from arctic_servers.onprem.worker import STREAM_CMD, WorkerError, serve
+from arctic_servers.engines.worker.procs import WorkerHandle
+from arctic_servers.engines.worker.worker import STREAM_CMD, WorkerError, serve
 
 STEP_S = 0.002
 
@@ -150,7 +151,7 @@ async def test_stream_yields_as_the_engine_steps(worker: tuple[WorkerHandle, Toy
 
 
 def test_merge_stream_keeps_every_token_and_the_last_fields() -> None:
-    from arctic_servers.onprem.worker import merge_stream
+    from arctic_servers.engines.worker.worker import merge_stream
 
     a = {"token_ids": [1], "text": "a", "logprobs": [-1.0], "at": 1.0, "weight_version": 3}
     b = {"token_ids": [2, 3], "text": "bc", "logprobs": [-2.0, -3.0], "at": 2.0}

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
-from conformance.fake import tokenizer
+from arctic_servers.engines.fake import tokenizer
 
 from .conftest import API_KEY, OpenAIServer
 

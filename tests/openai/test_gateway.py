@@ -21,7 +21,7 @@ import requests
 
 from arctic_sdk._generated import methods as M
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
-from conformance.fake import tokenizer
+from arctic_servers.engines.fake import tokenizer
 
 from ..gateway.harness import SAMPLE, Client, Gateway
 from .disconnect import leave_stream_and_wait_abort
@@ -442,7 +442,7 @@ def test_real_sampler_serves_concurrent_calls_in_one_batch(real_gw: dict[str, An
     import re
 
     from arctic_sdk import AsyncClient
-    from arctic_servers.onprem.engine_batch import IDLE_MARK
+    from arctic_servers.engines.vllm.engine_batch import IDLE_MARK
 
     tokens, job = 96, real_gw["job"]
     busy = re.compile(IDLE_MARK + r" (\d+) calls .* in (\d+) engine steps, .* at most (\d+) ")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from conformance.fake import tokenizer
+from arctic_servers.engines.fake import tokenizer
 
 from .conftest import API_KEY, OpenAIServer
 

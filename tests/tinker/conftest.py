@@ -62,7 +62,11 @@ def tinker_lora() -> Iterator[TinkerServer]:
     yield from _serve(TinkerSettings(models=(BASE_MODEL,), only_listed=True))
 
 
-def scenario_env(model: str = BASE_MODEL, eps: float = 1e-12, key: str = API_KEY) -> dict:
+def scenario_env(
+    model: str = BASE_MODEL, eps: float = 1e-12, key: str = API_KEY, lora: bool = False
+) -> dict:
+    """The child's environment: `lora` says the server trains LoRA adapters for LoRA clients
+    (its default settings), so `get_info` / weights info answer is_lora true."""
     return {
         **os.environ,
         "TINKER_API_KEY": key,
@@ -70,6 +74,7 @@ def scenario_env(model: str = BASE_MODEL, eps: float = 1e-12, key: str = API_KEY
         "TINKER_TEST_MODEL": model,
         "HF_HUB_OFFLINE": "1",
         "TINKER_TEST_EPS": repr(eps),
+        "TINKER_TEST_LORA": "1" if lora else "0",
     }
 
 
@@ -81,16 +86,10 @@ def run_scenario(
     eps: float = 1e-12,
     timeout: float = 300,
     key: str = API_KEY,
+    lora: bool = False,
 ) -> dict:
     """Run `tests/tinker/scenarios.py`'s scenario `name` against `url` in a child process."""
-    env = {
-        **os.environ,
-        "TINKER_API_KEY": key,
-        "TINKER_TELEMETRY": "0",
-        "TINKER_TEST_MODEL": model,
-        "HF_HUB_OFFLINE": "1",
-        "TINKER_TEST_EPS": repr(eps),
-    }
+    env = scenario_env(model, eps, key, lora)
     p = subprocess.run(
         [sys.executable, "-m", "tests.tinker.scenarios", name, url],
         cwd=ROOT,

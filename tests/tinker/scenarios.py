@@ -19,6 +19,7 @@ from tinker import types
 API_KEY = os.environ.get("TINKER_API_KEY", "tml-none")
 BASE_MODEL = os.environ.get("TINKER_TEST_MODEL", "fake-tiny")
 EPS = float(os.environ.get("TINKER_TEST_EPS", "1e-12"))  # the server's Adam eps
+LORA = os.environ.get("TINKER_TEST_LORA") == "1"  # the server trains adapters for LoRA clients
 
 
 @contextlib.contextmanager
@@ -72,7 +73,7 @@ def scenario_sft_loop_sample_and_listing(tinker_fake: str) -> dict:
     with _service(tinker_fake) as svc:
         tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
         info = tc.get_info()
-        assert info.model_data.model_name == BASE_MODEL and info.is_lora is False
+        assert info.model_data.model_name == BASE_MODEL and info.is_lora is LORA
         batch = [_datum([5, 6, 7, 8, 9, 10]), _datum([11, 12, 13], [0.0, 2.0])]
         losses = []
         for _ in range(3):  # pipelined: both futures submitted before either is awaited
@@ -229,7 +230,7 @@ def scenario_load_state_and_weights_info(tinker_fake: str) -> dict:
         assert sc.get_base_model() == BASE_MODEL
     with _rest(tinker_fake) as rc:
         info = rc.get_weights_info_by_tinker_path(saved).result()
-        assert info.base_model == BASE_MODEL and info.is_lora is False
+        assert info.base_model == BASE_MODEL and info.is_lora is LORA
         with pytest.raises(tinker.NotFoundError):
             rc.get_weights_info_by_tinker_path(f"tinker://{model_id}/weights/nope").result()
         got = rc.get_sampler(sc._sampling_session_id).result()  # the id the SDK asked about

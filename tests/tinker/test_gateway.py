@@ -1,8 +1,9 @@
 """The unmodified `tinker` 0.38 client against the Cortex gateway (`python -m
 arctic_servers.gateway --engine fake`, a subprocess): the SFT loop, save for sampler + sample,
-an RL step and load_state, with the `--tinker-lora full_finetune` operator setting; the default
-settings (LoRA jobs) as a strict xfail until the gateway trains LoRA (issue 19); a `--tinker-*`
-flag taking effect; and a real restart of the gateway process under a live client."""
+an RL step, load_state, zstd bodies and a LoRA adapter that trains, all on the default settings
+(a LoRA client's job is a LoRA job on the gateway's data plane; the operator's `full_finetune`
+opt-in is proven on the fake and on-prem, tests/tinker/conftest.py); a `--tinker-*` flag taking
+effect; and a real restart of the gateway process under a live client."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from .conftest import ROOT, scenario_env
 
 MODEL = "fake-model"
 KEY = "tml-pat-1"  # the harness's token, with the SDK's required prefix
-FULL = ("--tinker-lora", "full_finetune", "--tinker-models", MODEL)
 
 
 def _gateway(tmp: Path, *args: str) -> Iterator[Gateway]:
@@ -33,14 +33,15 @@ def _gateway(tmp: Path, *args: str) -> Iterator[Gateway]:
 
 
 @pytest.fixture(scope="module")
-def gw_full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    yield from _gateway(tmp_path_factory.mktemp("tinker-gw"), *FULL)
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway on the default settings for every scenario of this module."""
+    yield from _gateway(tmp_path_factory.mktemp("tinker-gw"), "--tinker-models", MODEL)
 
 
 def _run(name: str, g: Gateway, timeout: float = 300) -> dict:
     from .conftest import run_scenario
 
-    return run_scenario(name, g.base_url, model=MODEL, key=KEY, timeout=timeout)
+    return run_scenario(name, g.base_url, model=MODEL, key=KEY, timeout=timeout, lora=True)
 
 
 @pytest.mark.parametrize(
@@ -50,18 +51,11 @@ def _run(name: str, g: Gateway, timeout: float = 300) -> dict:
         "rl_step_importance_sampling",
         "load_state_and_weights_info",
         "zstd_bodies",
+        "lora_adapter_trains",
     ],
 )
-def test_scenario_on_gateway(gw_full: Gateway, name: str) -> None:
-    _run(name, gw_full)
-
-
-@pytest.mark.xfail(strict=True, reason="gateway LoRA: issue-19 branch")
-def test_lora_client_on_gateway_default_settings(tmp_path: Path) -> None:
-    """The default settings: a LoRA client's job is a LoRA job, which the gateway refuses
-    until issue 19 lands its LoRA data plane."""
-    for g in _gateway(tmp_path, "--tinker-models", MODEL):
-        _run("lora_adapter_trains", g)
+def test_scenario_on_gateway(gw: Gateway, name: str) -> None:
+    _run(name, gw)
 
 
 def test_lora_flag_refuse_takes_effect(tmp_path: Path) -> None:
@@ -83,7 +77,7 @@ def test_restart_answers_in_the_sdks_shapes(tmp_path: Path) -> None:
     """A real restart (kill -9, start on the same state file and port) under a live client."""
     sig = tmp_path / "signals"
     sig.mkdir()
-    for g in _gateway(tmp_path / "gw", *FULL):
+    for g in _gateway(tmp_path / "gw", "--tinker-models", MODEL):
         env = {**scenario_env(MODEL, key=KEY), "TINKER_TEST_SIGNALS": str(sig)}
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.tinker.scenarios", "restart", g.base_url],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from arctic_servers.onprem import losses as ours
+from arctic_servers.engines.losses import torch_losses as ours
 from arctic_servers.tinker.errors import TinkerError
 from arctic_servers.tinker.losses import from_protocol, to_protocol
 from arctic_servers.tinker.wire import Datum, FwdBwd

@@ -1,6 +1,8 @@
-"""Engine groundwork for the on-prem server: a locally built tiny model and CPU smoke scripts.
+"""The engine wing: what runs a sub-job's model, for the on-prem server and the gateway alike.
 
+Rooms (engines/README.md): `deepspeed/` (trainer), `vllm/` (sampler), `worker/` (the worker
+process and the reply side of its clients), `losses/` (the loss table), `fake/` (the fake engine),
+`config.py` / `checks.py` (sub-job configs, request checks), the tiny model and smoke scripts.
 Nothing here imports torch, vLLM or DeepSpeed at package import time; the heavy libraries are
-imported inside the functions and scripts that need them (they live in the on-prem venv, not in
-the SDK's own environment).
+imported inside the worker processes that need them.
 """

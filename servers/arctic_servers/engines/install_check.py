@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 # import name -> the distributions that provide it (the first is the one to install)
@@ -126,3 +127,14 @@ def check_engines(python: str, *, timeout: float = 300.0) -> EngineCheck:
         versions=dict(data["versions"]),
         broken={k: (str(v[0]), str(v[1])) for k, v in data["broken"].items()},
     )
+
+
+def check(worker_python: str) -> int:
+    """0 when the engines can run in `worker_python`; else 1, with the fix on stderr."""
+    try:
+        result = check_engines(worker_python)
+    except EngineCheckError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(result.message(), file=sys.stdout if result.ok else sys.stderr, flush=True)
+    return 0 if result.ok else 1

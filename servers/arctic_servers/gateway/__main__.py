@@ -154,7 +154,7 @@ def engines_usable(args: argparse.Namespace) -> bool:
     """--engine onprem: the workers' Python can run the engines (else the fix is printed)."""
     import importlib.util
 
-    from ..onprem.__main__ import check
+    from ..engines.install_check import check
 
     if importlib.util.find_spec("transformers") is None:
         print(

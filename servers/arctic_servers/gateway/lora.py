@@ -56,9 +56,9 @@ def generate_args(job: Job, body: Mapping[str, Any], args: dict[str, Any]) -> st
 
 
 def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:
-    """An adapter job's sync: a file or blob, sampling targets only (`onprem/lora_sync.py`)."""
+    """An adapter job's sync: a file or blob, sampling targets only (`protocol/lora_sync.py`)."""
     if adapter_job(job):
-        from ..onprem.lora_sync import check_lora_sync
+        from ..protocol.lora_sync import check_lora_sync
 
         check_lora_sync(job, body, path)
 
@@ -68,7 +68,7 @@ def sampler_load_args(job: Job, root: Path, ckpt: str) -> dict[str, Any] | None:
     sampler (a new adapter version); None: the sampler takes the exported full weights."""
     if not adapter_job(job):
         return None
-    from ..onprem.lora_sync import adapter_load_args
+    from ..protocol.lora_sync import adapter_load_args
 
     return adapter_load_args(root / cf.ENGINE_TAG, ckpt)
 
@@ -82,7 +82,7 @@ async def export_peft(profile: Any, root: Path, meta: Mapping[str, Any]) -> str:
     out = root / PEFT_EXPORT
     if not all((out / f).is_file() for f in PEFT_FILES):
         if profile.name == "fake":
-            from .fake_engine import export_peft as fake_peft
+            from ..engines.fake.engine import export_peft as fake_peft
 
             await asyncio.to_thread(fake_peft, root, cf.ENGINE_TAG, out, dict(meta["lora"]))
         else:  # the trainer saved the adapter as a PEFT directory (`lora_trainer.py`)

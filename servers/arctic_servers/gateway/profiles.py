@@ -35,7 +35,7 @@ GATEWAY_REFUSED = "checkpoint_path"
 
 
 class FakeProfile:
-    """Fake workers (`fake_engine.py`): NUMERICS.md, any model name, no torch anywhere."""
+    """Fake workers (`engines/fake/engine.py`): NUMERICS.md, any model name, no torch anywhere."""
 
     name = "fake"
     lora: LoraSupport = LORA_SUPPORT  # the fake's: LoRA jobs with adapter versions (NUMERICS.md §6)
@@ -51,7 +51,7 @@ class FakeProfile:
         return dict(FakeServicer.config_keys)
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
-        from conformance.fake.control import sub_jobs_of
+        from ..engines.fake.config import sub_jobs_of
 
         out = []
         configs = body.get("sub_job_configs") or []
@@ -78,9 +78,8 @@ class FakeProfile:
         }
 
     def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
-        from conformance.fake import sampling, training
-
-        from ..onprem import checks
+        from ..engines import checks
+        from ..engines.fake import sampling, training
 
         vocab = sub.vocab_size or 151_936
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
@@ -102,18 +101,18 @@ class FakeProfile:
         }
 
     async def export(self, ckpt_dir: Path, meta: Mapping[str, Any], out: Path) -> None:
-        from .fake_engine import export_checkpoint
+        from ..engines.fake.engine import export_checkpoint
 
         await asyncio.to_thread(export_checkpoint, ckpt_dir, "ds", out)
 
 
 class OnpremProfile:
-    """The on-prem engines (`arctic_servers.onprem`): DeepSpeed trainers, vLLM samplers."""
+    """The on-prem engines (`arctic_servers.engines`): DeepSpeed trainers, vLLM samplers."""
 
     name = "onprem"
 
     def __init__(self, settings: GatewaySettings) -> None:
-        from ..onprem.settings import LORA
+        from ..engines.config import LORA
 
         self.settings = settings
         self.cuda = _has_cuda() or bool(settings.ray_address)
@@ -123,14 +122,14 @@ class OnpremProfile:
     def config_keys(self) -> dict[str, list[str]]:
         """The on-prem engines' keys, but `checkpoint_path`: checkpoints live in the gateway's
         store, not at a path of some host."""
-        from ..onprem.settings import config_keys
+        from ..engines.config import config_keys
         from ..protocol.jobs import config_keys_json
 
         keys = {role: frozenset(ks - {GATEWAY_REFUSED}) for role, ks in config_keys().items()}
         return config_keys_json(keys)
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
-        from ..onprem.settings import sub_job_specs
+        from ..engines.config import sub_job_specs
 
         for i, cfg in enumerate(body.get("sub_job_configs") or []):
             if GATEWAY_REFUSED in (cfg.get("training_config") or {}):
@@ -169,7 +168,7 @@ class OnpremProfile:
         }
 
     def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
-        from ..onprem import checks
+        from ..engines import checks
 
         if method is M.FORWARD_BACKWARD or method is M.FORWARD:
             checks.train_body(body, sub.vocab_size)
@@ -182,7 +181,7 @@ class OnpremProfile:
             checks.prompts(body, sub.vocab_size)
 
     def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
-        from ..onprem import checks
+        from ..engines import checks
 
         return {
             "prompts": checks.prompts(body, 0),
@@ -198,9 +197,9 @@ class OnpremProfile:
 
 
 def engine_kind(role: str, config: Mapping[str, Any]) -> str:
-    """The on-prem engine of a sub-job (`arctic_servers.onprem.jobs.engine_kind`)."""
+    """The on-prem engine of a sub-job (`arctic_servers.engines.config.engine_kind`)."""
     try:
-        from ..onprem.jobs import engine_kind as onprem_kind
+        from ..engines.config import engine_kind as onprem_kind
     except ImportError:  # an on-prem package without it: its documented defaults
         defaults = {"training": "deepspeed", "sampling": "vllm"}
         return defaults.get(role) or str(config.get("engine") or "hf")

@@ -9,12 +9,12 @@ the actor takes the worker host down with it (the host exits when its parent, th
 
 Multi-GPU engines: vLLM tensor parallel runs through its own executor inside the worker host
 (`vllm_config.tensor_parallel_size`, the actor holding all the GPUs). A multi-rank DeepSpeed
-trainer (an on-prem training sub-job with `n_gpus` = W > 1, `onprem/dp_training.py`) is placed as
+trainer (a training sub-job with `n_gpus` = W > 1, `engines/deepspeed/dp_training.py`) is placed as
 W actors, one per rank, each with one GPU (one CPU on a cluster without GPUs): the sub-job's actor
 is rank 0 and runs the worker host; it picks torch.distributed's `MASTER_ADDR`/`MASTER_PORT` and
 rank 0's control port on its node, and the rank actors (`arctic-worker:{sub_job}:rank{r}`) start
-the followers (`python -m arctic_servers.onprem.ranks`) against them. A rank that dies ends rank
-0 (its worker host exits with the reason in its log), so the sub-job fails.
+the followers (`python -m arctic_servers.engines.deepspeed.follower`) against them. A rank that dies
+ends rank 0 (its worker host exits with the reason in its log), so the sub-job fails.
 """
 
 from __future__ import annotations
@@ -81,10 +81,10 @@ class _Process:
 
 @ray.remote(max_restarts=0)
 class RankActor(_Process):
-    """Rank r > 0 of a multi-rank trainer: a follower process (`arctic_servers.onprem.ranks`)."""
+    """Rank r > 0 of a multi-rank trainer (`arctic_servers.engines.deepspeed.follower`)."""
 
     def start(self, fspec: dict[str, Any], env: dict[str, str], log: str) -> dict[str, Any]:
-        from ..onprem.ranks import SPEC_ENV, dist_env
+        from ..engines.deepspeed.ranks import SPEC_ENV, dist_env
 
         host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         gpus = [str(g) for g in ray.get_gpu_ids()]
@@ -98,7 +98,11 @@ class RankActor(_Process):
         env[SPEC_ENV] = json.dumps(dict(fspec, parent_pid=os.getpid()))
         with open(_local_file(Path(log)), "ab") as logf:
             self.proc = subprocess.Popen(
-                [fspec.get("python") or sys.executable, "-m", "arctic_servers.onprem.ranks"],
+                [
+                    fspec.get("python") or sys.executable,
+                    "-m",
+                    "arctic_servers.engines.deepspeed.follower",
+                ],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
@@ -166,7 +170,7 @@ def ranks_of(sub: SubJob, spec: dict[str, Any]) -> int:
     """Actors a sub-job takes: W for a multi-rank on-prem trainer, else 1."""
     if spec.get("engine") != "onprem":
         return 1
-    from ..onprem.ranks import world_size
+    from ..engines.deepspeed.ranks import world_size
 
     return world_size(spec.get("engine_spec") or {})
 
@@ -210,7 +214,7 @@ class RayPlacement:
                 actors[0].start.remote(spec, env), timeout
             )
             if world > 1:
-                from ..onprem.ranks import follower_spec
+                from ..engines.deepspeed.ranks import follower_spec
 
                 starts = []
                 for r in range(1, world):

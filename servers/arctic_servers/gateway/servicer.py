@@ -26,7 +26,7 @@ from .model import Job
 
 
 class _OperationChecks:
-    """What `conformance.fake.operations.check` needs of its servicer."""
+    """What `engines.fake.operations.check` needs of its servicer."""
 
     operation_types = OPERATION_TYPES
 
@@ -57,8 +57,8 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure)."""
-        from conformance.fake import checkpoints as fake_ckpt
-        from conformance.fake import operations
+        from ..engines.fake import checkpoints as fake_ckpt
+        from ..engines.fake import operations
 
         job = self.job(ctx)
         m = ctx.method

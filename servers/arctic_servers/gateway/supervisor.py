@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..onprem.ranks import describe_exit, lost_rank_reason
+from ..engines.deepspeed.ranks import describe_exit, lost_rank_reason
 from ..protocol.errors import ProtocolError
 from .model import Job, SubJob
 from .settings import GatewaySettings

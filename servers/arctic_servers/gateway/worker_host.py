@@ -16,7 +16,7 @@ a restart — connects with the authkey from the spec (`multiprocessing.connecti
                        {"op": "abort_stream", key}              -> (no answer) ends that stream
 
 Commands run on the main thread (`op_<cmd>` of the engine: the on-prem engines' command set, or
-the fake engine's), scheduled as the on-prem worker's serve loop does (`onprem/worker.py`
+the fake engine's), scheduled as the on-prem worker's serve loop does (`engines/worker/worker.py`
 `placement`): a vLLM sampler's generates, streams and scoring join its engine's continuous batch
 as they arrive (`submit`; the thread alternates between one engine step and the queue), and
 every other command runs alone, in arrival order, once the requests before it have finished —
@@ -26,7 +26,7 @@ so a gateway that restarts collects the answer of a call it sent before it died,
 whose key the worker has seen is never run twice. A worker that dies takes its journal with it;
 its sub-job has then failed anyway. `cancel` of a call in the engine's batch aborts its requests.
 
-Streams (the on-prem vLLM sampler: `onprem/sampling.py`): one sample whose new tokens go to the
+Streams (the vLLM sampler: `engines/vllm/sampling.py`): one sample whose new tokens go to the
 gateway after every engine step. Streams are not journaled (a stream cut by a gateway restart is
 not collected); an abort ends one at once.
 """
@@ -50,7 +50,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from ..onprem.worker import BATCH_KIND, busy, placement, submits
+from ..engines.worker.worker import BATCH_KIND, busy, placement, submits
 
 JOURNAL_MAX = 1024  # finished calls kept for collection after a gateway restart
 
@@ -102,17 +102,17 @@ def build_engine(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The sub-job's engine, and what to add to its info."""
     kind = spec.get("engine", "fake")
     if kind == "fake":
-        from .fake_engine import FakeEngine
+        from ..engines.fake.engine import FakeEngine
 
         return FakeEngine(spec), {}
     if kind == "onprem":
-        from ..onprem.settings import ServerSettings, resolve_model
-        from ..onprem.worker import build_engine as onprem_engine
-        from ..onprem.worker import set_threads
+        from ..engines.config import ModelChoice, resolve_model
+        from ..engines.worker.worker import build_engine as onprem_engine
+        from ..engines.worker.worker import set_threads
 
         es = dict(spec["engine_spec"])
         set_threads(int(es.get("num_threads") or os.environ.get("ARCTIC_NUM_THREADS") or 1))
-        settings = ServerSettings(model=str(es.get("model") or ""))
+        settings = ModelChoice(model=str(es.get("model") or ""))
         es["model_dir"] = str(resolve_model(str(es.get("model_name") or ""), settings))
         return onprem_engine(str(spec["role"]), es), {"model_dir": es["model_dir"]}
     raise ValueError(f"unknown engine {kind!r}")
@@ -374,7 +374,7 @@ class WorkerHost:
 
     def _step(self, pump: Any) -> None:
         """One engine step: its stream partials go out as one message per connection (like
-        `onprem.worker.send_step`), then what finished."""
+        `engines.worker.worker.send_step`), then what finished."""
         out: list[dict[str, Any]] = []
         pump(out.append)
         by_chan: dict[int, tuple[Channel, list[dict[str, Any]]]] = {}
@@ -452,9 +452,9 @@ def remove_shm_buffers() -> None:
 
 
 def rank_lost(host: WorkerHost, reason: str) -> None:
-    """A rank of this multi-rank trainer died (`onprem/ranks.py`): answer the call in flight
-    with `sub_job_failed`, then end (the gateway sees the exit, the reason is in the log)."""
-    from ..onprem.ranks import RANK_GROUP_FAILED
+    """A rank of this multi-rank trainer died (`engines/deepspeed/ranks.py`): answer the call in
+    flight with `sub_job_failed`, then end (the gateway sees the exit, the reason is in the log)."""
+    from ..engines.deepspeed.ranks import RANK_GROUP_FAILED
 
     sid = str(host.spec.get("sub_job_id") or "")
     print(f"worker {sid}: {RANK_GROUP_FAILED}{reason}", flush=True)
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_watch_parent, args=(int(spec["parent_pid"]),), daemon=True).start()
     t0 = time.perf_counter()
     if spec.get("engine") == "onprem":
-        from ..onprem.ranks import set_failure_handler
+        from ..engines.deepspeed.ranks import set_failure_handler
 
         set_failure_handler(lambda reason: rank_lost(host, reason))
     try:

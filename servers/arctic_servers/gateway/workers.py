@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from ..onprem.worker import merge_stream, unbatch
+from ..engines.worker.replies import Replies, reply_error
+from ..engines.worker.worker import unbatch
 from ..protocol import faultpoints
 from ..protocol.errors import ProtocolError
 
@@ -35,13 +34,7 @@ NO_RESULT = (
 )
 
 
-@dataclass
-class _Pending:
-    fut: asyncio.Future[Any]
-    key: str | None  # collected again after a reconnect
-
-
-class WorkerClient:
+class WorkerClient(Replies):
     def __init__(
         self,
         sub_job_id: str,
@@ -51,6 +44,7 @@ class WorkerClient:
         alive: Callable[[], str | None],
     ) -> None:
         """`alive()` answers None while the worker lives, else why it is gone."""
+        super().__init__()
         self.sub_job_id = sub_job_id
         self.address = address
         self.authkey = authkey
@@ -58,11 +52,7 @@ class WorkerClient:
         self.failure: str | None = None
         self.stopping: ProtocolError | None = None
         self._conn: Connection | None = None
-        self._ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
-        self._streams: dict[int, asyncio.Queue[dict[str, Any] | None]] = {}
-        self._send_lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._keys: dict[int, str | None] = {}  # a call's key: collected again after a reconnect
         self._connected = asyncio.Event()
 
     # ------------------------------------------------------------------ connection
@@ -100,35 +90,15 @@ class WorkerClient:
             self._post(self._deliver_all, unbatch(msg))
         self._post(self._lost, conn)
 
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(fn, *args)
-
-    def _deliver_all(self, msgs: list[dict[str, Any]]) -> None:
-        for msg in msgs:
-            self._deliver(msg)
-
-    def _deliver(self, msg: dict[str, Any]) -> None:
-        if "partial" in msg:  # a stream's new tokens
-            q = self._streams.get(int(msg.get("id") or 0))
-            if q is not None:
-                q.put_nowait(dict(msg["partial"]))
-            return
-        p = self._pending.pop(int(msg.get("id") or 0), None)
-        if p is None or p.fut.done():
-            return
-        if msg.get("ok"):
-            p.fut.set_result(msg.get("result"))
-        elif msg.get("unknown"):
-            p.fut.set_exception(
-                ProtocolError(
-                    "not_executed", NO_RESULT, sub_job_id=self.sub_job_id, reason=NO_RESULT
-                )
+    def _error_of(self, msg: Mapping[str, Any]) -> BaseException:
+        if msg.get("unknown"):  # a collected call the worker never received
+            return ProtocolError(
+                "not_executed", NO_RESULT, sub_job_id=self.sub_job_id, reason=NO_RESULT
             )
-        else:
-            p.fut.set_exception(_error(msg.get("error") or {}, self.sub_job_id))
+        err = dict(msg.get("error") or {})
+        details = dict(err.get("details") or {})
+        details.pop("traceback", None)
+        return reply_error({**err, "details": details}, f"sub-job {self.sub_job_id}: ")
 
     def _lost(self, conn: Connection) -> None:
         if conn is not self._conn:
@@ -150,11 +120,12 @@ class WorkerClient:
             await self.connect(attempts=30, delay=0.2)
         except ProtocolError:
             return
-        for mid, p in list(self._pending.items()):
-            if p.fut.done():
+        for mid, fut in list(self._pending.items()):
+            if fut.done():
                 continue
-            if p.key is None:
-                p.fut.set_exception(
+            key = self._keys.get(mid)
+            if key is None:
+                fut.set_exception(
                     ProtocolError(
                         "unavailable", f"the connection to sub-job {self.sub_job_id} broke"
                     )
@@ -162,7 +133,7 @@ class WorkerClient:
                 self._pending.pop(mid, None)
                 continue
             with contextlib.suppress(ProtocolError):
-                await self._send({"op": "collect", "id": mid, "key": p.key})
+                await self._send({"op": "collect", "id": mid, "key": key})
 
     # ------------------------------------------------------------------ failure
 
@@ -183,10 +154,11 @@ class WorkerClient:
 
     def _fail_pending(self) -> None:
         exc = self.error()
-        for p in self._pending.values():
-            if not p.fut.done():
-                p.fut.set_exception(exc)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
         self._pending.clear()
+        self._keys.clear()
 
     def close(self, error: ProtocolError | None = None) -> None:
         """Stop using this worker (the job ended, or the gateway stops); it keeps running."""
@@ -228,11 +200,12 @@ class WorkerClient:
         assert self._loop is not None
         mid = next(self._ids)
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._pending[mid] = _Pending(fut, key)
+        self._pending[mid], self._keys[mid] = fut, key
         try:
             await self._send({**msg, "id": mid})
         except ProtocolError:
             self._pending.pop(mid, None)
+            self._keys.pop(mid, None)
             raise
         if msg.get("op") == "call":
             faultpoints.hit("worker_dispatched")  # kill -9 tests: sent, not yet answered
@@ -240,6 +213,7 @@ class WorkerClient:
             return await fut
         finally:
             self._pending.pop(mid, None)
+            self._keys.pop(mid, None)
 
     async def call(
         self, cmd: str, args: dict[str, Any], *, key: str | None = None, meta: Any = None
@@ -253,12 +227,8 @@ class WorkerClient:
         """One streamed sample (`args`: the engine's `generate_stream` arguments): each message
         the worker sends for it, the final result last. Leaving early aborts it there."""
         assert self._loop is not None
-        mid, key = next(self._ids), f"stream-{uuid.uuid4().hex}"
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        fut.add_done_callback(lambda _: queue.put_nowait(None))
-        self._pending[mid] = _Pending(fut, None)
-        self._streams[mid] = queue
+        mid, fut, queue = self._open_stream(self._loop)
+        key = f"stream-{uuid.uuid4().hex}"  # a stream is not collected again (`_keys`: none)
         ended = False
         try:
             msg = {"op": "stream", "id": mid, "key": key, "args": args, "meta": meta or {}}
@@ -267,19 +237,10 @@ class WorkerClient:
             except ProtocolError:
                 ended = True
                 raise
-            while True:
-                items = [await queue.get()]
-                while items[-1] is not None and not queue.empty():
-                    items.append(queue.get_nowait())  # what piled up: one item (merge_stream)
-                if items[-1] is None:  # the final answer, or the worker's failure
-                    ended = True
-                    final = dict(fut.result())
-                    yield merge_stream([*(i for i in items if i is not None), final])
-                    return
-                yield merge_stream([i for i in items if i is not None])
+            async for item in self._stream_items(mid, fut, queue):
+                yield item
         finally:
-            self._streams.pop(mid, None)
-            self._pending.pop(mid, None)
+            ended = self._close_stream(mid) or ended
             conn = self._conn
             if not ended and conn is not None:
                 with contextlib.suppress(OSError, ValueError, EOFError), self._send_lock:
@@ -303,15 +264,3 @@ class WorkerClient:
     async def shutdown(self, timeout: float = 5.0) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.request({"op": "shutdown"}), timeout)
-
-
-def _error(err: dict[str, Any], sub_job_id: str) -> ProtocolError:
-    code = str(err.get("code") or "internal")
-    details = dict(err.get("details") or {})
-    details.pop("traceback", None)
-    try:
-        return ProtocolError(code, str(err.get("message") or code), **details)
-    except ValueError:  # a code outside errors.proto
-        return ProtocolError(
-            "internal", f"sub-job {sub_job_id}: {code}: {err.get('message')}", **details
-        )

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..engines.install_check import check
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
@@ -93,19 +94,6 @@ def parser() -> argparse.ArgumentParser:
         "--worker-python", default=sys.executable, help="interpreter of the engine workers"
     )
     return ap
-
-
-def check(worker_python: str) -> int:
-    """0 when the engines can run in `worker_python`; else 1, with the fix on stderr."""
-    from ..engines.install_check import EngineCheckError, check_engines
-
-    try:
-        result = check_engines(worker_python)
-    except EngineCheckError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    print(result.message(), file=sys.stdout if result.ok else sys.stderr, flush=True)
-    return 0 if result.ok else 1
 
 
 async def _serve(args: argparse.Namespace) -> int:

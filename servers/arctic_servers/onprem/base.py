@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from arctic_sdk._spec import MethodInfo
 
+from ..engines.config import model_vocab_size
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.job_control import JobControl
 from .jobs import Job, JobManager, SubJob
-from .settings import ServerSettings, model_vocab_size
+from .settings import ServerSettings
 
 if TYPE_CHECKING:
     from ..protocol.core import ProtocolCore

@@ -13,17 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..engines import checks
+from ..engines.config import servers_dir, thread_env
 from ..protocol import checkpoint_files as cf
 from ..protocol import checkpoint_ids
 from ..protocol.checkpoint_files import copy_tree as _copy_tree
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
 from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, export_format
-from . import checks
+from ..protocol.lora_sync import adapter_load_args
 from .base import OnpremBase
 from .jobs import SubJob
-from .lora_sync import adapter_load_args
-from .settings import servers_dir, thread_env
 
 
 class Checkpoints(OnpremBase):

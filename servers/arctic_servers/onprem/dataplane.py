@@ -14,17 +14,17 @@ from typing import Any
 
 from arctic_sdk._generated import methods as M
 
+from ..engines import checks
+from ..engines.vllm.weight_sync import METHODS as SYNC_METHODS
+from ..engines.vllm.weight_sync import pick_method
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.fields import learning_rate
 from ..protocol.lora_config import adapter_sync, check_adapter, check_weight_format
+from ..protocol.lora_sync import check_lora_sync, lora_method
 from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
-from . import checks
 from .base import OnpremBase
 from .jobs import Job, SubJob
-from .lora_sync import check_lora_sync, lora_method
-from .weight_sync import METHODS as SYNC_METHODS
-from .weight_sync import pick_method
 
 CPU_LIFECYCLE_REASON = "CPU server: nothing is colocated on a GPU, so there is nothing to offload"
 
@@ -87,7 +87,7 @@ class DataPlane(OnpremBase):
         """One sample of `body["prompts"][0]`, token by token (the OpenAI routes' streams): the
         same checks, weight-sync gate and `weight_version` as `generate`; each item is the new
         tokens of one engine step, the last has `finished`. Leaving early aborts the request."""
-        from .worker import STREAM_CMD
+        from ..engines.worker.worker import STREAM_CMD
 
         self.check_request(ctx, body)
         job, sub = await self._begin(ctx)

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engines.config import SubJobSpec, cpu_count, engine_kind, resolve_model
+from ..engines.worker.procs import WorkerHandle
 from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import JobRecord, not_running_error, terminal_error
 from ..protocol.lora_config import adapter_sync, job_lora
-from .procs import WorkerHandle
-from .settings import ServerSettings, SubJobSpec, cpu_count, resolve_model
+from .settings import ServerSettings
 
 log = logging.getLogger("arctic_servers.onprem")
 
@@ -70,16 +71,6 @@ class Job(JobRecord[SubJob]):
 
     def sub_job_json(self, sub: SubJob) -> dict[str, Any]:
         return pj.sub_job_json(sub.sub_job_id, sub.role, sub.state, sub.reason, sub.model_name)
-
-
-def engine_kind(role: str, config: dict[str, Any]) -> str:
-    """The engine a sub-job runs: DeepSpeed (training), vLLM (sampling; log_prob on request),
-    or a plain Hugging Face forward (log_prob by default)."""
-    if role == "training":
-        return "deepspeed"
-    if role == "sampling":
-        return "vllm"
-    return str(config.get("engine") or "hf")
 
 
 class JobManager(JobQueue[Job]):

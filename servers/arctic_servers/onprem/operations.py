@@ -10,6 +10,7 @@ from typing import Any
 
 from arctic_sdk._generated import methods as M
 
+from ..engines import checks
 from ..protocol.context import CallContext
 from ..protocol.operation_types import (
     OP_CANCEL,
@@ -25,7 +26,6 @@ from ..protocol.operation_types import (
     operation_target,
     tail_args,
 )
-from . import checks
 from .dataplane import DataPlane
 from .jobs import Job, engine_kind
 

@@ -17,17 +17,23 @@ from typing import Any
 
 from arctic_sdk._generated import methods as M
 
+from ..engines import checks
+from ..engines.config import (
+    DEFAULT_MODEL_NAMES,
+    LORA,
+    config_keys,
+    embedded_model_names,
+    sub_job_specs,
+)
 from ..protocol import checkpoint_ids
 from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
 from ..protocol.jobs import sub_job_by_id
 from ..protocol.lora_config import adapter_sync, check_adapter
-from . import checks
 from .checkpoints import Checkpoints
 from .jobs import Job, engine_kind
 from .operations import Operations
-from .settings import DEFAULT_MODEL_NAMES, LORA, config_keys, embedded_model_names, sub_job_specs
 
 
 class OnpremServicer(Operations, Checkpoints):

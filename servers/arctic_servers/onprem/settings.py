@@ -1,74 +1,13 @@
-"""Server settings, the default model, sub-job configs and the thread plan (no torch here).
-
-Everything the server decides before a worker process starts lives here, so the server process
-itself stays free of torch, DeepSpeed and vLLM: it only spawns workers with the right argv and
-environment.
-"""
+"""The on-prem server's settings and its thread plan (the engines' configs: `engines/config.py`)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..protocol import jobs as pj
-from ..protocol import lora_config
-from ..protocol.errors import ProtocolError
-from ..protocol.jobs import role_of
-from ..protocol.sub_job_config import check_standard_keys, int_at
-from . import train_options as opts
-
-ROLES = ("training", "sampling", "log_prob")
-DTYPES = ("float32", "bfloat16", "float16")
-# Names that mean "the embedded default model" (an empty model_name means it too).
-DEFAULT_MODEL_NAMES = frozenset({"", "tiny", "arctic-tiny", "tiny-qwen2", "default"})
-# LoRA jobs need peft in the workers' environment (the `onprem` extra); without it the
-# capabilities say so and `lora` is refused by name instead of failing the job at start
-LORA = (
-    lora_config.SUPPORT
-    if importlib.util.find_spec("peft") is not None
-    else lora_config.LoraSupport(training=False, sampling=False, why="peft is not installed")
-)
-# the standard config keys, with the on-prem extensions (train_options.py)
-TRAINING_KEYS = pj.TRAINING_KEYS | {
-    "attn_implementation",
-    "num_threads",
-    "lr_scheduler",
-    "activation_checkpointing",
-    "full_determinism",
-    "checkpoint_path",
-    "lora",  # PROTOCOL.md §3.6 (protocol/lora_config.py)
-}
-# threads; a log-prob sub-job also: its engine ("hf" = a torch forward, "deepspeed" = a
-# forward-only DeepSpeed engine configured by `deepspeed`, "vllm"), attention, determinism
-INFERENCE_KEYS = pj.INFERENCE_KEYS | {"num_threads"}
-LOG_PROB_KEYS = INFERENCE_KEYS | {"engine", "deepspeed", "attn_implementation", "full_determinism"}
-LOG_PROB_ENGINES = ("hf", "deepspeed", "vllm")
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("ARCTIC_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "arctic"
-
-
-def servers_dir() -> Path:
-    """The directory holding the `arctic_servers` package (put on a worker's PYTHONPATH)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+from ..engines.config import ROLES, cpu_count, default_cache_dir
 
 
 @dataclass(frozen=True)
@@ -109,19 +48,6 @@ class ThreadPlan:
         return ThreadPlan(default, per, pin)
 
 
-def thread_env(n: int) -> dict[str, str]:
-    """Environment every worker gets: one thread count for every threading library."""
-    s = str(n)
-    return {
-        "OMP_NUM_THREADS": s,
-        "MKL_NUM_THREADS": s,
-        "OPENBLAS_NUM_THREADS": s,
-        "NUMEXPR_NUM_THREADS": s,
-        "ARCTIC_NUM_THREADS": s,
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-
-
 @dataclass(frozen=True)
 class ServerSettings:
     """What the on-prem server needs beyond the protocol layer's `ProtocolConfig`."""
@@ -138,148 +64,3 @@ class ServerSettings:
     tiny_model_seed: int = 0
     # engines with one idle, pre-imported worker kept ready, so a job starts in seconds
     prewarm: tuple[str, ...] = ("deepspeed", "vllm")
-
-
-def _bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
-    return ProtocolError(code, f"field {path}: {message}", field=path, **details)
-
-
-@dataclass
-class SubJobSpec:
-    """A checked sub-job config."""
-
-    role: str
-    model_name: str
-    dtype: str
-    seed: int
-    config: dict[str, Any]
-    n_gpus: int = 1
-
-
-def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
-    """Check `sub_job_configs` of a CreateJob body; every unknown key is listed in one error."""
-    configs = body.get("sub_job_configs") or []
-    if not configs:
-        raise _bad("sub_job_configs", "at least one sub-job config is required", "missing_field")
-    out: list[SubJobSpec] = []
-    unsupported: list[str] = []
-    checked: list[tuple[str, str, dict[str, Any]]] = []
-    for i, cfg in enumerate(configs):
-        path = f"sub_job_configs[{i}]"
-        role = role_of(cfg.get("job_type"))
-        if role is None:
-            raise _bad(
-                f"{path}.job_type", "is required: training, sampling or log_prob", "missing_field"
-            )
-        dtype = cfg.get("dtype") or "float32"
-        if dtype not in DTYPES:
-            raise _bad(f"{path}.dtype", f"{dtype!r} is not one of {list(DTYPES)}", expected=DTYPES)
-        own, other = ("training_config", "inference_config")
-        if role != "training":
-            own, other = other, own
-        if cfg.get(other):
-            raise _bad(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
-        conf: dict[str, Any] = dict(cfg.get(own) or {})
-        known = config_keys()[role]
-        unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
-        cpath = f"{path}.{own}"
-        # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
-        # the rules every server shares (LoRA: protocol/lora_config.py)
-        n_gpus = check_standard_keys(conf, role, cpath, LORA)
-        checked.append((role, cpath, conf))
-        int_at(conf, "num_threads", cpath)
-        if role == "training":
-            ds = conf.get("deepspeed")
-            if conf.get("lr_scheduler") is not None:
-                if isinstance(ds, Mapping) and ds.get("scheduler") is not None:
-                    raise _bad(
-                        f"{cpath}.lr_scheduler",
-                        "and deepspeed.scheduler both set a learning-rate schedule",
-                        expected="one of them",
-                    )
-                conf["lr_scheduler"] = opts.check_scheduler(
-                    conf["lr_scheduler"], f"{cpath}.lr_scheduler"
-                )
-            opts.check_bool(conf, "activation_checkpointing", cpath)
-            if conf.get("checkpoint_path") is not None:
-                cp = opts.check_checkpoint_path(conf["checkpoint_path"], f"{cpath}.checkpoint_path")
-                if Path(cp).exists() and not Path(cp).is_dir():
-                    raise _bad(f"{cpath}.checkpoint_path", f"{cp!r} is not a directory")
-        else:
-            engine = conf.get("engine")
-            allowed = LOG_PROB_ENGINES if role == "log_prob" else ("vllm",)
-            if engine is not None and engine not in allowed:
-                raise _bad(
-                    f"{cpath}.engine", f"{engine!r} is not one of {list(allowed)}", expected=allowed
-                )
-            ds = conf.get("deepspeed")
-            if ds is not None and (engine != "deepspeed" or not isinstance(ds, Mapping)):
-                raise _bad(
-                    f"{cpath}.deepspeed",
-                    "configures the forward-only DeepSpeed log-prob engine: an object, with "
-                    'engine "deepspeed"',
-                    expected='{"zero_optimization": {...}} with engine "deepspeed"',
-                )
-            if ds is not None:
-                opts.check_forward_only_deepspeed(ds, f"{cpath}.deepspeed")
-        if conf.get("attn_implementation") is not None:
-            opts.check_attn(conf["attn_implementation"], f"{cpath}.attn_implementation")
-        opts.check_bool(conf, "full_determinism", cpath)
-        seed = cfg.get("seed") or 0
-        out.append(
-            SubJobSpec(role, str(cfg.get("model_name") or ""), dtype, int(seed), conf, n_gpus)
-        )
-    if unsupported:
-        raise ProtocolError(
-            "unsupported_option",
-            f"config key(s) this server cannot honour: {', '.join(unsupported)}",
-            options=unsupported,
-            field=unsupported[0].split("=")[0].split(" ")[0],
-        )
-    lora_config.check_job_lora(checked, LORA)
-    return out
-
-
-def embedded_model_names() -> list[str]:
-    """The model names served without a directory: the default's aliases and tiny_model.CONFIGS."""
-    from ..engines.tiny_model import CONFIGS
-
-    return sorted({n for n in DEFAULT_MODEL_NAMES if n} | set(CONFIGS))
-
-
-def config_keys() -> dict[str, frozenset[str]]:
-    """The sub-job config keys this server accepts, per role (advertised in the capabilities)."""
-    return {"training": TRAINING_KEYS, "sampling": INFERENCE_KEYS, "log_prob": LOG_PROB_KEYS}
-
-
-def resolve_model(name: str, settings: ServerSettings) -> Path:
-    """A sub-job's model directory: an embedded tiny model (built once, cached) or a local dir."""
-    from ..engines.tiny_model import CONFIGS, build_tiny_model, cache_dir_name
-
-    name = name.strip()
-    seed = settings.tiny_model_seed
-    if name in DEFAULT_MODEL_NAMES:
-        if settings.model:
-            return Path(settings.model).expanduser().resolve()
-        return build_tiny_model(default_cache_dir() / cache_dir_name(seed=seed), seed=seed)
-    if name in CONFIGS:  # another embedded configuration (tiny_model.CONFIGS), e.g. "tiny-4l"
-        out = default_cache_dir() / cache_dir_name(name, seed)
-        return build_tiny_model(out, seed=seed, config=name)
-    path = Path(name).expanduser()
-    if not (path / "config.json").is_file():
-        raise ProtocolError(
-            "invalid_argument",
-            f"model_name {name!r} is neither a model this server knows "
-            f"({embedded_model_names()}) nor a local Hugging Face directory with a config.json",
-            field="model_name",
-            expected="a local HF model directory, or empty for the embedded tiny model",
-        )
-    return path.resolve()
-
-
-def model_vocab_size(model_dir: Path) -> int:
-    try:
-        cfg = json.loads((model_dir / "config.json").read_text())
-        return int(cfg.get("vocab_size") or 0)
-    except (OSError, ValueError):
-        return 0

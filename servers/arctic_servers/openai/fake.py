@@ -1,4 +1,4 @@
-"""A sampler over the fake gateway's numerics (`conformance/fake/NUMERICS.md` §1, §5), for tests.
+"""A sampler over the fake gateway's numerics (`engines/fake/NUMERICS.md` §1, §5), for tests.
 
 Same tokens, text, stop handling and log-probs as the fake gateway's `generate` (weight version
 and model step fixed per sampler, settable), a byte-level tokenizer, and a Qwen-style chat
@@ -14,10 +14,9 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from conformance.fake import sampling as fake_sampling
-from conformance.fake import tokenizer
-from conformance.fake.numerics import draws, token_logprob
-
+from ..engines.fake import sampling as fake_sampling
+from ..engines.fake import tokenizer
+from ..engines.fake.numerics import draws, token_logprob
 from .sampler import ModelCard, OpenAIError, Sample, StreamEvent, cut_at_stop
 from .tokenized import FakeTokenizer, TokenizedSampler, content_text
 

@@ -10,7 +10,7 @@ loaded once per model in the server process).
 Streaming is token by token: `OnpremSampler.stream` iterates over the servicer's
 `generate_stream`, which runs the sampling worker's `generate_stream` command (one vLLM request
 with `RequestOutputKind.DELTA`; the worker sends the new tokens of every engine step, see
-`onprem/sampling.py`). Every sampling parameter applies as in a whole generate (penalties and
+`engines/vllm/sampling.py`). Every sampling parameter applies as in a whole generate (penalties and
 `min_tokens` included: the engine sees the whole completion). Stop strings are vLLM's (it holds
 back text that could start one). When the consumer leaves early (the HTTP client disconnected
 and the route cancelled the stream), the worker aborts the request in the engine.

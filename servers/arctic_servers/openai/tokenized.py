@@ -63,7 +63,7 @@ def load_tokenizer(model_dir: Path) -> Any:
 
 
 class FakeTokenizer:
-    """The fake engine's tokenizer (`conformance/fake/tokenizer.py`: byte value + 3) with the
+    """The fake engine's tokenizer (`engines/fake/tokenizer.py`: byte value + 3) with the
     tiny model's Qwen-style chat template (none: a base model's), in the shape of a Hugging Face
     tokenizer."""
 
@@ -73,17 +73,17 @@ class FakeTokenizer:
         )
 
     def __len__(self) -> int:
-        from conformance.fake import tokenizer
+        from ..engines.fake import tokenizer
 
         return tokenizer.VOCAB_SIZE
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        from conformance.fake import tokenizer
+        from ..engines.fake import tokenizer
 
         return tokenizer.encode(text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        from conformance.fake import tokenizer
+        from ..engines.fake import tokenizer
 
         return tokenizer.decode(ids)
 

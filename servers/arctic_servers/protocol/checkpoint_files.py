@@ -6,7 +6,7 @@ job's workers, so they can be listed, exported, downloaded and deleted after the
 Each server says where a job's root is and runs the engine commands; this module has the
 directory layout (an id becomes a path through `checkpoint_ids.resolve` only), the `Checkpoint`
 answers, the engine's save and load arguments, and the export subprocess
-(`arctic_servers.onprem.export`).
+(`arctic_servers.engines.deepspeed.export`).
 """
 
 from __future__ import annotations
@@ -160,13 +160,13 @@ async def run_export(
     python: str, env: Mapping[str, str], ckpt_dir: Path, meta: Mapping[str, Any], out: Path
 ) -> None:
     """Export a checkpoint as a Hugging Face directory `out`, in a subprocess of `python`
-    (`arctic_servers.onprem.export`), written beside it first and then moved into place."""
+    (`arctic_servers.engines.deepspeed.export`), written beside it first, then moved into place."""
     tmp = out.with_name(".export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     proc = await asyncio.create_subprocess_exec(
         python,
         "-m",
-        "arctic_servers.onprem.export",
+        "arctic_servers.engines.deepspeed.export",
         "--checkpoint",
         str(ckpt_dir / ENGINE_TAG),
         "--type",

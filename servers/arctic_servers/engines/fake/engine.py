@@ -1,0 +1,255 @@
+"""The fake engine: the on-prem engines' command set over the fake gateway's numerics.
+
+A gateway worker runs it in place of DeepSpeed / vLLM for tests, the kill matrix, the load test
+and the Ray test: pure, fast and deterministic (`engines/fake/NUMERICS.md`). One engine is one
+sub-job: the trainer keeps the model step, the gradients and the optimizer counters; a sampler
+keeps the model step and weight version it was last synced to. `stats()` exposes the counters a
+crash test checks: optimizer steps applied and how often each request id and idempotency key ran.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from arctic_sdk._generated import methods as M
+
+from ...protocol.errors import ProtocolError
+from ...protocol.lora_config import adapter_sync
+from . import checkpoints as fake_ckpt
+from . import numerics as nx
+from . import sampling, training
+from .state import Checkpoint
+
+DEFAULT_VOCAB = 151_936
+NOTHING = {"applied": False, "reason": "fake engine: nothing to offload"}
+
+
+class FakeEngine:
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        es: Mapping[str, Any] = spec.get("engine_spec") or {}
+        self.role = str(spec.get("role") or "training")
+        self.sub_job_id = str(spec.get("sub_job_id") or "")
+        self.config: dict[str, Any] = dict(es.get("config") or {})
+        self.model_name = str(es.get("model_name") or "")
+        self.vocab = int(es.get("vocab_size") or DEFAULT_VOCAB)
+        self.max_seq_len = int(self.config.get("max_seq_len") or 0)
+        self.latency: dict[str, float] = {
+            str(k): float(v) for k, v in (es.get("latency_s") or {}).items()
+        }
+        opt = self.config.get("optimizer")
+        self.lr = float(opt["lr"]) if isinstance(opt, Mapping) and opt.get("lr") else 1e-5
+        self.model_step = 0
+        self.global_step = 0
+        self.weight_version = 0
+        self.grad: dict[int, float] = {}
+        self.accum_loss, self.accum_tokens, self.last_loss = 0.0, 0, 0.0
+        self.applied_steps = 0
+        self.executed: collections.Counter[str] = collections.Counter()
+        self.keys: collections.Counter[str] = collections.Counter()
+        self.ops: collections.Counter[str] = collections.Counter()
+        self._cancel: threading.Event | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "fake", "role": self.role, "vocab_size": self.vocab}
+
+    def note(self, meta: Mapping[str, Any], cancel: threading.Event) -> None:
+        """Called by the worker host before each command: who asked, and its cancel flag."""
+        self._cancel = cancel
+        rid, key = meta.get("request_id"), meta.get("idempotency_key")
+        if rid:
+            self.executed[str(rid)] += 1
+        if key:
+            self.keys[f"{meta.get('op')}:{key}"] += 1
+        self.ops[str(meta.get("op") or "")] += 1
+
+    def _begin(self, cmd: str) -> None:
+        """The command's test latency, in slices: a cancel is honoured between them."""
+        delay = self.latency.get(cmd, 0.0)
+        end = time.monotonic() + delay
+        while time.monotonic() < end:
+            if self._cancel is not None and self._cancel.is_set():
+                raise ProtocolError("request_cancelled", f"{cmd} was cancelled while it ran")
+            time.sleep(min(0.02, max(0.0, end - time.monotonic())))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "applied_steps": self.applied_steps,
+            "global_step": self.global_step,
+            "model_step": self.model_step,
+            "weight_version": self.weight_version,
+            "executed": dict(self.executed),
+            "keys": dict(self.keys),
+            "ops": dict(self.ops),
+        }
+
+    # ------------------------------------------------------------------ training
+
+    def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._begin(M.FORWARD_BACKWARD.python_name)
+        call = training.parse_train(body, self.vocab)
+        result, lr = training.run(call, self.model_step, forward=False)
+        assert lr is not None
+        for t, g in lr.grad.items():
+            self.grad[t] = self.grad.get(t, 0.0) + g
+        self.accum_loss += lr.loss
+        self.accum_tokens += int(lr.metrics["num_tokens"])
+        result["metrics"]["global_step"] = self.global_step
+        return result
+
+    def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._begin(M.FORWARD.python_name)
+        call = training.parse_train(body, self.vocab)
+        result, _ = training.run(call, self.model_step, forward=True)
+        result["metrics"]["global_step"] = self.global_step
+        return result
+
+    def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._begin(M.LOG_PROBS.python_name)
+        result = training.log_probs(body, self.vocab, self.model_step)
+        result["metrics"]["global_step"] = self.global_step
+        return result
+
+    def op_step(self, learning_rate: float | None = None) -> dict[str, Any]:
+        self._begin(M.STEP.python_name)
+        if learning_rate is not None:
+            self.lr = float(learning_rate)
+        norm = nx.grad_norm(self.grad)
+        self.applied_steps += 1
+        self.global_step += 1
+        self.model_step = self.global_step
+        metrics = {
+            "loss": self.accum_loss,
+            "num_tokens": self.accum_tokens,
+            "grad_norm": norm,
+            "lr": self.lr,
+            "global_step": self.global_step,
+        }
+        self.last_loss = self.accum_loss
+        self.grad.clear()
+        self.accum_loss, self.accum_tokens = 0.0, 0
+        return {"metrics": metrics}
+
+    # ------------------------------------------------------------------ sampling
+
+    def op_generate(
+        self,
+        prompts: Sequence[Any],
+        sampling_params: Mapping[str, Any],
+        strict: bool = False,
+        weight_version: int = 0,
+        adapter: str = "",
+    ) -> dict[str, Any]:
+        self._begin(M.GENERATE.python_name)
+        body = {"prompts": list(prompts), "sampling_params": dict(sampling_params or {})}
+        p = sampling.parse_params(body)
+        ids_list = sampling.prompt_ids(body, self.vocab, self.max_seq_len)
+        seed = p.seed if p.seed is not None else sampling.draw_seed()
+        if adapter:  # "base": a LoRA job's base model, version 0 (NUMERICS.md §6)
+            results = sampling.completions(ids_list, p, seed, 0, 0, self.max_seq_len)
+            return {"results": results, "weight_version": 0}
+        self.weight_version = int(weight_version)
+        results = sampling.completions(
+            ids_list, p, seed, self.weight_version, self.model_step, self.max_seq_len
+        )
+        return {"results": results, "weight_version": self.weight_version}
+
+    # ------------------------------------------------------------------ weights
+
+    def op_export_weights(self, path: str | None = None, method: str = "") -> dict[str, Any]:
+        blob = json.dumps({"model_step": self.model_step}).encode()
+        out: dict[str, Any] = {"num_tensors": 1, "num_bytes": 4 * 259}
+        lora = self.config.get("lora")
+        if isinstance(lora, Mapping) and adapter_sync(lora):  # the adapter: A and B (NUMERICS §6)
+            out.update(num_tensors=2, num_bytes=2 * 4 * 259 * int(lora["rank"]))
+        if path:
+            Path(path).write_bytes(blob)
+            out["path"] = path
+        else:
+            out["blob"] = blob
+        return out
+
+    def op_load_weights(
+        self, path: str | None = None, blob: bytes | None = None, **_: Any
+    ) -> dict[str, Any]:
+        data = Path(path).read_bytes() if path else (blob or b"{}")
+        self.model_step = int(json.loads(data).get("model_step", 0))
+        return {"num_tensors": 1, "model_step": self.model_step}
+
+    def op_reset_prefix_cache(self) -> dict[str, Any]:
+        return {"reset": True}
+
+    def op_sleep(self, **_: Any) -> dict[str, Any]:
+        return dict(NOTHING)
+
+    def op_wake(self, **_: Any) -> dict[str, Any]:
+        return dict(NOTHING)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _state_file(self, directory: str, tag: str) -> Path:
+        return Path(directory) / tag / "fake_state.json"
+
+    def op_save(
+        self, directory: str, tag: str, checkpoint_type: str, client_state: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        self._begin("save")  # not-an-op
+        f = self._state_file(directory, tag)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "checkpoint_type": checkpoint_type,
+            "global_step": self.global_step,
+            "model_step": self.model_step,
+            "lr": self.lr,
+            "avg_loss": self.last_loss,
+            "model_name": self.model_name,
+            "client_state": dict(client_state),
+        }
+        f.write_text(json.dumps(state))
+        return {"global_steps": self.global_step, "size_bytes": f.stat().st_size}
+
+    def op_load(self, directory: str, tag: str, checkpoint_type: str) -> dict[str, Any]:
+        state = json.loads(self._state_file(directory, tag).read_text())
+        self.model_step = int(state["model_step"])
+        if self.role == "training" and state.get("checkpoint_type") == "resumable":
+            self.global_step, self.lr = int(state["global_step"]), float(state["lr"])
+            self.grad.clear()
+            self.accum_loss, self.accum_tokens = 0.0, 0
+        return {"global_steps": self.global_step, "model_step": self.model_step}
+
+
+def export_checkpoint(directory: Path, tag: str, out: Path) -> list[str]:
+    """Write a saved checkpoint's exported files (NUMERICS.md: three small real files)."""
+    ckpt = _checkpoint(directory, tag)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in fake_ckpt.files(ckpt).items():
+        (out / name).write_bytes(data)
+    return sorted(fake_ckpt.FILES)
+
+
+def export_peft(directory: Path, tag: str, out: Path, lora: Mapping[str, Any]) -> list[str]:
+    """A LoRA checkpoint's PEFT export (NUMERICS.md §6), as the fake server writes it."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = fake_ckpt.peft_files(_checkpoint(directory, tag), lora)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    return sorted(files)
+
+
+def _checkpoint(directory: Path, tag: str) -> Checkpoint:
+    state = json.loads((directory / tag / "fake_state.json").read_text())
+    return Checkpoint(
+        checkpoint_id=directory.name,
+        checkpoint_type=str(state["checkpoint_type"]),
+        global_step=int(state["global_step"]),
+        model_step=int(state["model_step"]),
+        lr=float(state["lr"]),
+        avg_loss=float(state["avg_loss"]),
+        created_at=time.time(),
+        model_name=str(state.get("model_name") or ""),
+    )

@@ -1,0 +1,394 @@
+"""The sampling engine (vLLM) of a worker process: generate, score, reload weights, sleep/wake.
+
+One `vllm.LLM` per sub-job. On CPU it runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`:
+3 s to start instead of 15 s, and killing the worker kills the engine with it), `enforce_eager`,
+the KV cache sized by `VLLM_CPU_KVCACHE_SPACE`. Weight pushes go through the worker extension
+(`reload_weights`, ENGINE_NOTES §3b), and every push is followed by `reset_prefix_cache()` so
+no KV computed with the old weights is reused (ENGINE_NOTES pitfall 7).
+
+Every sampling command (`generate`, `generate_stream`, and `log_probs` / `forward` scoring)
+goes to the engine as requests the moment the worker reads it: `submit` prepares its vLLM inputs
+and params (the code below; the scorers' in `vllm_scoring.py`) and hands them to the one
+submission path, `engine_batch.py`; the worker's serve loop pumps the engine (`pump`: one
+`LLMEngine.step()`), so concurrent calls share the continuous batch. Other commands (weight
+loads, cache resets, sleep / wake) wait until the batch is empty (the serve loop defers them),
+and every result carries the `weight_version` of the weights that produced it (set by
+`load_weights`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..worker.worker import WorkerError
+from . import lora_sampler
+from .engine_batch import EngineBatch, Finish
+from .vllm_scoring import VllmScoring
+
+EXT_CLS = "arctic_servers.engines.vllm.vllm_ext.OnpremWorkerExtension"
+MAX_LOGPROBS = 20
+BATCHED = "_batch_"  # `_batch_<cmd>`: a command that runs in the engine's continuous batch
+
+
+def set_vllm_env(cuda: bool) -> None:
+    """Set before `import vllm` (setdefault: an operator's explicit value wins)."""
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not cuda:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def top_of(position: Mapping[int, Any], k: int) -> dict[str, list[Any]]:
+    """`TopLogprobs` of one position of vLLM's logprobs ({token id: Logprob}): the k tokens of
+    rank 1..k (vLLM adds the sampled token when it ranks lower), most likely first."""
+    ranked = sorted(position.items(), key=lambda kv: (kv[1].rank or 1 << 30, -kv[1].logprob))
+    top = [(int(t), float(lp.logprob)) for t, lp in ranked if (lp.rank or 1 << 30) <= k][:k]
+    if len(top) < k:  # no ranks: the k largest log-probs
+        by_lp = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:k]
+        top = [(int(t), float(lp.logprob)) for t, lp in by_lp]
+    return {"token_ids": [t for t, _ in top], "logprobs": [lp for _, lp in top]}
+
+
+def prompt_logprobs_of(prompt: Sequence[int], plp: Any, k: int) -> dict[str, Any]:
+    """`Completion.prompt_logprobs` (0 first: nothing predicts the first token) and, for k > 0,
+    `prompt_top_logprobs` (empty first) from vLLM's `prompt_logprobs`."""
+    lps = [0.0] + [float(plp[i][t].logprob) for i, t in enumerate(prompt) if i > 0]
+    out: dict[str, Any] = {"prompt_logprobs": lps}
+    if k > 0:
+        empty: dict[str, list[Any]] = {"token_ids": [], "logprobs": []}
+        out["prompt_top_logprobs"] = [empty] + [top_of(plp[i], k) for i in range(1, len(prompt))]
+    return out
+
+
+class SamplingEngine(VllmScoring):
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self.cuda = _cuda()
+        set_vllm_env(self.cuda)
+        from vllm import LLM
+
+        conf: dict[str, Any] = dict(spec.get("config") or {})
+        max_len = conf.get("max_seq_len")
+        kwargs: dict[str, Any] = {
+            "model": spec["model_dir"],
+            "tokenizer": spec["model_dir"],
+            "dtype": spec.get("dtype") or "float32",
+            "seed": int(spec.get("seed") or 0),
+            "worker_extension_cls": EXT_CLS,
+            "enable_prefix_caching": True,
+            "max_num_seqs": 64,
+        }
+        if max_len:
+            kwargs["max_model_len"] = int(max_len)
+        if self.cuda:
+            kwargs["enable_sleep_mode"] = True
+        else:
+            kwargs["enforce_eager"] = True
+        kwargs.update(lora_sampler.engine_args(spec))  # a LoRA job's sampler: adapter versions
+        kwargs.update(dict(conf.get("vllm_config") or {}))
+        t = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.adapters = lora_sampler.adapters_of(self.llm, spec)
+        self.startup_s = time.perf_counter() - t
+        self.tokenizer = self.llm.get_tokenizer()
+        mc = self.llm.llm_engine.model_config
+        self.max_model_len = int(mc.max_model_len)
+        self.vocab_size = int(mc.get_vocab_size())
+        self.sleeping = False
+        self.weight_version = 0  # of the weights loaded (`load_weights`); results report it
+        self._warm_up()
+        self.batch = EngineBatch(self.llm.llm_engine)
+
+    def _warm_up(self) -> None:
+        """One tiny generate at start-up: the first call pays seconds of one-time set-up."""
+        from vllm import SamplingParams
+
+        t = time.perf_counter()
+        self.llm.generate(
+            ["warm up"], SamplingParams(max_tokens=4, logprobs=0, seed=0), use_tqdm=False
+        )
+        self.llm.reset_prefix_cache()
+        self.warmup_s = time.perf_counter() - t
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "engine": "vllm",
+            "vocab_size": self.vocab_size,
+            "max_model_len": self.max_model_len,
+            "engine_startup_s": round(self.startup_s, 3),
+            "warmup_s": round(self.warmup_s, 3),
+            "cuda": self.cuda,
+        }
+
+    def close(self) -> None:
+        self.batch.abort_all()
+        lora_sampler.close(self.adapters)
+
+    def lora_request(self, adapter: str = "") -> Any:  # "": the current version; "base": none
+        return None if self.adapters is None else self.adapters.request(adapter)
+
+    # -- the continuous batch (the worker's serve loop) ----------------------------------------
+
+    def submits(self, cmd: str) -> bool:
+        """Whether `cmd` runs in the engine's batch (`_batch_<cmd>`: its requests) rather than
+        as `op_<cmd>`: generate, generate_stream, log_probs and forward."""
+        return callable(getattr(self, BATCHED + cmd, None))
+
+    def submit(self, msg_id: int, cmd: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Add command `msg_id` to the engine (None: `pump` sends its messages), or its result
+        when it needs no engine step. Raises WorkerError for input the engine cannot take."""
+        if self.sleeping:
+            raise WorkerError(
+                "unavailable", "the sampler is asleep (sleep-inference); wake it first"
+            )
+        if not self.submits(cmd):
+            raise WorkerError("unimplemented", f"{cmd!r} does not run in the engine's batch")
+        requests: Callable[..., tuple[list[Any], list[Any], Finish | None]]
+        requests = getattr(self, BATCHED + cmd)
+        inputs, params, finish = requests(**args)
+        if not inputs and finish is not None:  # nothing to score: answered at once
+            return finish([])
+        # a LoRA job's requests run with its current adapter, or none (generate `adapter: "base"`)
+        adapter = str(args.get("adapter") or "")
+        version = 0 if adapter else self.weight_version
+        lora = self.lora_request(adapter)
+        self.batch.add(msg_id, cmd, inputs, params, finish, version=version, lora=lora)
+        return None
+
+    def busy(self) -> bool:
+        return self.batch.busy()
+
+    def pump(self, send: Callable[[dict[str, Any]], None]) -> None:
+        self.batch.pump(send)
+
+    def abort(self, msg_id: int) -> list[dict[str, Any]]:
+        return self.batch.abort(msg_id)
+
+    def op_stream_stats(self) -> dict[str, Any]:
+        return self.batch.stats()
+
+    # -- generate ----------------------------------------------------------------------------
+
+    def _sampling_params(self, sp: Mapping[str, Any], strict: bool) -> Any:
+        from vllm import SamplingParams
+
+        kw: dict[str, Any] = {
+            "n": int(sp.get("n") or 1),
+            "max_tokens": int(sp.get("max_tokens") or 16),
+        }
+        for name in ("temperature", "top_p"):
+            if sp.get(name) is not None:
+                kw[name] = float(sp[name])
+        if sp.get("top_k") is not None and int(sp["top_k"]) > 0:
+            kw["top_k"] = int(sp["top_k"])
+        for name in ("presence_penalty", "frequency_penalty"):
+            if sp.get(name):
+                kw[name] = float(sp[name])
+        if sp.get("repetition_penalty"):
+            kw["repetition_penalty"] = float(sp["repetition_penalty"])
+        if sp.get("stop"):
+            kw["stop"] = [str(s) for s in sp["stop"]]
+        if sp.get("stop_token_ids"):
+            kw["stop_token_ids"] = [int(t) for t in sp["stop_token_ids"]]
+        if sp.get("seed") is not None:
+            kw["seed"] = int(sp["seed"])
+        if sp.get("logprobs") is not None:
+            kw["logprobs"] = int(sp["logprobs"])
+        if sp.get("prompt_logprobs") is not None:
+            kw["prompt_logprobs"] = int(sp["prompt_logprobs"])
+        if sp.get("min_tokens"):
+            kw["min_tokens"] = int(sp["min_tokens"])
+        if sp.get("ignore_eos"):
+            kw["ignore_eos"] = True
+        if sp.get("min_p"):
+            kw["min_p"] = float(sp["min_p"])
+        if sp.get("include_stop_str_in_output"):
+            kw["include_stop_str_in_output"] = True
+        try:
+            return SamplingParams(**kw)
+        except (ValueError, TypeError) as exc:
+            raise WorkerError(
+                "invalid_argument", f"field sampling_params: {exc}", field="sampling_params"
+            ) from None
+
+    def _prompts(self, prompts: Sequence[Any]) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        out: list[Any] = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                ids = self.tokenizer.encode(p, add_special_tokens=False)
+            else:
+                ids = [int(t) for t in p]
+            if not ids:
+                raise WorkerError(
+                    "invalid_argument",
+                    f"field prompts[{i}]: the prompt has no tokens",
+                    field=f"prompts[{i}]",
+                )
+            if len(ids) >= self.max_model_len:
+                raise WorkerError(
+                    "invalid_argument",
+                    f"field prompts[{i}]: {len(ids)} tokens leave no room under max_model_len "
+                    f"{self.max_model_len}",
+                    field=f"prompts[{i}]",
+                    expected=f"< {self.max_model_len} tokens",
+                )
+            out.append(TokensPrompt(prompt_token_ids=ids))
+        return out
+
+    def _batch_generate(
+        self,
+        prompts: Sequence[Any],
+        sampling_params: Mapping[str, Any],
+        strict: bool = False,
+        adapter: str = "",
+    ) -> tuple[list[Any], list[Any], Finish]:
+        params = self._sampling_params(sampling_params or {}, strict)
+        inputs = self._prompts(prompts)
+        # clamp max_tokens per prompt so a long prompt is not an engine error
+        per_prompt = []
+        for inp in inputs:
+            room = self.max_model_len - len(inp["prompt_token_ids"])
+            if params.max_tokens is not None and params.max_tokens > room:
+                p2 = params.clone()
+                p2.max_tokens = room
+                per_prompt.append(p2)
+            else:
+                per_prompt.append(params)
+        version = 0 if adapter else self.weight_version  # "base": the base model, version 0
+
+        def finish(outs: list[Any]) -> dict[str, Any]:
+            return {**self._generate_result(outs, params), "weight_version": version}
+
+        return inputs, per_prompt, finish
+
+    def _generate_result(self, outs: Sequence[Any], params: Any) -> dict[str, Any]:
+        want_lp, top_k = params.logprobs is not None, int(params.logprobs or 0)
+        results = []
+        for ro in outs:
+            samples = []
+            for co in sorted(ro.outputs, key=lambda c: c.index):
+                toks = [int(t) for t in co.token_ids]
+                s: dict[str, Any] = {
+                    "token_ids": toks,
+                    "text": co.text,
+                    "finish_reason": co.finish_reason or "length",
+                }
+                if want_lp and co.logprobs is not None:
+                    s["logprobs"] = [float(co.logprobs[j][t].logprob) for j, t in enumerate(toks)]
+                    if top_k > 0:
+                        s["top_logprobs"] = [
+                            top_of(co.logprobs[j], top_k) for j in range(len(toks))
+                        ]
+                if isinstance(co.stop_reason, str):
+                    s["stop_reason"] = co.stop_reason
+                samples.append(s)
+            prompt = [int(t) for t in ro.prompt_token_ids]
+            c: dict[str, Any] = {"prompt_token_ids": prompt, "samples": samples}
+            if params.prompt_logprobs is not None:
+                c.update(prompt_logprobs_of(prompt, ro.prompt_logprobs, params.prompt_logprobs))
+            results.append(c)
+        return {"results": results}
+
+    # -- streaming ---------------------------------------------------------------------------
+
+    def _batch_generate_stream(
+        self, prompt: Sequence[Any], sampling_params: Mapping[str, Any]
+    ) -> tuple[list[Any], list[Any], None]:
+        """One streamed sample of `prompt` (no `finish`: `pump` sends its tokens step by step)."""
+        sp = dict(sampling_params or {})
+        if int(sp.get("n") or 1) != 1:
+            raise WorkerError(
+                "invalid_argument",
+                f"field sampling_params.n: {sp.get('n')!r}; a stream is one sample",
+                field="sampling_params.n",
+                expected=1,
+            )
+        params = self._sampling_params(sp, False)
+        (inp,) = self._prompts([prompt])
+        room = self.max_model_len - len(inp["prompt_token_ids"])
+        if params.max_tokens is None or params.max_tokens > room:
+            params.max_tokens = room
+        return [inp], [params], None
+
+    # -- weights, cache, lifecycle -------------------------------------------------------------
+
+    def op_load_weights(
+        self,
+        path: str | None = None,
+        blob: bytes | None = None,
+        method: str = "shm",
+        handles: Any = None,
+        nccl_port: int = 0,
+        weight_version: int | None = None,
+        adapter_config: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Swap the weights (the serve loop runs this only while no request is in the engine);
+        `weight_version`: what results report from now on. A LoRA job's sync loads a new adapter
+        version instead (lora_sampler.py)."""
+        t = time.perf_counter()
+        if adapter_config is not None or self.adapters is not None:
+            res = lora_sampler.load(self.llm, self.adapters, adapter_config, path, blob)
+            if weight_version is not None:
+                self.weight_version = int(weight_version)
+            return res
+        if method == "nccl" and nccl_port:  # pragma: no cover - GPU only
+            self.llm.collective_rpc("arctic_nccl_init", args=("127.0.0.1", nccl_port, 2, 1))
+        if method in ("cuda_ipc", "nccl"):
+            from .weight_sync import sampler_import_gpu
+
+            res = sampler_import_gpu(self, method, handles)
+        elif path:
+            res = self.llm.collective_rpc("arctic_reload_weights_from_file", args=(path,))[0]
+        else:
+            res = self.llm.collective_rpc("arctic_reload_weights_from_bytes", args=(blob,))[0]
+        reset = bool(self.llm.reset_prefix_cache())
+        if weight_version is not None:
+            self.weight_version = int(weight_version)
+        return {
+            "num_tensors": int(res.get("n", 0)),
+            "seconds": time.perf_counter() - t,
+            "reset": reset,
+        }
+
+    def op_reset_prefix_cache(self) -> dict[str, Any]:
+        return {"reset": bool(self.llm.reset_prefix_cache())}
+
+    def op_sleep(self, level: int = 1) -> dict[str, Any]:
+        if not self.cuda:
+            return {
+                "applied": False,
+                "reason": "CPU sampler: vLLM sleep mode needs a GPU; nothing to offload",
+            }
+        self.llm.sleep(level=int(level or 1))
+        self.sleeping = True
+        return {"applied": True, "reason": f"vLLM sleep level {int(level or 1)}"}
+
+    def op_wake(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        if not self.cuda:
+            return {
+                "applied": False,
+                "reason": "CPU sampler: vLLM sleep mode needs a GPU; nothing to offload",
+            }
+        self.llm.wake_up(tags=list(tags) if tags else None)
+        if not tags or "weights" in tags:
+            self.sleeping = False
+        return {
+            "applied": True,
+            "reason": f"vLLM woke {list(tags) if tags else ['weights', 'kv_cache']}",
+        }

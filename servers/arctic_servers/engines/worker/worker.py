@@ -1,0 +1,345 @@
+"""A sub-job's engine process: `python -m arctic_servers.engines.worker.worker --role R ...`.
+
+The server starts one worker per sub-job and talks to it over an inherited socket (a
+`multiprocessing.connection.Connection` on fd N: pickled dicts, NumPy arrays inside; nothing
+outside the process tree can reach it). The protocol:
+
+    worker -> server   {"kind": "idle"}     (the engine's libraries are imported; the process may
+                                           wait in the server's pool until a job takes it)
+    server -> worker   {"id": 1, "cmd": "init", "args": {"spec": {...}}}  (builds the engine)
+    server -> worker   {"id": n, "cmd": "forward_backward", "args": {...}}
+    worker -> server   {"id": n, "ok": True, "result": ...}
+                       or {"id": n, "ok": False, "error": {...}}
+
+A multi-rank trainer (`n_gpus` > 1: this worker is rank 0, `dp_training.py`) that loses one of
+its ranks sends `{"kind": "failed", "reason": "lost rank r of W (pid ...) ..."}` and exits.
+
+Errors are the spec's error body (`code`, `message`, `details`). End of input (the server went
+away) ends the worker.
+
+A sampling engine (vLLM: `submits` / `submit` / `busy` / `pump` / `abort`) runs its commands
+in its continuous batch: `generate`, `generate_stream`, `log_probs` and `forward` are added to the
+engine as soon as they are read, and while requests are in the engine the loop alternates
+between one engine step (`pump`, which sends what the step finished) and what arrived on the
+pipe. Every other command runs on the main thread, one at a time, in arrival order, and only
+while the engine is idle: it waits (deferred) until the requests before it have finished, and
+the batched commands that arrive after it wait behind it — so a weight load pauses new
+generates, swaps once the batch has drained, and resumes them (`placement`). `generate_stream`
+answers several messages, the new tokens of each engine step and then the final reply:
+
+    server -> worker   {"id": n, "cmd": "generate_stream", "args": {"prompt", "sampling_params"}}
+    worker -> server   {"id": n, "partial": {"token_ids", "logprobs", "text", "at"}}   (0 or more)
+    worker -> server   {"id": n, "ok": True, "result": {..., "finished": True, "finish_reason"}}
+    server -> worker   {"id": m, "cmd": "abort_stream", "args": {"stream": n}}  (the client left)
+
+The messages of one engine step travel as one, `{"kind": "batch", "msgs": [...]}` (`send_step`;
+the reader unpacks them, `unbatch`). `abort_stream` (of any batched command, not only a stream;
+a command still waiting is dropped) and `stream_stats` run at once.
+
+This module imports neither the protocol layer nor the SDK: a worker runs in the engines'
+environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class WorkerError(Exception):
+    """An error with a spec code, raised by the engines; becomes the call's error body."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+def error_body(exc: BaseException, what: str) -> dict[str, Any]:
+    """The error body of an engine's exception. Matched by shape, not class: the worker runs as
+    `__main__`, so the engines' `WorkerError` (imported as `arctic_servers.engines.worker.worker`)
+    is not this module's class; `LossConfigError` carries a spec code the same way."""
+    from arctic_sdk._generated.error_codes import ERRORS
+
+    code, message = getattr(exc, "code", None), getattr(exc, "message", None)
+    if isinstance(code, str) and code in ERRORS and isinstance(message, str):
+        details = getattr(exc, "details", None)
+        return {"code": code, "message": message, "details": dict(details or {})}
+    tb = traceback.format_exc(limit=8)
+    return {
+        "code": "internal",
+        "message": f"{what} failed: {type(exc).__name__}: {exc}",
+        "details": {"traceback": tb[-4000:]},
+    }
+
+
+def set_threads(n: int) -> None:
+    """Pin torch's intra-op pool to `n` threads (vLLM's CPU worker forbids changing it later)."""
+    import torch
+
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # already set (a parallel region ran first)
+        torch.set_num_interop_threads(1)
+
+
+def build_engine(role: str, spec: dict[str, Any]) -> Any:
+    engine = spec.get("engine") or {"training": "deepspeed", "sampling": "vllm"}.get(role, "hf")
+    if engine == "deepspeed" and role == "log_prob":  # a forward-only reference model
+        from ..deepspeed.ds_scoring import DeepSpeedScoringEngine
+
+        return DeepSpeedScoringEngine(spec)
+    if engine == "deepspeed":
+        from ..deepspeed.ranks import world_size
+
+        if world_size(spec) > 1:  # n_gpus ranks under torch.distributed (dp_training.py)
+            from ..deepspeed.dp_training import DataParallelTrainer
+
+            return DataParallelTrainer(spec)
+        from ..deepspeed.training import TrainingEngine
+
+        return TrainingEngine(spec)
+    if engine == "vllm":
+        from ..vllm.sampling import SamplingEngine
+
+        return SamplingEngine(spec)
+    if engine == "hf":
+        from ..deepspeed.scoring import ScoringEngine
+
+        return ScoringEngine(spec)
+    raise WorkerError("invalid_argument", f"unknown engine {engine!r}")
+
+
+STREAM_CMD = "generate_stream"  # a command answered by partial messages, then its reply
+ABORT_CMD = "abort_stream"  # ends a batched command early (a stream's final: finish "abort")
+IMMEDIATE_CMDS = frozenset({ABORT_CMD, "stream_stats"})  # never deferred
+
+
+BATCH_KIND = "batch"  # {"kind": "batch", "msgs": [...]}: the messages of one engine step
+
+
+def send_step(pump: Any, send: Any) -> None:
+    """One engine step; its messages (a partial per stream, finished replies) in one pipe
+    message, so N streams cost the engine's thread one send a step, not N."""
+    out: list[dict[str, Any]] = []
+    pump(out.append)
+    if len(out) == 1:
+        send(out[0])
+    elif out:
+        send({"kind": BATCH_KIND, "msgs": out})
+
+
+def unbatch(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages a pipe message carries (`send_step`)."""
+    return list(msg["msgs"]) if msg.get("kind") == BATCH_KIND else [msg]
+
+
+def merge_stream(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive messages of one stream (partials; the final result may be last) as one: all
+    their tokens, log-probs and text, the last one's other fields. A consumer that fell behind
+    the engine (a busy server, a slow client) sends one chunk for what piled up, not one each."""
+    if len(items) == 1:
+        return items[0]
+    out = dict(items[-1])
+    out["token_ids"] = [t for it in items for t in it.get("token_ids") or []]
+    out["text"] = "".join(str(it.get("text") or "") for it in items)
+    lps = [it.get("logprobs") for it in items]
+    out["logprobs"] = None if any(lp is None for lp in lps) else [x for lp in lps for x in lp or []]
+    return out
+
+
+def submits(engine: Any, cmd: Any) -> bool:
+    """Whether `cmd` joins the engine's continuous batch (`engine.submit`)."""
+    fn = getattr(engine, "submits", None)
+    return bool(fn is not None and isinstance(cmd, str) and fn(cmd))
+
+
+def busy(engine: Any) -> bool:
+    fn = getattr(engine, "busy", None)
+    return bool(fn is not None and fn())
+
+
+def placement(engine: Any, cmd: Any, *, waiting: bool) -> str:
+    """Where a command goes now: "submit" (into the engine's batch), "run" (at once, the engine
+    being idle) or "defer" (after the requests in the engine, or behind the commands already
+    waiting: `waiting`). Shared by this serve loop and the gateway's worker host."""
+    if waiting:
+        return "defer"
+    if submits(engine, cmd):
+        return "submit"
+    return "defer" if busy(engine) else "run"
+
+
+def run_command(engine: Any, msg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one command; the messages that answer it (none for one the engine batch took)."""
+    cmd, mid = msg.get("cmd"), msg.get("id")
+    args = msg.get("args") or {}
+    try:
+        if submits(engine, cmd):
+            done = engine.submit(int(mid or 0), cmd, args)
+            return [] if done is None else [{"id": mid, "ok": True, "result": done}]
+        if cmd == ABORT_CMD and hasattr(engine, "abort"):
+            ended = engine.abort(int(args.get("stream") or 0))
+            return [*ended, {"id": mid, "ok": True, "result": {"aborted": bool(ended)}}]
+        fn = getattr(engine, f"op_{cmd}", None)
+        if fn is None:
+            raise WorkerError("unimplemented", f"{type(engine).__name__} has no op {cmd!r}")
+        return [{"id": mid, "ok": True, "result": fn(**args)}]
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        return [{"id": mid, "ok": False, "error": error_body(exc, str(cmd))}]
+
+
+def _drop_deferred(deferred: collections.deque[dict[str, Any]], msg: dict[str, Any]) -> bool:
+    """An abort of a command still waiting: it never runs (its caller has gone)."""
+    if msg.get("cmd") != ABORT_CMD:
+        return False
+    target = int((msg.get("args") or {}).get("stream") or 0)
+    for m in deferred:
+        if int(m.get("id") or 0) == target:
+            deferred.remove(m)
+            return True
+    return False
+
+
+def serve(conn: Connection, engine: Any) -> None:
+    pump = getattr(engine, "pump", None)
+    deferred: collections.deque[dict[str, Any]] = collections.deque()
+    while True:
+        # the waiting commands whose turn has come, oldest first
+        while deferred and placement(engine, deferred[0].get("cmd"), waiting=False) != "defer":
+            for reply in run_command(engine, deferred.popleft()):
+                conn.send(reply)
+        if pump is not None and busy(engine) and not conn.poll(0):
+            send_step(pump, conn.send)  # one engine step: what it produced
+            continue
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        cmd = msg.get("cmd")
+        if cmd == "shutdown":
+            try:
+                engine.close()
+            finally:
+                conn.send({"id": msg.get("id"), "ok": True, "result": None})
+            return
+        if cmd in IMMEDIATE_CMDS:
+            if _drop_deferred(deferred, msg):
+                conn.send({"id": msg.get("id"), "ok": True, "result": {"aborted": True}})
+                continue
+        elif placement(engine, cmd, waiting=bool(deferred)) == "defer":
+            deferred.append(msg)
+            continue
+        for reply in run_command(engine, msg):
+            conn.send(reply)
+
+
+def torch_extensions_dir() -> str:
+    """Where DeepSpeed's JIT-built ops are cached: one directory per interpreter prefix.
+
+    torch's default (`~/.cache/torch_extensions/py311_cpu`) is shared by every environment of
+    the same Python and torch build; two venvs then rebuild each other's ops (about 30-60 s a
+    time). `tools/install_engines.sh` prebuilds into this same directory.
+    """
+    import hashlib
+
+    tag = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "arctic", "torch_extensions", tag)
+
+
+def preload(engine: str) -> None:
+    """Import the engine's libraries before any job needs them (the slow part of a start-up)."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
+    import torch
+
+    cuda = bool(torch.cuda.is_available())
+    if engine == "deepspeed":
+        if not cuda:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed  # noqa: F401
+        from transformers import AutoModelForCausalLM
+    elif engine == "vllm":
+        from ..vllm.sampling import set_vllm_env
+
+        set_vllm_env(cuda)
+        from vllm import LLM, SamplingParams  # noqa: F401
+    else:
+        from transformers import AutoModelForCausalLM  # noqa: F401
+
+
+def report_failure(conn: Connection, reason: str) -> None:
+    """A rank of this multi-rank sub-job was lost (ranks.py): tell the server, then end."""
+    from ..deepspeed.ranks import RANK_GROUP_FAILED
+
+    print(f"{RANK_GROUP_FAILED}{reason}", flush=True)
+    with contextlib.suppress(Exception):
+        conn.send({"kind": "failed", "reason": f"lost {reason}"})
+    os._exit(70)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m arctic_servers.engines.worker.worker")
+    ap.add_argument("--role", required=True, choices=("training", "sampling", "log_prob"))
+    ap.add_argument("--engine", required=True, choices=("deepspeed", "vllm", "hf"))
+    ap.add_argument("--fd", type=int, required=True, help="inherited socket to the server")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    conn = Connection(args.fd)
+    os.set_inheritable(args.fd, False)
+    t0 = time.perf_counter()
+    try:
+        preload(args.engine)
+    except BaseException as exc:
+        conn.send({"kind": "init_failed", "error": error_body(exc, f"{args.engine} import")})
+        traceback.print_exc()
+        return 1
+    conn.send({"kind": "idle", "preload_s": round(time.perf_counter() - t0, 3)})
+    # the first command is always init (a pooled worker waits here until a job takes it)
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return 0
+    if msg.get("cmd") != "init":
+        return 0
+    spec = dict(msg["args"]["spec"])
+    t1 = time.perf_counter()
+    if args.engine == "deepspeed":
+        from ..deepspeed.ranks import set_failure_handler
+
+        set_failure_handler(lambda reason: report_failure(conn, reason))
+    try:
+        set_threads(int(spec.get("num_threads") or os.environ.get("ARCTIC_NUM_THREADS") or 1))
+        engine = build_engine(args.role, spec)
+    except BaseException as exc:
+        conn.send(
+            {
+                "id": msg.get("id"),
+                "ok": False,
+                "error": error_body(exc, f"{args.role} engine start"),
+            }
+        )
+        traceback.print_exc()
+        return 1
+    info = dict(engine.info())
+    info.update(pid=os.getpid(), startup_s=round(time.perf_counter() - t1, 3))
+    conn.send({"id": msg.get("id"), "ok": True, "result": info})
+    serve(conn, engine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Weight sync of a LoRA job on the on-prem server (PROTOCOL.md §3.6): the adapter's tensors
+travel as one safetensors file (/dev/shm) or blob — a few hundred KiB to MiB, so the GPU
+hand-offs of full weights (`cuda_ipc`, `nccl`) are not used — into the job's sampling sub-jobs,
+each of which loads them as a new adapter version (`lora_sampler.py`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ProtocolError
+from .jobs import sub_job_by_id
+from .sub_jobs import field_error
+
+LORA_METHODS = ("auto", "shm", "safetensors")
+
+
+def check_lora_sync(job: Any, body: Mapping[str, Any], path: str) -> None:
+    """A LoRA job's sync: a file or blob method, sampling targets only."""
+    method = str(body.get("method") or "auto").lower()
+    if method not in LORA_METHODS:
+        opt = f"{path}method"
+        raise ProtocolError(
+            "unsupported_option",
+            f"{opt}: {method!r}; a LoRA job syncs its adapter as a file or a blob, one of "
+            f"{list(LORA_METHODS)}",
+            options=[opt],
+            field=opt,
+        )
+    for i, tid in enumerate(body.get("target_sub_job_ids") or []):
+        if sub_job_by_id(job, tid).role != "sampling":
+            raise field_error(
+                f"{path}target_sub_job_ids[{i}]",
+                f"{tid} is not a sampling sub-job; a LoRA job's adapter loads into its "
+                "samplers only (the reference model stays the base model)",
+                expected="a sampling sub-job",
+            )
+
+
+def lora_method(method: str, shm_ok: bool) -> str:
+    """The method a LoRA sync runs with ("auto" on a GPU host picks a file or a blob too)."""
+    if method in ("shm", "safetensors"):
+        return method
+    return "shm" if shm_ok else "safetensors"
+
+
+def adapter_load_args(tag_dir: Path, ckpt: str) -> dict[str, Any]:
+    """`load_weights` arguments that load a LoRA checkpoint's adapter into a LoRA job's sampler
+    (a full-weight checkpoint cannot go there: `invalid_argument`)."""
+    adapter = tag_dir / "adapter"
+    if not (adapter / "adapter_config.json").is_file():
+        raise field_error(
+            "checkpoint_id",
+            f"{ckpt!r} holds full weights; a LoRA job's sampler loads a LoRA checkpoint's adapter",
+            expected="a checkpoint of a LoRA job",
+        )
+    return {
+        "path": str(adapter / "adapter_model.safetensors"),
+        "adapter_config": json.loads((adapter / "adapter_config.json").read_text()),
+    }
