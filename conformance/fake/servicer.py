@@ -12,20 +12,18 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk._generated import methods as M
 from arctic_servers.engines import checks
 from arctic_servers.engines.fake import checkpoints as ck
 from arctic_servers.engines.fake import numerics as nx
 from arctic_servers.engines.fake import operations, sampling, training
-from arctic_servers.engines.fake.config import FAKE_TRAINING_KEYS
+from arctic_servers.engines.fake.config import FAKE_CONFIG_KEYS
 from arctic_servers.engines.fake.state import Job, SubJob
 from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
 from arctic_servers.protocol.job_control import JobControl
-from arctic_servers.protocol.jobs import config_keys_json
 from arctic_servers.protocol.lora_config import SUPPORT as LORA_SUPPORT
 from arctic_servers.protocol.lora_config import adapter_sync, check_adapter, job_lora
 from arctic_servers.protocol.operation_types import OPERATION_TYPES
@@ -50,7 +48,7 @@ class FakeServicer(JobControl[Job]):
 
     operation_types = OPERATION_TYPES
     lora_support = LORA_SUPPORT.json()  # the capabilities' `lora` (the on-prem server's)
-    config_keys = config_keys_json({**STANDARD_CONFIG_KEYS, "training": FAKE_TRAINING_KEYS})
+    config_keys = FAKE_CONFIG_KEYS
 
     def __init__(
         self,

@@ -46,9 +46,9 @@ class FakeProfile:
     @property
     def config_keys(self) -> dict[str, list[str]]:
         """The fake's keys: the standard ones and `lora` (what `sub_jobs_of` checks)."""
-        from conformance.fake.servicer import FakeServicer
+        from ..engines.fake.config import FAKE_CONFIG_KEYS
 
-        return dict(FakeServicer.config_keys)
+        return dict(FAKE_CONFIG_KEYS)
 
     def sub_jobs(self, body: Mapping[str, Any]) -> list[SubJob]:
         from ..engines.fake.config import sub_jobs_of

@@ -11,13 +11,17 @@ from typing import Any
 
 from ...protocol import lora_config
 from ...protocol.errors import ProtocolError
-from ...protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, role_of
+from ...protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, config_keys_json, role_of
 from ...protocol.sub_job_config import check_standard_keys
 from .state import SubJob
 
 DTYPES = ("", "float32", "bfloat16", "float16")
 # the fake models LoRA jobs as the on-prem server does (adapter versions, NUMERICS.md §6)
 FAKE_TRAINING_KEYS = TRAINING_KEYS | {"lora"}
+#: The capabilities' `config_keys` of a server over the fake engine (fake gateway, --engine fake).
+FAKE_CONFIG_KEYS = config_keys_json(
+    {"sampling": INFERENCE_KEYS, "log_prob": INFERENCE_KEYS, "training": FAKE_TRAINING_KEYS}
+)
 
 
 def bad(path: str, message: str, code: str = "invalid_argument", **details: Any) -> ProtocolError:
