@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError

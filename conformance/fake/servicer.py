@@ -12,8 +12,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.onprem import checks
 from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk.compat import ArcticRLClientConfig
 from arctic_sdk.compat.job_config import JobPlan, plan_job
 from arctic_sdk.compat.unified import (
@@ -19,6 +18,7 @@ from arctic_sdk.compat.unified import (
     TrainingConfig,
     UnifiedClientConfig,
 )
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS
 from arctic_servers.onprem.settings import config_keys
 
 ONPREM = config_keys()

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from conformance.fake import numerics as nx
 from conformance.fake import tokenizer
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import requests
 
-from arctic_sdk._generated import methods as M
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
+from arctic_sdk.spec.tables import methods as M
 from conformance.fake import tokenizer
 
 from ..gateway.harness import SAMPLE, Client, Gateway

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from conformance.fake import checkpoints as fake_ckpt
 from conformance.fake import numerics as nx
 from conformance.fake import sampling, training
