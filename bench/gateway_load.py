@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "sdk"), str(ROOT / "servers")]
 
 import dssst1  # noqa: E402
-from arctic_sdk._generated import methods as M  # noqa: E402
-from arctic_sdk._spec import MethodInfo  # noqa: E402
+from arctic_sdk.spec.model import MethodInfo  # noqa: E402
+from arctic_sdk.spec.tables import methods as M  # noqa: E402
 
 TOKEN = "bench-token"
 TERMINAL = ("completed", "failed", "cancelled")

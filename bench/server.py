@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "servers"))
 
-from arctic_sdk._generated import methods as M  # noqa: E402
+from arctic_sdk.spec.tables import methods as M  # noqa: E402
 
 GENERATE = M.GENERATE.name  # the measure of the generate op (the other: "train")
 

@@ -45,8 +45,8 @@ for sub in ("sdk", "servers"):
 
 import dssst1  # noqa: E402
 from arctic_sdk import AsyncClient  # noqa: E402
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2  # noqa: E402
-from arctic_sdk._generated.methods import FORWARD_BACKWARD, STEP  # noqa: E402
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2  # noqa: E402
+from arctic_sdk.spec.tables.methods import FORWARD_BACKWARD, STEP  # noqa: E402
 
 MiB = 1 << 20
 TOKEN = "bench-token"

@@ -19,9 +19,9 @@ import grpc
 import numpy as np
 
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
+from arctic_sdk.spec.tables import methods as M
 
 OCTET = "application/octet-stream"
 ERROR_TRAILER = "x-arctic-error-bin"
@@ -276,7 +276,7 @@ class RawGrpc:
             raise _error(exc) from None
 
     async def get_request(self, job: str, request_id: str) -> dict[str, Any]:
-        from arctic_sdk._generated.arctic.v1 import jobs_pb2
+        from arctic_sdk.spec.pb.arctic.v1 import jobs_pb2
 
         stub = self.channel.unary_stream(
             M.GET_REQUEST.grpc_path,

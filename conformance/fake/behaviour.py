@@ -18,8 +18,8 @@ import numpy as np
 from aiohttp import web
 
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import GrpcShape
+from arctic_sdk.spec.model import GrpcShape
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol.chunk_groups import ChunkStep
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.sequencer import Sequencer

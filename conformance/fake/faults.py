@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._generated.error_codes import ERRORS
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ERRORS
 from arctic_servers.protocol.errors import ProtocolError
 
 KINDS = ("fail", "delay", "drop_after_execute", "close_mid_body", "reorder")

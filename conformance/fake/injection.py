@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol.grpc_app import ERROR_TRAILER
 from arctic_servers.protocol.http_app import DEFAULT_PREFIX, error_response, json_response
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .run import Finding, Run, Target, finish, routes, start
 from .wire import OCTET, http_answer, path_of, with_header_text

@@ -19,10 +19,10 @@ import grpc
 import requests
 
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2
-from arctic_sdk._generated.error_codes import ERRORS
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
 OCTET = "application/octet-stream"
 ERROR_TRAILER = "x-arctic-error-bin"

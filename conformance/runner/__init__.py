@@ -6,7 +6,7 @@ case's outcome and first difference (console table, JUnit XML, JSON).
 
 Independence: the runner speaks the protocol with `requests`, `http.client` and plain `grpc`,
 the DSSST1 codec (`dssst1`) and the generated messages and method table
-(`arctic_sdk._generated`) only — never the SDK's client, transports, core, errors or config, and
+(`arctic_sdk.spec`, the public spec model) only — never the SDK's client, transports, core, errors or config, and
 never the server runtime — so a bug shared by our SDK and our servers still shows.
 """
 

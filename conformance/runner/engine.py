@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import BodyKind, GrpcShape, MethodInfo
+from arctic_sdk.spec.model import BodyKind, GrpcShape, MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 from . import matchers
 from .model import SAVE, Case, Step

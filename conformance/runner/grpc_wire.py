@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2
-from arctic_sdk._spec import GrpcShape
+from arctic_sdk.spec.model import GrpcShape
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
 
 from . import protojson
 from .values import summarize

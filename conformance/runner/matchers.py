@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_sdk._generated.error_codes import ERRORS
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from .values import CaseDataError, Scope, dtype_name, get_path, is_tensor, summarize
 from .wire import Reply

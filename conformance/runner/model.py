@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .matchers import EXPECT_KEYS
 from .values import CaseDataError
@@ -142,7 +142,7 @@ def _check_expect(exp: Any, where: str) -> None:
 
 
 def _codes() -> frozenset[str]:
-    from arctic_sdk._generated.error_codes import ERRORS
+    from arctic_sdk.spec.tables.error_codes import ERRORS
 
     return frozenset(ERRORS)
 

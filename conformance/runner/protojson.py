@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
+import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
 
 _WELL_KNOWN = frozenset(
     {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}

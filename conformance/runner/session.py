@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .http_wire import HttpWire
 from .wire import Call, Reply

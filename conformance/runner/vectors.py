@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .model import Case, Step
 from .values import CaseDataError

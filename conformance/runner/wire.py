@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import dssst1
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
 
 from .values import summarize
 

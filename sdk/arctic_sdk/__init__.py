@@ -17,10 +17,11 @@ configuration is `ArcticConfig` (see `arctic_sdk.config`). The wire specificatio
 
 __version__ = "0.1.0"
 
+from arctic_sdk.spec.tables.error_codes import ErrorCode
+
 from . import errors, types
 from ._client_base import CallOptions
 from ._generated.client import AsyncClient, Client
-from ._generated.error_codes import ErrorCode
 from .config import (
     ArcticConfig,
     CortexConfig,

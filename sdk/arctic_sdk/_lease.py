@@ -32,8 +32,9 @@ class LeaseRenewer:
         return self
 
     def _run(self) -> None:
+        from arctic_sdk.spec.tables import methods as M
+
         from ._client_base import CallOptions
-        from ._generated import methods as M
         from .transports import make_sync_transport
 
         transport = make_sync_transport(

@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from ._body_check import closest
+from arctic_sdk.spec.body_check import closest
+
 from .errors import InvalidArgumentError
 
 __all__ = [

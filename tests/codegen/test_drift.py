@@ -13,6 +13,8 @@ ROOT = generate.ROOT
 GENERATE = ROOT / "tools" / "codegen" / "generate.py"
 SDK_GEN = "sdk/arctic_sdk/_generated"
 SERVER_GEN = "servers/arctic_servers/_generated"
+TABLES_GEN = "sdk/arctic_sdk/spec/tables"  # the public method and error tables
+PB2_GEN = "sdk/arctic_sdk/spec/pb"  # the public protobuf modules
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,7 +27,7 @@ def _copy_repo(tmp: Path) -> Path:
     """The parts generate.py reads and writes: proto/ and the generated folders."""
     root = tmp / "repo"
     ignore = shutil.ignore_patterns("__pycache__")
-    for d in ("proto", SDK_GEN, SERVER_GEN):
+    for d in ("proto", SDK_GEN, SERVER_GEN, TABLES_GEN, PB2_GEN):
         shutil.copytree(ROOT / d, root / d, ignore=ignore)
     return root
 
@@ -38,11 +40,11 @@ def test_committed_generated_code_is_current() -> None:
 def test_check_fails_on_a_hand_edit_and_names_the_file(tmp_path: Path) -> None:
     root = _copy_repo(tmp_path)
     assert _run("--check", "--root", str(root)).returncode == 0
-    target = root / SDK_GEN / "methods.py"
+    target = root / TABLES_GEN / "methods.py"
     target.write_text(target.read_text().replace('name="step"', 'name="stepp"'))
     proc = _run("--check", "--root", str(root))
     assert proc.returncode == 1
-    assert f"differs: {SDK_GEN}/methods.py" in proc.stdout
+    assert f"differs: {TABLES_GEN}/methods.py" in proc.stdout
     assert '-    name="stepp",' in proc.stdout and '+    name="step",' in proc.stdout
     assert "1 generated file(s) differ" in proc.stdout
 
@@ -50,11 +52,11 @@ def test_check_fails_on_a_hand_edit_and_names_the_file(tmp_path: Path) -> None:
 def test_check_fails_on_added_and_deleted_files(tmp_path: Path) -> None:
     root = _copy_repo(tmp_path)
     (root / SERVER_GEN / "helpers.py").write_text("x = 1\n")
-    (root / SDK_GEN / "arctic" / "v1" / "jobs_pb2.pyi").unlink()
+    (root / PB2_GEN / "arctic" / "v1" / "jobs_pb2.pyi").unlink()
     proc = _run("--check", "--root", str(root))
     assert proc.returncode == 1
     assert f"not generated (stale or hand-added): {SERVER_GEN}/helpers.py" in proc.stdout
-    assert f"missing: {SDK_GEN}/arctic/v1/jobs_pb2.pyi" in proc.stdout
+    assert f"missing: {PB2_GEN}/arctic/v1/jobs_pb2.pyi" in proc.stdout
 
 
 def test_regenerating_restores_exactly_the_generated_tree(tmp_path: Path) -> None:
@@ -75,10 +77,10 @@ def test_check_follows_a_proto_change(tmp_path: Path) -> None:
     proto.write_text(proto.read_text().replace("// Drop the samplers' prefix caches.", "// Drop!"))
     proc = _run("--check", "--root", str(root))
     assert proc.returncode == 1
-    assert f"differs: {SDK_GEN}/methods.py" in proc.stdout
+    assert f"differs: {TABLES_GEN}/methods.py" in proc.stdout
 
 
-def test_pb2_modules_are_moved_under_the_sdk_package() -> None:
+def test_pb2_modules_are_moved_under_the_public_spec_package() -> None:
     tree = generate.read_tree(ROOT, generate.Layout())
     pb2 = {p: t.decode() for p, t in tree.items() if p.endswith(("_pb2.py", "_pb2.pyi"))}
     assert len(pb2) == 2 * len(generate.proto_files(ROOT / "proto"))
@@ -86,4 +88,4 @@ def test_pb2_modules_are_moved_under_the_sdk_package() -> None:
         assert "from arctic.v1 import" not in text, path
         assert "DO NOT EDIT" in "".join(text.splitlines()[:3]), path
         if path.endswith(".py"):
-            assert "'arctic_sdk._generated.arctic.v1." in text, path
+            assert "'arctic_sdk.spec.pb.arctic.v1." in text, path

@@ -25,11 +25,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from google.protobuf.message import Message
 
 from arctic_sdk._client_base import CallOptions
-from arctic_sdk._generated import client, error_codes, grpc_stubs, methods
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2
+from arctic_sdk._generated import client, grpc_stubs
 from arctic_sdk._misuse import keyword_names
-from arctic_sdk._spec import GrpcShape, MethodInfo
 from arctic_sdk.errors import InvalidArgumentError
+from arctic_sdk.spec.model import GrpcShape, MethodInfo
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
+from arctic_sdk.spec.tables import error_codes, methods
 from arctic_servers._generated import grpc_services, http_routes, servicer
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
@@ -37,7 +38,14 @@ from arctic_servers.protocol.errors import ProtocolError
 ROOT = Path(__file__).resolve().parents[2]
 SDK_GEN = ROOT / "sdk" / "arctic_sdk" / "_generated"
 SERVER_GEN = ROOT / "servers" / "arctic_servers" / "_generated"
-GENERATED_PY = sorted([*SDK_GEN.rglob("*.py"), *SERVER_GEN.rglob("*.py")])
+SPEC_GEN = [ROOT / "sdk" / "arctic_sdk" / "spec" / d for d in ("tables", "pb")]
+GENERATED_PY = sorted(
+    [
+        *SDK_GEN.rglob("*.py"),
+        *SERVER_GEN.rglob("*.py"),
+        *(p for d in SPEC_GEN for p in d.rglob("*.py")),
+    ]
+)
 HAND_WRITTEN_PY = [p for p in GENERATED_PY if not p.name.endswith("_pb2.py")]
 SPEC = spec_loader.methods()
 PREFIX = "/api/v2/databases/{db}/schemas/{schema}/{endpoint}"

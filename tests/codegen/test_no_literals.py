@@ -1,9 +1,9 @@
 """No op name, legacy alias or route literal outside the generated folders.
 
-Everything per-op is driven by the generated method table (`arctic_sdk._generated.methods`), so
+Everything per-op is driven by the generated method table (`arctic_sdk.spec.tables.methods`), so
 a string constant equal to an op name, an alias or a route is a hand-written copy of the table
 that will drift. Scanned: the product code (`sdk/`, `servers/`, `conformance/`, `dssst1/`,
-`bench/`); exempt: `_generated/` folders, the compatibility alias table
+`bench/`); exempt: the generated folders (`generate.managed_dirs`), the compatibility alias table
 `sdk/arctic_sdk/compat/aliases.py`, tests and tools. Rules, to stay precise with op names that
 are also words ("step", "save", "forward"):
 
@@ -29,11 +29,12 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import generate
 import pytest
 from google.protobuf.descriptor import Descriptor
 
-from arctic_sdk._generated import methods
-from arctic_sdk._generated.arctic import v1 as pb2
+from arctic_sdk.spec.pb.arctic import v1 as pb2
+from arctic_sdk.spec.tables import methods
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("sdk", "servers", "conformance", "dssst1", "bench")
@@ -64,13 +65,15 @@ def _field_names() -> set[str]:
 
 
 FIELD_NAMES = _field_names()
+GENERATED_DIRS = generate.managed_dirs(generate.Layout())
 
 
 def _python_files() -> Iterator[Path]:
     for top in SCANNED:
         for p in sorted((ROOT / top).rglob("*.py")):
             rel = p.relative_to(ROOT).as_posix()
-            if "_generated" in p.parts or rel in ALLOWED_FILES or "__pycache__" in p.parts:
+            generated = any(rel.startswith(d + "/") for d in GENERATED_DIRS)
+            if generated or rel in ALLOWED_FILES or "__pycache__" in p.parts:
                 continue
             yield p
 
@@ -118,7 +121,7 @@ def test_scanner_finds_literals(tmp_path: Path) -> None:
 @pytest.mark.parametrize("top", SCANNED)
 def test_no_op_name_or_route_literals(top: str) -> None:
     found = [
-        f"{path}:{line}: {kind} literal {value!r}: use arctic_sdk._generated.methods"
+        f"{path}:{line}: {kind} literal {value!r}: use arctic_sdk.spec.tables.methods"
         for p in _python_files()
         if p.relative_to(ROOT).parts[0] == top
         for path, line, kind, value in violations(p)

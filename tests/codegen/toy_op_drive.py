@@ -23,8 +23,9 @@ NOT_IMPLEMENTED = 77
 
 
 def static() -> None:
-    from arctic_sdk._generated import client, grpc_stubs, methods, types
-    from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency, Role
+    from arctic_sdk._generated import client, grpc_stubs, types
+    from arctic_sdk.spec.model import BodyKind, GrpcShape, Idempotency, Role
+    from arctic_sdk.spec.tables import methods
     from arctic_servers._generated import grpc_services, http_routes, servicer
 
     toy = methods.BY_NAME["toy-sum"]
@@ -69,8 +70,9 @@ async def adapters() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from arctic_sdk._generated import grpc_stubs, methods
-    from arctic_sdk._generated.arctic.v1 import dssst1_pb2
+    from arctic_sdk._generated import grpc_stubs
+    from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
+    from arctic_sdk.spec.tables import methods
     from arctic_servers._generated import grpc_services, http_routes
 
     async def handle(method: Any, request: web.Request) -> web.StreamResponse:
@@ -117,8 +119,9 @@ async def runtime() -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
     import dssst1
-    from arctic_sdk._generated import grpc_stubs, methods
-    from arctic_sdk._generated.arctic.v1 import dssst1_pb2
+    from arctic_sdk._generated import grpc_stubs
+    from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
+    from arctic_sdk.spec.tables import methods
     from arctic_servers.protocol.core import ProtocolCore
     from arctic_servers.protocol.grpc_app import start_grpc_server
     from arctic_servers.protocol.http_app import make_app

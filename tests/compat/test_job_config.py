@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk.compat import ArcticRLClientConfig
 from arctic_sdk.compat.job_config import JobPlan, plan_job
 from arctic_sdk.compat.unified import (

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
 from arctic_sdk.compat import ArcticRLClientConfig
 from arctic_sdk.compat.job_config import JobPlan, UnsupportedConfigError, plan_job
 from arctic_servers.engines.config import config_keys, sub_job_specs

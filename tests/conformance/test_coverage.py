@@ -8,8 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._generated.error_codes import ERRORS
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ERRORS
 from conformance.runner import Case
 from conformance.runner.vectors import DEFAULT_VECTORS, NOT_SENDABLE
 
@@ -119,8 +119,8 @@ def test_feature_names_are_known(cases: list[Case]) -> None:
 
 
 def test_runner_is_independent_of_the_sdk_and_the_servers() -> None:
-    """The runner may import the codec and the generated messages / method table only."""
-    allowed_sdk = ("arctic_sdk._generated", "arctic_sdk._spec")
+    """The runner may import the codec and the public spec model (`arctic_sdk.spec`) only."""
+    allowed_sdk = ("arctic_sdk.spec",)
     for path in sorted((ROOT / "conformance" / "runner").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

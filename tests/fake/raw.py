@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import grpc
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 from conformance.fake import RunningFake
 
 from ..rawwire import OCTET, TERMINAL, GrpcError, RawGrpc, RawHttp, Resp, chunks_of

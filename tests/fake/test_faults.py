@@ -10,8 +10,8 @@ import aiohttp
 import grpc
 import pytest
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._generated.arctic.v1 import jobs_pb2 as J
+from arctic_sdk.spec.pb.arctic.v1 import jobs_pb2 as J
+from arctic_sdk.spec.tables import methods as M
 from conformance.fake import start_fake
 
 from .raw import Grpc, GrpcError, Http

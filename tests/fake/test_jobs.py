@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS
+from arctic_sdk.spec.tables import methods as M
 from conformance.fake import JobDelays, RunningFake, start_fake
 
 from .raw import TOKEN, Http

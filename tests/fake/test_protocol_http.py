@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol.config import ProtocolLimits
 from conformance.fake import start_fake
 

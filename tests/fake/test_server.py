@@ -9,7 +9,7 @@ from pathlib import Path
 
 import requests
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from conformance.__main__ import main
 from conformance.fake import BackgroundFake
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import requests
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 from .harness import OCTET, TERMINAL, Client, Resp, chunks_of, fb_body, path_of
 

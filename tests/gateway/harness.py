@@ -20,8 +20,8 @@ from typing import Any
 import requests
 
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol.serve import free_port
 
 from ..rawwire import OCTET, TERMINAL, Resp, path_of

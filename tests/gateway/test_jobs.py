@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .harness import SAMPLE, TRAIN, Client, Gateway, fb_body
 

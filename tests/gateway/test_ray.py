@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .harness import SAMPLE, TRAIN, Client, Gateway, fb_body
 from .rayhead import local_ray_head, require_ray

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .harness import Client, Gateway
 from .rayhead import local_ray_head

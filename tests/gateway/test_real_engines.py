@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from conformance.runner import cli as conformance_cli
 from conformance.runner.model import load_cases
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .harness import SAMPLE, TRAIN, Client, Gateway, fb_body
 from .test_jobs import admin

@@ -94,7 +94,7 @@ def test_runner_finds_holes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(checkpoint_ids, "_inside", lambda root, name, field: root / name)
     monkeypatch.setattr(http_server.SpecRequestHandler, "handle_error",
                         http_server.web_protocol.RequestHandler.handle_error)  # fmt: skip
-    import arctic_sdk._value_rules as vr
+    import arctic_sdk.spec.value_rules as vr
 
     monkeypatch.setattr(vr, "string_rule_error", lambda opts, value: None)
     with BackgroundFake(tokens=("tok-a", "tok-b"), limits=LIMITS) as f:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 from ..rawwire import RawGrpc, RawHttp, Resp
 

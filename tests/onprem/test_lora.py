@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .conftest import ServerInfo, cancel_job, create_job
 from .helpers import CHAT, ROWS, TEXTS, pad, sampled, sft_body, trainer_vs_sampler

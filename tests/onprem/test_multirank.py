@@ -29,7 +29,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .conftest import ServerInfo, create_job, start_server, stop_server
 from .helpers import ROWS, sft_body

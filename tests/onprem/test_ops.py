@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .conftest import ServerInfo
 from .helpers import CHAT, ROWS, TEXTS, pad, sft_body

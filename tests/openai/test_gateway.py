@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import requests
 
-from arctic_sdk._generated import methods as M
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
 from arctic_servers.engines.fake import tokenizer
 

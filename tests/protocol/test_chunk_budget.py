@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol.chunk_groups import (
     CHUNK_OVERHEAD,
     GROUP_OVERHEAD,

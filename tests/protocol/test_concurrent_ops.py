@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers._generated.servicer import ServicerBase
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
 from arctic_servers.protocol.context import CallContext

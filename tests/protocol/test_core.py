@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import dssst1
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2, jobs_pb2
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2, jobs_pb2
 from arctic_servers._generated.servicer import ServicerBase
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
 from arctic_servers.protocol.context import CallContext

@@ -1,5 +1,5 @@
 """The shared input limits (protocol/limits.py) and the body checker's string and number rules
-(arctic_sdk._body_check): each hostile value of issue 14 is a 4xx naming its field."""
+(arctic_sdk.spec.body_check): each hostile value of issue 14 is a 4xx naming its field."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pool
 
-import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401
-from arctic_sdk._body_check import BodyError, check_body, leftover_error
+import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401
+from arctic_sdk.spec.body_check import BodyError, check_body, leftover_error
 from arctic_servers.protocol import limits
 from arctic_servers.protocol.errors import ProtocolError
 

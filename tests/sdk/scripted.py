@@ -18,8 +18,8 @@ from arctic_sdk._core.effects import (
 )
 from arctic_sdk._core.requests import HttpWire
 from arctic_sdk._core.state import CoreState
-from arctic_sdk._generated import methods as M
 from arctic_sdk.config import ArcticConfig, build_config
+from arctic_sdk.spec.tables import methods as M
 
 PREFIX = "http://test/api/v2/databases/db/schemas/sc/cortex-training"
 TOKEN = "pat-secret-0123456789"

@@ -11,7 +11,7 @@ import pytest
 import arctic_sdk
 from arctic_sdk import errors as E
 from arctic_sdk._core.errors_parse import parse_error, retry_after, to_exception
-from arctic_sdk._generated.error_codes import ERRORS
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
 DEPLOYED_NESTED = {
     "code": "517604",

@@ -12,7 +12,7 @@ from arctic_sdk import CallOptions
 from arctic_sdk import errors as E
 from arctic_sdk._core.effects import ConnectionFailure, HttpRequest, joined
 from arctic_sdk._core.sequence import SeqAllocator
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .scripted import TOKEN, Clock, Run, call, caps_doc, done, drive, make_state, resp, script
 

@@ -13,7 +13,7 @@ import dssst1
 from arctic_sdk import errors as E
 from arctic_sdk._core import calls
 from arctic_sdk._core.effects import joined
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .scripted import Clock, Run, call, caps_doc, done, make_state, resp, script
 

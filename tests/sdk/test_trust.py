@@ -24,9 +24,9 @@ from arctic_sdk import (
 )
 from arctic_sdk._core.effects import GrpcResponse
 from arctic_sdk._core.grpc_wire import GrpcWire
-from arctic_sdk._generated import methods as M
 from arctic_sdk._generated.error_classes import ERROR_CLASSES
-from arctic_sdk._generated.error_codes import ERRORS
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from .conftest import Env
 
@@ -80,7 +80,7 @@ async def test_cross_entropy_honours_weights_and_refuses_what_it_does_not_read(e
 
 def test_the_per_loss_table_is_declared_once_in_the_spec() -> None:
     """The SDK reads the table from the proto options (what servers read too)."""
-    from arctic_sdk._generated.arctic.v1 import options_pb2, training_pb2
+    from arctic_sdk.spec.pb.arctic.v1 import options_pb2, training_pb2
 
     def losses(msg: Any, name: str) -> list[str]:
         return list(

@@ -88,10 +88,10 @@ class Method:
     const: str
     http_method: str
     http_path: str
-    body: str  # the _spec.BodyKind member name: NONE, JSON, DSSST1
-    role: str  # _spec.Role member name
-    idempotency: str  # _spec.Idempotency member name
-    fallback: str  # _spec.Fallback member name
+    body: str  # the spec.model.BodyKind member name: NONE, JSON, DSSST1
+    role: str  # spec.model.Role member name
+    idempotency: str  # spec.model.Idempotency member name
+    fallback: str  # spec.model.Fallback member name
     operation_type: str
     aliases: tuple[str, ...]
     request_type: str
@@ -99,7 +99,7 @@ class Method:
     inline_preferred: bool
     protocol: bool
     concurrent: bool
-    grpc_shape: str  # _spec.GrpcShape member name
+    grpc_shape: str  # spec.model.GrpcShape member name
     job_scoped: bool
     path_params: tuple[str, ...]
     doc: str

@@ -19,12 +19,16 @@ LINE = 100
 class Layout:
     """Where the outputs go and how they import each other (the plugin parameter)."""
 
-    sdk_out: str = "sdk/arctic_sdk/_generated"
+    sdk_out: str = "sdk/arctic_sdk/_generated"  # the SDK's typed bodies, clients, error classes
     sdk_package: str = "arctic_sdk._generated"
     server_out: str = "servers/arctic_servers/_generated"
     server_package: str = "arctic_servers._generated"
-    pb2_package: str = "arctic_sdk._generated"  # the *_pb2 modules live under this package
-    runtime_package: str = "arctic_sdk"  # hand-written `_spec`, `_client_base`
+    spec_out: str = "sdk/arctic_sdk/spec/tables"  # the public method and error tables
+    spec_package: str = "arctic_sdk.spec.tables"
+    pb2_out: str = "sdk/arctic_sdk/spec/pb"  # the *_pb2 modules (public: arctic_sdk.spec.pb)
+    pb2_package: str = "arctic_sdk.spec.pb"
+    model_module: str = "arctic_sdk.spec.model"  # hand-written MethodInfo, ErrorInfo, enums
+    runtime_package: str = "arctic_sdk"  # hand-written `_client_base`, `_error_base`
     server_runtime_package: str = "arctic_servers.protocol"  # hand-written `context`, `errors`
     proto_root: str = "proto"  # shown in banners
     outputs: tuple[str, ...] = ("sdk", "server")

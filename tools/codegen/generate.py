@@ -10,8 +10,8 @@ Pipeline (both drivers run the same pinned generators):
    Python generator (`*_pb2.py`), mypy-protobuf (`*_pb2.pyi`, through
    `tools/codegen/protoc-gen-mypy`) and protoc-gen-arctic (`tools/codegen/protoc-gen-arctic`:
    tables, types, clients, server skeletons);
-2. assembly: the `*_pb2` modules go under `sdk/arctic_sdk/_generated/` with their absolute
-   imports `from arctic.v1 import x_pb2` rewritten to `from arctic_sdk._generated.arctic.v1 import
+2. assembly: the `*_pb2` modules go under `sdk/arctic_sdk/spec/pb/` with their absolute
+   imports `from arctic.v1 import x_pb2` rewritten to `from arctic_sdk.spec.pb.arctic.v1 import
    x_pb2` (and their module names likewise), plus a banner line.
 
 `--driver buf` does step 1 with `buf generate` (buf.gen.yaml). Its output is byte-identical except
@@ -162,7 +162,7 @@ def assemble(raw: Path, layout: Layout, proto_root_label: str) -> Tree:
     for p in files:
         rel = p.relative_to(pb2).as_posix()
         text = rewrite_pb2(p.read_text(encoding="utf-8"), packages, layout, ", ".join(srcs))
-        tree[f"{layout.sdk_out}/{rel}"] = text.encode()
+        tree[f"{layout.pb2_out}/{rel}"] = text.encode()
     arctic = raw / "arctic"
     for p in sorted(q for q in arctic.rglob("*") if q.is_file()):
         tree[p.relative_to(arctic).as_posix()] = p.read_bytes()
@@ -188,7 +188,7 @@ def generate_tree(root: Path = ROOT, layout: Layout | None = None, driver: str =
 def managed_dirs(layout: Layout) -> list[str]:
     dirs = []
     if "sdk" in layout.outputs:
-        dirs.append(layout.sdk_out)
+        dirs += dict.fromkeys([layout.sdk_out, layout.spec_out, layout.pb2_out])
     if "server" in layout.outputs:
         dirs.append(layout.server_out)
     return dirs

@@ -4,16 +4,18 @@ Run by protoc (`--arctic_out=DIR`, through `tools/codegen/protoc-gen-arctic` or 
 tools/codegen/protoc_gen_arctic.py`): it reads a `CodeGeneratorRequest` on stdin and writes a
 `CodeGeneratorResponse` on stdout. From one method model (`arctic_model.build_spec`) it emits
 
-- SDK (`sdk_out`): `methods.py` (method table), `error_codes.py` (error table),
-  `error_classes.py` (one exception class per code), `types.py`
-  (TypedDicts and field constraints), `client.py` (`Client`, `AsyncClient`), `grpc_stubs.py`,
-  and the package `__init__.py` files of the protobuf modules;
+- spec (`spec_out`, public: `arctic_sdk.spec.tables`): `methods.py` (method table),
+  `error_codes.py` (error table); the package `__init__.py` files of the protobuf modules under
+  `pb2_out` (`arctic_sdk.spec.pb`);
+- SDK (`sdk_out`): `error_classes.py` (one exception class per code), `types.py`
+  (TypedDicts and field constraints), `client.py` (`Client`, `AsyncClient`), `grpc_stubs.py`;
 - server (`server_out`): `servicer.py` (`ServicerBase`), `http_routes.py` (aiohttp),
   `grpc_services.py` (sync and grpc.aio adapters).
 
 The parameter is a comma-separated list of `key=value` (the `Layout` fields: `sdk_out`,
-`sdk_package`, `server_out`, `server_package`, `pb2_package`, `runtime_package`,
-`server_runtime_package`, `proto_root`) and `outputs=sdk+server` to choose what to emit.
+`sdk_package`, `server_out`, `server_package`, `spec_out`, `spec_package`, `pb2_out`,
+`pb2_package`, `model_module`, `runtime_package`, `server_runtime_package`, `proto_root`) and
+`outputs=sdk+server` to choose what to emit.
 Defaults are this repository's layout. Paths in the response are relative to `--arctic_out`.
 """
 
@@ -35,7 +37,9 @@ from arctic_sdk_templates import (
     render_grpc_stubs,
     render_methods,
     render_pb2_init,
+    render_pb2_root_init,
     render_sdk_init,
+    render_tables_init,
     render_types,
 )
 from arctic_server_templates import (
@@ -50,10 +54,12 @@ __version__ = "0.1.0"
 
 Render = Callable[[Spec, Layout, list[str]], str]
 
-SDK_MODULES: dict[str, Render] = {
-    "__init__.py": render_sdk_init,
+SPEC_MODULES: dict[str, Render] = {  # under `spec_out`: the public tables
     "methods.py": render_methods,
     "error_codes.py": render_error_codes,
+}
+SDK_MODULES: dict[str, Render] = {  # under `sdk_out`
+    "__init__.py": render_sdk_init,
     "error_classes.py": render_error_classes,
     "types.py": render_types,
     "client.py": render_client,
@@ -92,6 +98,12 @@ def render_all(spec: Spec, layout: Layout) -> dict[str, str]:
     if "sdk" in layout.outputs:
         for name, render in SDK_MODULES.items():
             out[f"{layout.sdk_out}/{name}"] = render(spec, layout, head)
+        for name, render in SPEC_MODULES.items():
+            out[f"{layout.spec_out}/{name}"] = render(spec, layout, head)
+        if layout.spec_out != layout.sdk_out:
+            out[f"{layout.spec_out}/__init__.py"] = render_tables_init(spec, layout, head)
+        if layout.pb2_out not in (layout.sdk_out, layout.spec_out):
+            out[f"{layout.pb2_out}/__init__.py"] = render_pb2_root_init(spec, layout, head)
         packages: dict[str, list[str]] = {}
         for f in spec.files:
             pkg, mod = pb2_module(f)
@@ -101,7 +113,7 @@ def render_all(spec: Spec, layout: Layout) -> dict[str, str]:
             packages.setdefault(pkg, []).append(mod)
         for pkg, mods in sorted(packages.items()):
             if pkg:
-                path = f"{layout.sdk_out}/{pkg.replace('.', '/')}/__init__.py"
+                path = f"{layout.pb2_out}/{pkg.replace('.', '/')}/__init__.py"
                 out[path] = render_pb2_init(pkg, sorted(mods), layout, head)
     if "server" in layout.outputs:
         for name, render in SERVER_MODULES.items():

@@ -16,10 +16,11 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from arctic_sdk.spec.model import BodyKind, Fallback, Idempotency, MethodInfo
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ErrorCode
+
 from .._client_base import CallOptions
-from .._generated import methods as M
-from .._generated.error_codes import ErrorCode
-from .._spec import BodyKind, Fallback, Idempotency, MethodInfo
 from ..errors import (
     ArcticError,
     refused_locally,

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._generated import methods as M
-from .._spec import Fallback, MethodInfo
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS, Fallback, MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 MiB = 1024 * 1024
 
@@ -27,26 +27,6 @@ _DEPLOYED_ROUTES = frozenset(
 _DEPLOYED_OPERATION_TYPES = frozenset(
     {m.operation_type for m in M.METHODS if m.operation_type} | {"tail-logs"}
 )
-
-
-#: `SubJobConfig` keys every server knows (jobs.proto), per role; servers advertise their own set
-#: (`config_keys`), a server without it accepts these.
-STANDARD_CONFIG_KEYS: Mapping[str, frozenset[str]] = {
-    "training": frozenset(
-        {
-            "max_seq_len",
-            "n_gpus",
-            "train_batch_size",
-            "gradient_clipping",
-            "optimizer",
-            "zero_stage",
-            "micro_batch_size",
-            "deepspeed",
-        }
-    ),
-    "sampling": frozenset({"max_seq_len", "n_gpus", "vllm_config"}),
-    "log_prob": frozenset({"max_seq_len", "n_gpus", "vllm_config"}),
-}
 
 
 def config_keys_of(doc: Mapping[str, Any]) -> dict[str, frozenset[str]]:

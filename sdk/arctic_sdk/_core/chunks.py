@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 import dssst1
+from arctic_sdk.spec.model import MethodInfo
 
-from .._spec import MethodInfo
 from ..errors import PayloadTooLargeError, refused_locally
 from .capabilities import Capabilities
 from .effects import Buffers

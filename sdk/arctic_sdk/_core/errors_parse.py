@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from .._generated.error_codes import ERRORS, ErrorCode
+from arctic_sdk.spec.tables.error_codes import ERRORS, ErrorCode
+
 from ..errors import ArcticError, error_from_code
 
 _MAX_DEPTH = 8

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import dssst1
+from arctic_sdk.spec.model import Fallback, MethodInfo, Role
+from arctic_sdk.spec.tables import methods as M
 
-from .._generated import methods as M
-from .._spec import Fallback, MethodInfo, Role
 from ..errors import UnimplementedError
 from .capabilities import Capabilities
 

@@ -16,11 +16,11 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
 import dssst1
+from arctic_sdk.spec.model import GrpcShape, MethodInfo
+from arctic_sdk.spec.proto_json import _walk_out, json_to_message
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
-from .._generated.error_codes import ERRORS
 from .._generated.grpc_stubs import MESSAGE_TYPES
-from .._proto_json import _walk_out, json_to_message
-from .._spec import GrpcShape, MethodInfo
 from ..errors import ServerError
 from .capabilities import Capabilities
 from .effects import Buffers, ConnectionFailure, GrpcRequest, GrpcResponse

@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._generated import methods as M
-from .._generated.error_codes import ErrorCode
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ErrorCode
+
 from ..config import PollConfig
 from ..errors import ArcticTimeoutError, error_from_code
 from .effects import Flow, Progress, Sleep

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import dssst1
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ErrorCode
 
-from .._generated import methods as M
-from .._generated.error_codes import ErrorCode
-from .._spec import MethodInfo
 from ..config import PollConfig
 from ..errors import ArcticError, ArcticTimeoutError, ServerError, error_from_code
 from .effects import Flow, Progress, Sleep

@@ -13,10 +13,10 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import dssst1
+from arctic_sdk.spec.model import BodyKind, MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 from .. import __version__
-from .._generated import methods as M
-from .._spec import BodyKind, MethodInfo
 from ..errors import ServerError
 from .capabilities import Capabilities
 from .effects import Buffers, ConnectionFailure, HttpRequest, HttpResponse

@@ -36,8 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._generated import methods as M
-from .._generated.error_codes import ERRORS, ErrorCode
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ERRORS, ErrorCode
+
 from ..config import PollConfig, RetryConfig
 from ..errors import ArcticConnectionError, ArcticError, ArcticTimeoutError, OutcomeUnknownError
 from .capabilities import Capabilities

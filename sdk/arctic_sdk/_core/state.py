@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dssst1
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
-from .._generated import methods as M
-from .._spec import MethodInfo
 from ..config import ArcticConfig
 from ..errors import NotFoundError, UnimplementedError
 from . import fallback

@@ -1,6 +1,6 @@
 """Client-side body validation: bad input is refused before anything is sent.
 
-The same checks servers run (PROTOCOL.md §2; the one checker is `arctic_sdk._body_check`),
+The same checks servers run (PROTOCOL.md §2; the one checker is `arctic_sdk.spec.body_check`),
 driven by the request message's descriptor and its `(arctic.v1.field)` options. Failures raise
 the exception class of the code a server would answer (`InvalidArgumentError`,
 `MissingFieldError`, `DtypeMismatchError`, `ShapeMismatchError`, `UnsupportedOptionError`, ...;
@@ -15,11 +15,11 @@ from typing import Any
 
 from google.protobuf import descriptor_pool
 
-import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
+import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
+from arctic_sdk.spec.body_check import BodyError, check_body, leftover_error
+from arctic_sdk.spec.model import MethodInfo
 
-from .._body_check import BodyError, check_body, leftover_error
 from .._generated.types import REQUIRED_FIELDS
-from .._spec import MethodInfo
 from ..errors import refused_locally
 
 _POOL = descriptor_pool.Default()

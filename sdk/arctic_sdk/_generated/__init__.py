@@ -2,7 +2,8 @@
 # Regenerate with: python tools/codegen/generate.py
 """Generated from the spec by protoc-gen-arctic (`tools/codegen`); nothing here is hand-written.
 
-`methods` (the method table), `error_codes` (the error table), `types` (typed bodies and
-results), `client` (`Client`, `AsyncClient`), `grpc_stubs` (gRPC stubs), and the protobuf
-message modules under `arctic/`. Regenerate with `python tools/codegen/generate.py`.
+The SDK's generated half: `types` (typed bodies and results), `error_classes` (one
+exception class per code), `client` (`Client`, `AsyncClient`) and `grpc_stubs` (gRPC
+stubs). The spec's own tables and protobuf modules are public: `arctic_sdk.spec`.
+Regenerate with `python tools/codegen/generate.py`.
 """

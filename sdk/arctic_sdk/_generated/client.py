@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Never, cast
 
 from arctic_sdk._client_base import AsyncClientBase, CallOptions, ClientBase
-from arctic_sdk._generated import methods, types
+from arctic_sdk._generated import types
+from arctic_sdk.spec.tables import methods
 
 
 class Client(ClientBase):

@@ -30,7 +30,7 @@ from arctic_sdk._error_base import (
     UnimplementedError,
     UserError,
 )
-from arctic_sdk._generated.error_codes import ErrorCode
+from arctic_sdk.spec.tables.error_codes import ErrorCode
 
 __all__ = [
     "Base64InvalidError",

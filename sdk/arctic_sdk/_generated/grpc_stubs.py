@@ -16,8 +16,8 @@ from typing import Any, Final
 
 from google.protobuf.message import Message
 
-from arctic_sdk._generated import methods
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2, jobs_pb2
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2, jobs_pb2
+from arctic_sdk.spec.tables import methods
 
 MESSAGE_TYPES: Final[Mapping[str, tuple[type[Message], type[Message]]]] = MappingProxyType(
     {

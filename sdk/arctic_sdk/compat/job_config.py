@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._core.capabilities import STANDARD_CONFIG_KEYS
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS
+
 from ..errors import UnsupportedOptionError
 from .lora import LORA_TRAINING_KEYS, lora_fields
 

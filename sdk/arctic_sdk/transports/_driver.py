@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+from arctic_sdk.spec.model import MethodInfo
+
 from .._client_base import CallOptions
 from .._core.calls import call_flow, prepare
 from .._core.effects import (
@@ -32,7 +34,6 @@ from .._core.effects import (
 )
 from .._core.replies import Wire
 from .._core.state import CoreState
-from .._spec import MethodInfo
 from ..config import ArcticConfig
 
 log = logging.getLogger("arctic_sdk")

@@ -21,12 +21,13 @@ from urllib.parse import urlsplit
 import grpc
 import grpc.aio
 
+from arctic_sdk.spec.model import GrpcShape
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
+from arctic_sdk.spec.tables import methods as M
+
 from .._core.effects import ConnectionFailure, GrpcRequest, GrpcResponse
 from .._core.grpc_wire import trailers_dict
-from .._generated import methods as M
-from .._generated.arctic.v1 import dssst1_pb2
 from .._generated.grpc_stubs import MESSAGE_TYPES, make_stubs
-from .._spec import GrpcShape
 from ..config import ArcticConfig
 
 

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Final, Literal, Protocol, overload
 
 import grpc
-from arctic_sdk._generated import methods
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2, jobs_pb2
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2, jobs_pb2
+from arctic_sdk.spec.tables import methods
 from google.protobuf.message import Message
 
 SERVICES: Final[tuple[str, ...]] = ("arctic.v1.JobService", "arctic.v1.TrainingService")

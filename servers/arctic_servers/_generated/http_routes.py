@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeAlias
 
 from aiohttp import web
-from arctic_sdk._generated import methods
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods
 
 Handler: TypeAlias = Callable[[MethodInfo, web.Request], Awaitable[web.StreamResponse]]
 """The protocol handler every route is bound to."""

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from arctic_sdk._generated import methods
-from arctic_sdk._generated.error_codes import ErrorCode
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods
+from arctic_sdk.spec.tables.error_codes import ErrorCode
 
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError

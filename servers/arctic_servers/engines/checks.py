@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from ..protocol import checkpoint_ids, fields
 from ..protocol.errors import ProtocolError

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import GrpcShape
+from arctic_sdk.spec.model import GrpcShape
+from arctic_sdk.spec.tables import methods as M
 
 from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext

@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING, Any
 
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
 
 from ..engines.config import model_vocab_size
 from ..protocol.context import CallContext

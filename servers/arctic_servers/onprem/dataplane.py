@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from ..engines import checks
 from ..engines.vllm.weight_sync import METHODS as SYNC_METHODS

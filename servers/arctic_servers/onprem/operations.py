@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from ..engines import checks
 from ..protocol.context import CallContext

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from ..protocol.config import ProtocolConfig, ProtocolLimits
 from ..protocol.context import CallContext

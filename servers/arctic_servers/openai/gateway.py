@@ -29,7 +29,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from ..protocol.config import token_digest
 from ..protocol.context import CallContext

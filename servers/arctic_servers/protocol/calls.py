@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
 
 from .stores import RequestRecord
 

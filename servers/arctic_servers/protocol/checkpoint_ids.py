@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk import _value_rules
-from arctic_sdk._generated.arctic.v1 import options_pb2, training_pb2
+from arctic_sdk.spec import value_rules
+from arctic_sdk.spec.pb.arctic.v1 import options_pb2, training_pb2
 
 from .errors import ProtocolError
 
@@ -41,7 +41,7 @@ def _check(rule: options_pb2.FieldOptions, value: Any, field: str, what: str) ->
             field=field,
             expected=rule.pattern,
         )
-    bad = _value_rules.string_rule_error(rule, value)
+    bad = value_rules.string_rule_error(rule, value)
     if bad is not None:
         raise ProtocolError(
             "invalid_argument",

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 from . import faultpoints
 from .errors import ProtocolError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
 
 
 @dataclass

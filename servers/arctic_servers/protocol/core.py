@@ -19,9 +19,9 @@ import uuid
 from typing import Any
 
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._generated.error_codes import ERRORS
-from arctic_sdk._spec import BodyKind, GrpcShape, Idempotency
+from arctic_sdk.spec.model import BodyKind, GrpcShape, Idempotency
+from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from . import limits as input_limits
 from .calls import IncomingCall, Outcome

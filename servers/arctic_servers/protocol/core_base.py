@@ -8,10 +8,10 @@ from typing import Any
 
 from google.protobuf import descriptor_pool
 
-import arctic_sdk._generated.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
+import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
 import dssst1
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 from .._generated.servicer import ServicerBase
 from . import limits as input_limits

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .context import CallContext
 from .errors import ProtocolError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arctic_sdk._generated.error_codes import ERRORS
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
 
 class ProtocolError(Exception):

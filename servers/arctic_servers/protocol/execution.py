@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import dssst1
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
 
 from . import faultpoints
 from .calls import IncomingCall, Outcome

@@ -20,9 +20,9 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 import dssst1
-from arctic_sdk._generated.arctic.v1 import dssst1_pb2
-from arctic_sdk._proto_json import json_to_message, message_to_json
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
+from arctic_sdk.spec.proto_json import json_to_message, message_to_json
 
 from .._generated.grpc_services import generic_handlers
 from .core import IncomingCall, Outcome, ProtocolCore

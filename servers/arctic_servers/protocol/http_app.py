@@ -17,8 +17,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 import dssst1
-from arctic_sdk._generated.error_codes import ERRORS
-from arctic_sdk._spec import BodyKind, MethodInfo
+from arctic_sdk.spec.model import BodyKind, MethodInfo
+from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from .._generated.http_routes import add_routes
 from .core import IncomingCall, Outcome, ProtocolCore

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generic
 
-from arctic_sdk._spec import GrpcShape, MethodInfo
+from arctic_sdk.spec.model import GrpcShape, MethodInfo
 
 from .._generated.servicer import ServicerBase
 from .context import CallContext

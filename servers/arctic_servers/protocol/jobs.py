@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from arctic_sdk._core.capabilities import STANDARD_CONFIG_KEYS
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo, Role
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS, MethodInfo, Role
+from arctic_sdk.spec.tables import methods as M
 
 from .errors import ProtocolError
 

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: Integers anywhere in a body: int64's lower bound to uint64's upper bound (a field's own type
-#: narrows it: `_body_check`). Beyond them no field of the spec can hold the value.
+#: narrows it: `arctic_sdk.spec.body_check`). Beyond them no field of the spec can hold the value.
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 #: JSON nesting where a server has no `limits.max_depth` of its own (the OpenAI routes).
 JSON_MAX_DEPTH = 64

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import descriptor_pool
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .calls import IncomingCall
 from .context import CallContext

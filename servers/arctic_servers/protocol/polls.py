@@ -7,7 +7,7 @@ import contextlib
 import re
 import time
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from .calls import IncomingCall, Outcome
 from .context import CallContext

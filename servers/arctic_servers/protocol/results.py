@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 import dssst1
-from arctic_sdk._spec import BodyKind
+from arctic_sdk.spec.model import BodyKind
 
 from .core import Outcome, ProtocolCore
 from .errors import ProtocolError

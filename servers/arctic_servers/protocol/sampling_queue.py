@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Iterator
 
-from arctic_sdk._spec import MethodInfo, Role
+from arctic_sdk.spec.model import MethodInfo, Role
 
 from .errors import ProtocolError
 

@@ -1,4 +1,4 @@
-"""Server-side body validation: the spec's one body checker (`arctic_sdk._body_check`), with
+"""Server-side body validation: the spec's one body checker (`arctic_sdk.spec.body_check`), with
 its failures as `ProtocolError`s.
 
 Every op's body — JSON or DSSST1 — is checked against its `request_type` message: unknown
@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor
 
-from arctic_sdk._body_check import BodyError, check_body, dtype_name, leftover_error
+from arctic_sdk.spec.body_check import BodyError, check_body, dtype_name, leftover_error
 
 from .errors import ProtocolError
 

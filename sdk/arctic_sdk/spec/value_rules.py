@@ -11,7 +11,7 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from ._generated.arctic.v1 import options_pb2
+from arctic_sdk.spec.pb.arctic.v1 import options_pb2
 
 _INT_RANGES = {
     FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1, "an int64"),

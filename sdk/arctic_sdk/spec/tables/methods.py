@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from arctic_sdk._spec import (
+from arctic_sdk.spec.model import (
     BodyKind,
     Fallback,
     GrpcShape,

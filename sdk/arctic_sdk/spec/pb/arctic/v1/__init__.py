@@ -5,7 +5,7 @@
 Importing the package registers every message of the spec.
 """
 
-from arctic_sdk._generated.arctic.v1 import (
+from arctic_sdk.spec.pb.arctic.v1 import (
     dssst1_pb2,
     errors_pb2,
     job_service_pb2,

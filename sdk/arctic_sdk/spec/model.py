@@ -1,14 +1,16 @@
-"""Types of the method table and the error table that `_generated/` instantiates from the spec.
+"""The spec model's hand-written types: what the generated tables instantiate from the spec.
 
-The generated modules (`arctic_sdk._generated.methods`, `.error_codes`) hold one `MethodInfo` per
+The generated modules (`arctic_sdk.spec.tables.methods`, `.error_codes`) hold one `MethodInfo` per
 RPC and one `ErrorInfo` per error code, read from the `(arctic.v1.op)` and `(arctic.v1.error)`
 options of `proto/arctic/v1/*.proto`. Everything per-op in the SDK and the servers is driven by
-these records, never by op-name literals.
+these records, never by op-name literals. `STANDARD_CONFIG_KEYS` are the sub-job config keys of
+jobs.proto that every server knows.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -99,3 +101,23 @@ class ErrorInfo:
     user_fault: bool
     retryable: bool
     doc: str
+
+
+#: `SubJobConfig` keys every server knows (jobs.proto), per role; servers advertise their own set
+#: (`config_keys`), a server without it accepts these.
+STANDARD_CONFIG_KEYS: Mapping[str, frozenset[str]] = {
+    "training": frozenset(
+        {
+            "max_seq_len",
+            "n_gpus",
+            "train_batch_size",
+            "gradient_clipping",
+            "optimizer",
+            "zero_stage",
+            "micro_batch_size",
+            "deepspeed",
+        }
+    ),
+    "sampling": frozenset({"max_seq_len", "n_gpus", "vllm_config"}),
+    "log_prob": frozenset({"max_seq_len", "n_gpus", "vllm_config"}),
+}

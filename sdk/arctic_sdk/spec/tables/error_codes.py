@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from arctic_sdk._spec import ErrorInfo
+from arctic_sdk.spec.model import ErrorInfo
 
 
 class ErrorCode(enum.StrEnum):

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from . import _value_rules
-from ._generated.arctic.v1 import options_pb2, training_pb2
-from ._proto_json import SYNONYMS, enum_to_json
+from arctic_sdk.spec.pb.arctic.v1 import options_pb2, training_pb2
+from arctic_sdk.spec.proto_json import SYNONYMS, enum_to_json
+
+from . import value_rules
 
 _TENSOR = training_pb2.Tensor.DESCRIPTOR.full_name
 _STRUCT = "google.protobuf.Struct"
@@ -325,12 +326,12 @@ class _Walker:
         if isinstance(value, str):
             opts = _field_opts(fd)
             if opts.pattern or opts.max_length:
-                bad = _value_rules.string_rule_error(opts, value)
+                bad = value_rules.string_rule_error(opts, value)
                 if bad is not None:
                     expected = opts.pattern or f"at most {opts.max_length} characters"
                     raise BodyError("invalid_argument", path, bad, expected=expected)
         elif not isinstance(value, bool | np.bool_ | bytes | bytearray | memoryview):
-            wrong = _value_rules.range_error(fd, value)
+            wrong = value_rules.range_error(fd, value)
             if wrong is not None:
                 raise BodyError("invalid_argument", path, wrong[0], expected=wrong[1])
 
