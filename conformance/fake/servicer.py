@@ -12,7 +12,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines import checks
 from arctic_servers.engines.fake import checkpoints as ck
 from arctic_servers.engines.fake import numerics as nx

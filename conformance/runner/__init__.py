@@ -5,9 +5,9 @@ reads the server's capabilities, runs the cases that apply over HTTP or gRPC, an
 case's outcome and first difference (console table, JUnit XML, JSON).
 
 Independence: the runner speaks the protocol with `requests`, `http.client` and plain `grpc`,
-the DSSST1 codec (`dssst1`) and the generated messages and method table
-(`arctic_sdk.spec`, the public spec model) only — never the SDK's client, transports, core, errors or config, and
-never the server runtime — so a bug shared by our SDK and our servers still shows.
+the DSSST1 codec (`dssst1`) and the public spec model (`arctic_sdk.spec`: the generated messages
+and method table) only — never the SDK's client, transports, core, errors or config, and never
+the server runtime — so a bug shared by our SDK and our servers still shows.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from arctic_sdk.compat.unified import (
     TrainingConfig,
     UnifiedClientConfig,
 )
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS
 from arctic_servers.engines.config import config_keys
 
 ONPREM = config_keys()

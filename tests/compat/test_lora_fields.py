@@ -10,6 +10,7 @@ import pytest
 
 from arctic_sdk.compat import ArcticRLClientConfig
 from arctic_sdk.compat.job_config import JobPlan, UnsupportedConfigError, plan_job
+from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS
 from arctic_servers.engines.config import config_keys, sub_job_specs
 
 ONPREM = config_keys()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from google.protobuf import struct_pb2
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._generated.arctic.v1 import jobs_pb2 as J
+from arctic_sdk.spec.pb.arctic.v1 import jobs_pb2 as J
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines.fake import numerics as nx
 
 from .raw import Grpc, GrpcError, Http, chunks_of

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load as st_load
 
 import dssst1
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines.fake import numerics as nx
 from arctic_servers.engines.fake import tokenizer
 

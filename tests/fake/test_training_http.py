@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines.fake import numerics as nx
 
 from .raw import OCTET, Http, batch

@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines.fake import tokenizer
 
 from ..gateway.harness import SAMPLE, Client, Gateway

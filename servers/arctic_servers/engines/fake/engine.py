@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk._generated import methods as M
+from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.errors import ProtocolError
 from ...protocol.lora_config import adapter_sync

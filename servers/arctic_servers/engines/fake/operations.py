@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from arctic_sdk._generated import methods as M
-from arctic_sdk._spec import MethodInfo
+from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
 from ...protocol import checkpoint_ids
 from ...protocol.context import CallContext

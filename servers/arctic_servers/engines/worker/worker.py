@@ -71,7 +71,7 @@ def error_body(exc: BaseException, what: str) -> dict[str, Any]:
     """The error body of an engine's exception. Matched by shape, not class: the worker runs as
     `__main__`, so the engines' `WorkerError` (imported as `arctic_servers.engines.worker.worker`)
     is not this module's class; `LossConfigError` carries a spec code the same way."""
-    from arctic_sdk._generated.error_codes import ERRORS
+    from arctic_sdk.spec.tables.error_codes import ERRORS
 
     code, message = getattr(exc, "code", None), getattr(exc, "message", None)
     if isinstance(code, str) and code in ERRORS and isinstance(message, str):
