@@ -58,7 +58,7 @@ PARAMS = {
 
 
 def _module_name(path: Path) -> str:
-    base = ROOT / ("sdk" if SDK_GEN in path.parents else "servers")
+    base = ROOT / ("servers" if SERVER_GEN in path.parents else "sdk")
     return (
         path.relative_to(base)
         .with_suffix("")
