@@ -17,8 +17,6 @@ configuration is `ArcticConfig` (see `arctic_sdk.config`). The wire specificatio
 
 __version__ = "0.1.0"
 
-from arctic_sdk.spec.tables.error_codes import ErrorCode
-
 from . import errors, types
 from ._client_base import CallOptions
 from ._generated.client import AsyncClient, Client
@@ -31,6 +29,7 @@ from .config import (
     RetryConfig,
 )
 from .errors import *  # noqa: F403  (every error class: one per stable code)
+from .spec.tables.error_codes import ErrorCode
 from .types import KlType, LossAggMode, LossFn, SamplingParams
 
 __all__ = [

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from arctic_sdk.spec.model import MethodInfo
-from arctic_sdk.spec.tables import methods as _M
+from .spec.model import MethodInfo
+from .spec.tables import methods as _M
 
 if TYPE_CHECKING:
     from ._lease import LeaseRenewer

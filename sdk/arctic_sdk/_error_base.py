@@ -11,7 +11,7 @@ import builtins
 import json
 from typing import Any, ClassVar
 
-from arctic_sdk.spec.tables.error_codes import ERRORS, ErrorCode
+from .spec.tables.error_codes import ERRORS, ErrorCode
 
 _MAX_DETAILS_CHARS = 2000
 

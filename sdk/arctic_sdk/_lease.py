@@ -32,9 +32,8 @@ class LeaseRenewer:
         return self
 
     def _run(self) -> None:
-        from arctic_sdk.spec.tables import methods as M
-
         from ._client_base import CallOptions
+        from .spec.tables import methods as M
         from .transports import make_sync_transport
 
         transport = make_sync_transport(

@@ -14,10 +14,10 @@ from typing import Any
 from google.protobuf import descriptor_pool
 
 import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
-from arctic_sdk.spec.body_check import closest
-from arctic_sdk.spec.model import MethodInfo
 
 from .errors import InvalidArgumentError
+from .spec.body_check import closest
+from .spec.model import MethodInfo
 
 _POOL = descriptor_pool.Default()
 

@@ -28,9 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from arctic_sdk.spec.body_check import closest
-
 from .errors import InvalidArgumentError
+from .spec.body_check import closest
 
 __all__ = [
     "ArcticConfig",

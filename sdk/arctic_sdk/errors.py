@@ -38,8 +38,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from arctic_sdk.spec.tables.error_codes import ERRORS
-
 from ._error_base import (
     ArcticConnectionError,
     ArcticError,
@@ -66,6 +64,7 @@ from ._error_base import (
 from ._generated import error_classes as _classes
 from ._generated.error_classes import *  # noqa: F403  (one class per code)
 from ._generated.error_classes import ERROR_CLASSES
+from .spec.tables.error_codes import ERRORS
 
 __all__ = [
     "ArcticConnectionError",

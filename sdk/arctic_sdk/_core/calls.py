@@ -16,15 +16,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from arctic_sdk.spec.model import BodyKind, Fallback, Idempotency, MethodInfo
-from arctic_sdk.spec.tables import methods as M
-from arctic_sdk.spec.tables.error_codes import ErrorCode
-
 from .._client_base import CallOptions
 from ..errors import (
     ArcticError,
     refused_locally,
 )
+from ..spec.model import BodyKind, Fallback, Idempotency, MethodInfo
+from ..spec.tables import methods as M
+from ..spec.tables.error_codes import ErrorCode
 from . import chunks, fallback
 from .capabilities import Capabilities
 from .effects import Flow

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS, Fallback, MethodInfo
-from arctic_sdk.spec.tables import methods as M
+from ..spec.model import STANDARD_CONFIG_KEYS, Fallback, MethodInfo
+from ..spec.tables import methods as M
 
 MiB = 1024 * 1024
 

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 import dssst1
-from arctic_sdk.spec.model import MethodInfo
 
 from ..errors import PayloadTooLargeError, refused_locally
+from ..spec.model import MethodInfo
 from .capabilities import Capabilities
 from .effects import Buffers
 

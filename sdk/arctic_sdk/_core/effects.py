@@ -11,7 +11,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
-from arctic_sdk.spec.model import GrpcShape, MethodInfo
+from ..spec.model import GrpcShape, MethodInfo
 
 Buffers = tuple[bytes | memoryview, ...]
 """One byte string in pieces (a chunk frame: its header, then views of the payload)."""

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from arctic_sdk.spec.tables.error_codes import ERRORS, ErrorCode
-
 from ..errors import ArcticError, error_from_code
+from ..spec.tables.error_codes import ERRORS, ErrorCode
 
 _MAX_DEPTH = 8
 _MAX_SCAN_CHARS = 256 * 1024

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import dssst1
-from arctic_sdk.spec.model import Fallback, MethodInfo, Role
-from arctic_sdk.spec.tables import methods as M
 
 from ..errors import UnimplementedError
+from ..spec.model import Fallback, MethodInfo, Role
+from ..spec.tables import methods as M
 from .capabilities import Capabilities
 
 _SUB_JOB_TYPE = {Role.TRAINING: "training", Role.SAMPLING: "sampling", Role.LOG_PROB: "log_prob"}

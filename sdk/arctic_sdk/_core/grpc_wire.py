@@ -16,12 +16,12 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
 import dssst1
-from arctic_sdk.spec.model import GrpcShape, MethodInfo
-from arctic_sdk.spec.proto_json import _walk_out, json_to_message
-from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from .._generated.grpc_stubs import MESSAGE_TYPES
 from ..errors import ServerError
+from ..spec.model import GrpcShape, MethodInfo
+from ..spec.proto_json import _walk_out, json_to_message
+from ..spec.tables.error_codes import ERRORS
 from .capabilities import Capabilities
 from .effects import Buffers, ConnectionFailure, GrpcRequest, GrpcResponse
 from .errors_parse import ParsedError, parse_error, retry_after, to_exception

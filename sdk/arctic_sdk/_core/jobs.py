@@ -13,11 +13,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from arctic_sdk.spec.tables import methods as M
-from arctic_sdk.spec.tables.error_codes import ErrorCode
-
 from ..config import PollConfig
 from ..errors import ArcticTimeoutError, error_from_code
+from ..spec.tables import methods as M
+from ..spec.tables.error_codes import ErrorCode
 from .effects import Flow, Progress, Sleep
 from .replies import Exchange, Reply, Value
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import dssst1
-from arctic_sdk.spec.model import MethodInfo
-from arctic_sdk.spec.tables import methods as M
-from arctic_sdk.spec.tables.error_codes import ErrorCode
 
 from ..config import PollConfig
 from ..errors import ArcticError, ArcticTimeoutError, ServerError, error_from_code
+from ..spec.model import MethodInfo
+from ..spec.tables import methods as M
+from ..spec.tables.error_codes import ErrorCode
 from .effects import Flow, Progress, Sleep
 from .errors_parse import parse_error, to_exception
 from .replies import Exchange, Reply, Status, Submitted, Value

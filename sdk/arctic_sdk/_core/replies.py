@@ -10,9 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
-from arctic_sdk.spec.model import MethodInfo
-
 from ..errors import ArcticError
+from ..spec.model import MethodInfo
 from .effects import Buffers, ConnectionFailure
 
 if TYPE_CHECKING:

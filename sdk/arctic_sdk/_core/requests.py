@@ -13,11 +13,11 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import dssst1
-from arctic_sdk.spec.model import BodyKind, MethodInfo
-from arctic_sdk.spec.tables import methods as M
 
 from .. import __version__
 from ..errors import ServerError
+from ..spec.model import BodyKind, MethodInfo
+from ..spec.tables import methods as M
 from .capabilities import Capabilities
 from .effects import Buffers, ConnectionFailure, HttpRequest, HttpResponse
 from .errors_parse import parse_error, retry_after, to_exception

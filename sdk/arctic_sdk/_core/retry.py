@@ -36,11 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from arctic_sdk.spec.tables import methods as M
-from arctic_sdk.spec.tables.error_codes import ERRORS, ErrorCode
-
 from ..config import PollConfig, RetryConfig
 from ..errors import ArcticConnectionError, ArcticError, ArcticTimeoutError, OutcomeUnknownError
+from ..spec.tables import methods as M
+from ..spec.tables.error_codes import ERRORS, ErrorCode
 from .capabilities import Capabilities
 from .effects import Flow, Send, Sleep
 from .jobs import wait_running

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from arctic_sdk.spec.model import MethodInfo
+from ..spec.model import MethodInfo
 
 
 @dataclass(slots=True)

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dssst1
-from arctic_sdk.spec.model import MethodInfo
-from arctic_sdk.spec.tables import methods as M
 
 from ..config import ArcticConfig
 from ..errors import NotFoundError, UnimplementedError
+from ..spec.model import MethodInfo
+from ..spec.tables import methods as M
 from . import fallback
 from .capabilities import Capabilities
 from .effects import Flow

@@ -16,11 +16,11 @@ from typing import Any
 from google.protobuf import descriptor_pool
 
 import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401  (registers the spec's messages)
-from arctic_sdk.spec.body_check import BodyError, check_body, leftover_error
-from arctic_sdk.spec.model import MethodInfo
 
 from .._generated.types import REQUIRED_FIELDS
 from ..errors import refused_locally
+from ..spec.body_check import BodyError, check_body, leftover_error
+from ..spec.model import MethodInfo
 
 _POOL = descriptor_pool.Default()
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Final
 
-from arctic_sdk.spec.model import MethodInfo
-from arctic_sdk.spec.tables import methods as M
+from ..spec.model import MethodInfo
+from ..spec.tables import methods as M
 
 #: Legacy client method -> the canonical op it runs (`proto` method table aliases).
 LEGACY_METHODS: Final = MappingProxyType(

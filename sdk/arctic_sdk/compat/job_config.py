@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS
-
 from ..errors import UnsupportedOptionError
+from ..spec.model import STANDARD_CONFIG_KEYS
 from .lora import LORA_TRAINING_KEYS, lora_fields
 
 if TYPE_CHECKING:

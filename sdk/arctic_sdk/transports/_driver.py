@@ -17,8 +17,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from arctic_sdk.spec.model import MethodInfo
-
 from .._client_base import CallOptions
 from .._core.calls import call_flow, prepare
 from .._core.effects import (
@@ -35,6 +33,7 @@ from .._core.effects import (
 from .._core.replies import Wire
 from .._core.state import CoreState
 from ..config import ArcticConfig
+from ..spec.model import MethodInfo
 
 log = logging.getLogger("arctic_sdk")
 T = TypeVar("T")

@@ -21,14 +21,13 @@ from urllib.parse import urlsplit
 import grpc
 import grpc.aio
 
-from arctic_sdk.spec.model import GrpcShape
-from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
-from arctic_sdk.spec.tables import methods as M
-
 from .._core.effects import ConnectionFailure, GrpcRequest, GrpcResponse
 from .._core.grpc_wire import trailers_dict
 from .._generated.grpc_stubs import MESSAGE_TYPES, make_stubs
 from ..config import ArcticConfig
+from ..spec.model import GrpcShape
+from ..spec.pb.arctic.v1 import dssst1_pb2
+from ..spec.tables import methods as M
 
 
 def resolve_target(config: ArcticConfig) -> str:
