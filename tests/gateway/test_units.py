@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from arctic_servers.gateway.settings import load_tokens, parse_tokens
-from arctic_servers.gateway.worker_host import Channel, WorkerHost
+from arctic_servers.gateway.worker_host import WorkerHost
+from arctic_servers.gateway.worker_process import Channel
 
 
 def digest(t: str) -> str:
