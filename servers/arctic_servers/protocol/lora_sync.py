@@ -1,7 +1,7 @@
-"""Weight sync of a LoRA job on the on-prem server (PROTOCOL.md §3.6): the adapter's tensors
+"""Weight sync of a LoRA job, on-prem and on the gateway (PROTOCOL.md §3.6): the adapter's tensors
 travel as one safetensors file (/dev/shm) or blob — a few hundred KiB to MiB, so the GPU
 hand-offs of full weights (`cuda_ipc`, `nccl`) are not used — into the job's sampling sub-jobs,
-each of which loads them as a new adapter version (`lora_sampler.py`)."""
+each of which loads them as a new adapter version (`engines/vllm/lora_sampler.py`)."""
 
 from __future__ import annotations
 
