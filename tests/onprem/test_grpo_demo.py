@@ -7,7 +7,8 @@ the main job, tests/onprem/test_main_job.py and `bash tools/main_job.sh`, is the
 demonstration). What this checks: both arms start from the same weights (the same sampling seeds
 give the same first-step reward), and the RL arm's steps change what the sampler samples (its
 later rewards differ from the control's at the same sampling seeds, which only a weight sync of
-trained weights can cause; at lr 0 the control's weights never change).
+trained weights can cause; at lr 0 the control's weights never change) and sample better: the
+RL arm's mean reward over the last 3 steps beats the control's by MARGIN.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 6
 SEED = 0
+MARGIN = 0.03  # RL arm over the control, mean reward of the last 3 steps
 
 
 def grpo_module() -> ModuleType:
@@ -67,3 +69,5 @@ async def test_grpo_toy_trains_and_syncs_and_its_control_does_not(
         assert all(math.isfinite(x) for x in r.losses)
     assert rl.rewards[0] == control.rewards[0]  # same weights, same seeds
     assert rl.rewards[1:] != control.rewards[1:]  # trained weights reached the sampler
+    # and they sample better: measured 0.161 vs 0.086 over the last 3 steps (seeded: repeatable)
+    assert sum(rl.rewards[-3:]) / 3 >= sum(control.rewards[-3:]) / 3 + MARGIN
