@@ -124,8 +124,8 @@ def test_advertised_keys_are_the_accepted_ones() -> None:
 def test_capabilities_advertise_the_config_keys(tmp_path: Any) -> None:
     """Each server lists the sub-job config keys it accepts: the fake the standard ones and
     `lora`, the on-prem server its extensions too, the gateway's on-prem engines all but
-    checkpoint_path (which its checkpoint store replaces, refused by name) and `lora` (its
-    create-job refuses LoRA jobs by name)."""
+    checkpoint_path (which its checkpoint store replaces, refused by name); both servers offer
+    `lora` (the gateway trains LoRA jobs on its data plane, PROTOCOL.md §3.6)."""
     from arctic_servers.gateway.profiles import OnpremProfile
     from arctic_servers.gateway.settings import GatewaySettings
     from arctic_servers.onprem.servicer import OnpremServicer
@@ -142,7 +142,7 @@ def test_capabilities_advertise_the_config_keys(tmp_path: Any) -> None:
     gateway = OnpremProfile(GatewaySettings(db=tmp_path / "g.db", engine="onprem"))
     keys = gateway.config_keys
     assert "lr_scheduler" in keys["training"] and "checkpoint_path" not in keys["training"]
-    assert "lora" in onprem["training"] and "lora" not in keys["training"]
+    assert "lora" in onprem["training"] and "lora" in keys["training"]
     with pytest.raises(ProtocolError) as err:
         gateway.sub_jobs(_train(checkpoint_path="/tmp/x"))
     assert err.value.code == "unsupported_option"
