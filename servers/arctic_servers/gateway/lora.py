@@ -21,6 +21,7 @@ from typing import Any
 from ..protocol import checkpoint_files as cf
 from ..protocol.checkpoint_files import copy_tree
 from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, check_adapter, job_lora
+from ..protocol.lora_sync import adapter_load_args, check_lora_sync
 from .model import Job, SubJob
 
 __all__ = ["check_adapter"]  # generate's `adapter` rule, for the servicer's checks
@@ -37,7 +38,7 @@ def adapter_job(job: Job) -> bool:
 
 
 def engine_spec(job: Job, sub: SubJob, spec: dict[str, Any]) -> dict[str, Any]:
-    """A sampler of an adapter job starts with LoRA on (`onprem/lora_sampler.py` reads `lora`)."""
+    """A sampler of an adapter job starts with LoRA on (`engines/vllm/lora_sampler.py`)."""
     lora = lora_of(job)
     if sub.role == "sampling" and lora is not None and adapter_sync(lora):
         return {**spec, "lora": lora}
@@ -58,8 +59,6 @@ def generate_args(job: Job, body: Mapping[str, Any], args: dict[str, Any]) -> st
 def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:
     """An adapter job's sync: a file or blob, sampling targets only (`protocol/lora_sync.py`)."""
     if adapter_job(job):
-        from ..protocol.lora_sync import check_lora_sync
-
         check_lora_sync(job, body, path)
 
 
@@ -68,8 +67,6 @@ def sampler_load_args(job: Job, root: Path, ckpt: str) -> dict[str, Any] | None:
     sampler (a new adapter version); None: the sampler takes the exported full weights."""
     if not adapter_job(job):
         return None
-    from ..protocol.lora_sync import adapter_load_args
-
     return adapter_load_args(root / cf.ENGINE_TAG, ckpt)
 
 
@@ -85,7 +82,7 @@ async def export_peft(profile: Any, root: Path, meta: Mapping[str, Any]) -> str:
             from ..engines.fake.engine import export_peft as fake_peft
 
             await asyncio.to_thread(fake_peft, root, cf.ENGINE_TAG, out, dict(meta["lora"]))
-        else:  # the trainer saved the adapter as a PEFT directory (`lora_trainer.py`)
+        else:  # the trainer saved its adapter as a PEFT directory (engines/deepspeed)
             await asyncio.to_thread(copy_tree, root / cf.ENGINE_TAG / "adapter", out)
     return PEFT_EXPORT
 
