@@ -22,7 +22,6 @@ __all__ = [
     "TinkerRoutes",
     "TinkerSettings",
     "add_tinker_routes",
-    "install",
     "mount",
     "start_tinker_server",
 ]
@@ -30,10 +29,9 @@ __all__ = [
 _LAZY = {
     "Backend": "backend",
     "TinkerError": "errors",
-    "TinkerSettings": "ops",
+    "TinkerSettings": "settings",
     "TinkerRoutes": "routes",
     "add_tinker_routes": "routes",
-    "install": "serve",
     "start_tinker_server": "serve",
 }
 

@@ -22,13 +22,14 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from .backend import Backend
 from .errors import TinkerError
-from .ops import Ops, TinkerSettings
+from .ops import Ops
+from .route_table import P
+from .settings import TinkerSettings
 from .state import State
 
 __all__ = ["P", "RouteBase", "iso", "ttl_s"]
 
 log = logging.getLogger("arctic_servers.tinker")
-P = "/api/v1"
 MAX_JSON = 16 << 20  # a JSON body (decoded); forward_backward's protobuf: the app's limit
 _CLOSE = web.RequestKey("tinker_close_connection", bool)
 

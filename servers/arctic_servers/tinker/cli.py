@@ -77,7 +77,7 @@ def tinker_settings_from_args(args: argparse.Namespace) -> Any:
     answer 501 saying how to install it, `mount`)."""
     if importlib.util.find_spec("tinker") is None:
         return None
-    from .ops import TinkerSettings
+    from .settings import TinkerSettings
 
     if args.tinker_session_timeout <= 10:
         raise SystemExit(

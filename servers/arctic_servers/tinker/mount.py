@@ -1,19 +1,30 @@
 """`mount`: the on-prem server's and the gateway's one call to serve Tinker beside the protocol.
 
-Without the `tinker` package (the `[tinker]` extra) the routes under `/api/v1/` answer 501
-with a JSON body saying so, instead of the surface.
+The paths (`route_table.ROUTES`) are registered at start; the surface itself (`TinkerRoutes`,
+which imports the `tinker` package and, through it, torch: about 3 s of CPU) is built on the
+first Tinker request, off the event loop, so a server that no Tinker client calls starts
+without it. Its protocol calls go to this same listener (the address that first request came
+in on), with the caller's token. Without the `tinker` package (the `[tinker]` extra) the routes
+under `/api/v1/` answer 501 with a JSON body saying so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-__all__ = ["mount"]
+from .route_table import ROUTES, Handler, P
+from .settings import TinkerSettings
+
+if TYPE_CHECKING:
+    from .routes import TinkerRoutes
+
+__all__ = ["LazyTinker", "mount"]
 
 log = logging.getLogger("arctic_servers.tinker")
 MISSING = (
@@ -22,24 +33,77 @@ MISSING = (
 )
 
 
+class LazyTinker:
+    """The Tinker surface of one app, built once, on its first request."""
+
+    def __init__(
+        self, settings: TinkerSettings, tokens: Iterable[str], token_sha256: Iterable[str]
+    ) -> None:
+        self.settings = settings
+        self.tokens, self.token_sha256 = tuple(tokens), tuple(token_sha256)
+        self.base_url = ""
+        self.routes: TinkerRoutes | None = None
+        self._handlers: dict[int, Callable[[web.Request], Any]] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, request: web.Request) -> TinkerRoutes:
+        if self.routes is None:
+            async with self._lock:
+                if self.routes is None:
+                    self.base_url = self.base_url or _address(request)
+                    self.routes = await asyncio.to_thread(self._build)
+        return self.routes
+
+    def _build(self) -> TinkerRoutes:
+        from .backend import Backend
+        from .routes import TinkerRoutes
+
+        log.info("Tinker surface built on its first request")
+        backend = Backend(lambda: self.base_url)
+        return TinkerRoutes(backend, self.settings, self.tokens, self.token_sha256)
+
+    def handler(self, index: int, pick: Callable[[TinkerRoutes], Handler]) -> Any:
+        async def serve(request: web.Request) -> web.StreamResponse:
+            fn = self._handlers.get(index)
+            if fn is None:
+                routes = await self.get(request)
+                fn = self._handlers[index] = routes.wrap(pick(routes))
+            return await fn(request)  # type: ignore[no-any-return]
+
+        return serve
+
+    async def close(self, _: web.Application) -> None:
+        if self.routes is not None:
+            await self.routes.ops.backend.close()
+
+
+def _address(request: web.Request) -> str:
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sock:
+        raise RuntimeError("the Tinker surface's first request has no socket address")
+    host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
+    return f"http://{host}:{sock[1]}"
+
+
 def mount(
     app: web.Application,
-    settings: Any = None,
+    settings: TinkerSettings | None = None,
     *,
     tokens: Iterable[str] = (),
     token_sha256: Iterable[str] = (),
-) -> Any:
-    """Serve Tinker's `/api/v1/...` on `app` (its protocol calls go to the same listener, with
-    the caller's token); the `TinkerRoutes`, or None when the tinker package is missing."""
+) -> LazyTinker | None:
+    """Serve Tinker's `/api/v1/...` on `app`; the `LazyTinker` (its `routes` once a Tinker
+    request came), or None when the tinker package is missing."""
     if importlib.util.find_spec("tinker") is None:
 
         async def missing(request: web.Request) -> web.Response:
             return web.json_response({"detail": MISSING, "code": "unimplemented"}, status=501)
 
-        app.router.add_route("*", "/api/v1/{tail:.*}", missing)
+        app.router.add_route("*", P + "/{tail:.*}", missing)
         log.info("Tinker routes not served: %s", MISSING)
         return None
-    from .ops import TinkerSettings
-    from .serve import install
-
-    return install(app, settings or TinkerSettings(), tokens, token_sha256)
+    lazy = LazyTinker(settings or TinkerSettings(), tokens, token_sha256)
+    for index, (method, path, pick) in enumerate(ROUTES):
+        app.router.add_route(method, P + path, lazy.handler(index, pick))
+    app.on_cleanup.append(lazy.close)
+    return lazy

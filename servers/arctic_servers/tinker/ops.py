@@ -14,7 +14,6 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from ..protocol.lora_config import ATTENTION_MODULES, MLP_MODULES
 from . import losses, wire
 from .backend import Backend
 from .errors import TinkerError
+from .settings import TinkerSettings
 from .state import Model, SamplerRef, Session, State
 
 __all__ = ["ADAM_DEFAULTS", "Ops", "TinkerSettings"]
@@ -36,23 +36,6 @@ ADAM_DEFAULTS = {
     "grad_clip_norm": 0.0,
 }
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-@dataclass
-class TinkerSettings:
-    """How a server serves Tinker. `lora`: "lora" (the default: a create_model's LoRA config
-    becomes the training sub-job's `training_config.lora`, so the adapter is what trains and
-    what syncs; a server without LoRA refuses the job naming `lora`), "refuse" (a create_model
-    with a LoRA rank is refused, naming lora_config.rank) or "full_finetune" (an operator's
-    explicit opt-in: LoRA requests train all weights, and get_info answers is_lora false)."""
-
-    models: tuple[str, ...] = ()  # base models listed by get_server_capabilities
-    only_listed: bool = False  # refuse other base models (else the server's job checks decide)
-    lora: str = "lora"
-    adam: Mapping[str, float] | None = None  # the jobs' Adam parameters (default Tinker's)
-    training_config: Mapping[str, Any] | None = None  # extra training_config keys
-    max_context_length: int = 2048
-    session_timeout_s: float = 180.0  # a session without a heartbeat this long expires
 
 
 def lora_of(lora: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,11 @@ from aiohttp import web
 from aiohttp.compression_utils import HAS_ZSTD
 
 from .backend import Backend
-from .base import P, RouteBase
+from .base import RouteBase
 from .errors import TinkerError, failure_body
-from .ops import TinkerSettings
 from .rest import RestRoutes
+from .route_table import ROUTES, P
+from .settings import TinkerSettings
 from .state import Session
 from .train_routes import TrainRoutes
 
@@ -33,35 +34,8 @@ UNKEPT_SESSION_FIELDS = ("tags", "user_metadata", "project_id", "display_name")
 
 class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
     def add_routes(self, app: web.Application) -> None:
-        r = app.router
-        for method, path, fn in [
-            ("POST", "/client/config", self.client_config),
-            ("POST", "/client/dynamic_config", self.dynamic_config),
-            ("GET", "/healthz", self.healthz),
-            ("GET", "/get_server_capabilities", self.capabilities),
-            ("POST", "/create_session", self.create_session),
-            ("POST", "/session_heartbeat", self.heartbeat),
-            ("POST", "/sessions/{session_id}/finish", self.finish),
-            ("POST", "/telemetry", self.telemetry),
-            ("POST", "/create_model", self.create_model),
-            ("POST", "/get_info", self.get_info),
-            ("POST", "/forward_backward", self.forward_backward),
-            ("POST", "/forward", self.forward_backward),
-            ("POST", "/optim_step", self.optim_step),
-            ("POST", "/save_weights", self.save_weights),
-            ("POST", "/save_weights_for_sampler", self.save_for_sampler),
-            ("POST", "/load_weights", self.load_weights),
-            ("POST", "/create_sampling_session", self.create_sampling_session),
-            ("GET", "/samplers/{sampler_id}", self.get_sampler),
-            ("POST", "/asample", self.asample),
-            ("POST", "/retrieve_future", self.retrieve_future),
-            ("GET", "/training_runs", self.training_runs),
-            ("GET", "/training_runs/{run_id}", self.training_run),
-            ("GET", "/training_runs/{run_id}/checkpoints", self.run_checkpoints),
-            ("POST", "/weights_info", self.weights_info),
-        ]:
-            r.add_route(method, P + path, self.wrap(fn))
-        r.add_route("*", P + "/{tail:.*}", self.wrap(self.not_served))
+        for method, path, handler in ROUTES:
+            app.router.add_route(method, P + path, self.wrap(handler(self)))
 
     # ------------------------------------------------------------------ service
 
