@@ -22,9 +22,9 @@ MODEL = "fake-model"
 KEY = "tml-pat-1"  # the harness's token, with the SDK's required prefix
 
 
-def _gateway(tmp: Path, *args: str) -> Iterator[Gateway]:
+def _gateway(tmp: Path, *args: str, gpus: int = 8) -> Iterator[Gateway]:
     tmp.mkdir(parents=True, exist_ok=True)
-    g = Gateway(tmp, args=("--gpus", "8", *args))
+    g = Gateway(tmp, args=("--gpus", str(gpus), *args))
     g.start()
     try:
         yield g
@@ -34,8 +34,11 @@ def _gateway(tmp: Path, *args: str) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """One gateway on the default settings for every scenario of this module."""
-    yield from _gateway(tmp_path_factory.mktemp("tinker-gw"), "--tinker-models", MODEL)
+    """One gateway on the default settings for every scenario of this module. The SDK does not
+    finish its sessions when a script ends: their jobs hold their GPUs until the session expires
+    (`--tinker-session-timeout`, 180 s), so this gateway has room for every scenario's jobs
+    (each model a training and a sampling sub-job) instead of queueing the later ones."""
+    yield from _gateway(tmp_path_factory.mktemp("tinker-gw"), "--tinker-models", MODEL, gpus=32)
 
 
 def _run(name: str, g: Gateway, timeout: float = 300) -> dict:
