@@ -98,3 +98,26 @@ def test_dtype_names_are_the_spec_table() -> None:
         "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "C64",
     )  # fmt: skip
     assert dssst1.VERSION == "DSSST1"
+
+
+def test_ml_dtypes_is_imported_by_the_first_extension_dtype_only(tmp_path: Path) -> None:
+    """Importing ml_dtypes costs seconds of CPU (it registers its types with NumPy): the codec
+    loads it for a frame with a BF16 / F8 tensor, not at import nor for other frames."""
+    import ml_dtypes
+    import numpy as np
+
+    frame = tmp_path / "bf16.dss"
+    x = np.arange(5, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    frame.write_bytes(dssst1.dumps({"x": x, "f": np.ones(2, dtype=np.float32)}))
+    child = f"""
+import sys, numpy as np, dssst1
+assert "ml_dtypes" not in sys.modules, "imported with dssst1"
+assert dssst1.loads(dssst1.dumps({{"a": np.arange(3), "b": 1.5}}))["b"] == 1.5
+assert "ml_dtypes" not in sys.modules, "imported for a frame without extension dtypes"
+out = dssst1.loads(open({str(frame)!r}, "rb").read())
+assert str(out["x"].dtype) == "bfloat16" and out["x"].astype("f4").tolist() == [0, 1, 2, 3, 4]
+assert "ml_dtypes" in sys.modules
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr[-3000:]
