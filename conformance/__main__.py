@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -43,6 +41,8 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from arctic_servers.protocol.entrypoints import stop_signal
+
     from .fake import JobDelays, start_fake
     from .fake.server import DEFAULT_PATH
 
@@ -68,13 +68,8 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"  grpc    {fake.grpc_target}", flush=True)
     if args.admin:
         print(f"  admin   {fake.admin_url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await stop_signal()
     finally:
         await fake.close()
     return 0

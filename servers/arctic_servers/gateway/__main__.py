@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..protocol.config import ProtocolLimits
+from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
@@ -134,16 +132,8 @@ async def _serve(args: argparse.Namespace) -> int:
     if gw.grpc_port:
         print(f"  grpc    {gw.grpc_target}")
     print(f"  state   {settings.db}  restored {gw.restored}", flush=True)
-    if args.ready_file:
-        tmp = args.ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(args.ready_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    write_ready_file(args.ready_file, info)
+    await stop_signal()
     print("gateway: draining", flush=True)
     handed = await gw.close()
     print(f"gateway: stopped ({handed} unfinished requests handed to the next start)", flush=True)

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..engines.install_check import check
+from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
@@ -139,17 +137,9 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"  admin   {srv.admin_url}", flush=True)
     for j in job_ids:
         print(f"  job     {j}", flush=True)
-    if args.ready_file:
-        tmp = args.ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(args.ready_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    write_ready_file(args.ready_file, info)
     try:
-        await stop.wait()
+        await stop_signal()
     finally:
         await srv.close()
     return 0
