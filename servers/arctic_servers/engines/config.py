@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,6 +61,26 @@ def default_cache_dir() -> Path:
 def servers_dir() -> Path:
     """The directory holding the `arctic_servers` package (put on a worker's PYTHONPATH)."""
     return Path(__file__).resolve().parents[2]
+
+
+def worker_env(threads: int = 0, extra_paths: Sequence[str] = ()) -> dict[str, str]:
+    """The environment of a worker process, on-prem or gateway: this interpreter's with the
+    servers package (and `extra_paths`) on PYTHONPATH, one thread count for every threading
+    library when `threads` is set, the model hub offline, and nothing of the test runner's
+    warning filters or of the server's crash points (`ARCTIC_CRASH_AT`)."""
+    env = dict(os.environ)
+    if threads:
+        env.update(thread_env(threads))
+    paths = [str(servers_dir()), *extra_paths]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.pop("PYTHONWARNINGS", None)
+    env.pop("ARCTIC_CRASH_AT", None)
+    return env
 
 
 def cpu_count() -> int:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..engines.config import worker_env as engine_worker_env
 from ..engines.deepspeed.ranks import describe_exit, lost_rank_reason
 from ..protocol.errors import ProtocolError
 from .model import Job, SubJob
@@ -31,20 +32,9 @@ ROOT_DIR = SERVERS_DIR.parent
 
 
 def worker_env(settings: GatewaySettings) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(SERVERS_DIR), str(ROOT_DIR / "sdk"), str(ROOT_DIR)]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.pop("PYTHONWARNINGS", None)
-    env.pop("ARCTIC_CRASH_AT", None)  # crash points are the gateway's, never a worker's
-    if settings.worker_threads:
-        n = str(settings.worker_threads)
-        env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, ARCTIC_NUM_THREADS=n)
-    return env
+    """A gateway worker's environment (`engines.config.worker_env`), with the checkout's SDK
+    and root on its path for a worker host started from a source tree."""
+    return engine_worker_env(settings.worker_threads or 0, (str(ROOT_DIR / "sdk"), str(ROOT_DIR)))
 
 
 def pid_alive(pid: int, marker: str) -> bool:

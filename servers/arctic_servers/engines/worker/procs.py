@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ...protocol.errors import ProtocolError
-from ..config import servers_dir, thread_env
+from ..config import worker_env
 from ..deepspeed.ranks import describe_exit
 from .replies import Replies
 from .worker import ABORT_CMD, unbatch
@@ -92,18 +92,7 @@ class WorkerHandle(Replies):
         return self.proc is not None and self.proc.poll() is None and self.failure is None
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(thread_env(self.threads))
-        paths = [str(servers_dir())]
-        if env.get("PYTHONPATH"):
-            paths.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(paths)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        env.setdefault("TRANSFORMERS_OFFLINE", "1")
-        # the worker must not inherit the test runner's warning filters or the server's
-        env.pop("PYTHONWARNINGS", None)
-        return env
+        return worker_env(self.threads)
 
     def spawn(self) -> None:
         """Start the process; it imports its engine's libraries, then waits for `init`."""
