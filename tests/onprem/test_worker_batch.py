@@ -252,3 +252,20 @@ async def _until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out waiting for the worker"
         await asyncio.sleep(0.005)
+
+
+def test_every_engine_build_uses_this_interpreters_op_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On-prem and gateway workers alike build their engine here: DeepSpeed's JIT ops load from
+    the per-interpreter cache (`torch_extensions_dir`, prebuilt by tools/install_engines.sh), not
+    torch's shared default, which two environments rebuild for each other (4 min measured on a
+    loaded machine for a gateway trainer's start)."""
+    import os
+
+    from arctic_servers.engines.worker.worker import build_engine, torch_extensions_dir
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    with pytest.raises(WorkerError):
+        build_engine("training", {"engine": "no-such-engine"})
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == torch_extensions_dir()

@@ -96,6 +96,9 @@ def set_threads(n: int) -> None:
 
 def build_engine(role: str, spec: dict[str, Any]) -> Any:
     engine = spec.get("engine") or {"training": "deepspeed", "sampling": "vllm"}.get(role, "hf")
+    # every process that builds an engine (on-prem and gateway workers, Ray-placed ones, their
+    # rank followers, which inherit it) loads DeepSpeed's JIT ops from this interpreter's cache
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
     if engine == "deepspeed" and role == "log_prob":  # a forward-only reference model
         from ..deepspeed.ds_scoring import DeepSpeedScoringEngine
 
