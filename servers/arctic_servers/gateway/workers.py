@@ -227,24 +227,22 @@ class WorkerClient(Replies):
         """One streamed sample (`args`: the engine's `generate_stream` arguments): each message
         the worker sends for it, the final result last. Leaving early aborts it there."""
         assert self._loop is not None
-        mid, fut, queue = self._open_stream(self._loop)
         key = f"stream-{uuid.uuid4().hex}"  # a stream is not collected again (`_keys`: none)
-        ended = False
-        try:
+
+        async def send(mid: int) -> None:
             msg = {"op": "stream", "id": mid, "key": key, "args": args, "meta": meta or {}}
-            try:
-                await self._send(msg)
-            except ProtocolError:
-                ended = True
-                raise
-            async for item in self._stream_items(mid, fut, queue):
-                yield item
-        finally:
-            ended = self._close_stream(mid) or ended
+            await self._send(msg)
+
+        def abort(_: int) -> None:
             conn = self._conn
-            if not ended and conn is not None:
+            if conn is not None:
                 with contextlib.suppress(OSError, ValueError, EOFError), self._send_lock:
                     conn.send({"op": "abort_stream", "id": next(self._ids), "key": key})
+
+        items = self._run_stream(self._loop, send, abort)
+        async with contextlib.aclosing(items):  # an early exit aborts now, not at GC
+            async for item in items:
+                yield item
 
     async def collect(self, key: str) -> Any:
         return await self.request({"op": "collect", "key": key}, key)

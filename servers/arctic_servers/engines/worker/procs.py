@@ -340,20 +340,12 @@ class WorkerHandle(Replies):
     async def stream(self, cmd: str, **args: Any) -> AsyncIterator[dict[str, Any]]:
         """Run the streaming command `cmd`: each message the worker sends for it, the final
         result last. Leaving early sends the worker's abort command (`{"stream": id}`)."""
-        rid, fut, queue = self._open_stream(self._started_loop())
-        ended = False
-        try:
-            try:
-                await self._request(rid, cmd, args)
-            except ProtocolError:
-                ended = True
-                raise
-            async for item in self._stream_items(rid, fut, queue):
+        items = self._run_stream(
+            self._started_loop(), lambda rid: self._request(rid, cmd, args), self._abort
+        )
+        async with contextlib.aclosing(items):  # an early exit aborts now, not at GC
+            async for item in items:
                 yield item
-        finally:
-            ended = self._close_stream(rid) or ended
-            if not ended:
-                self._abort(rid)  # the consumer left: stop the engine's work on it
 
     async def stop(self, *, reason: str = "stopped", grace: float = 5.0) -> None:
         """Ask the worker to exit, then terminate / kill its process group."""

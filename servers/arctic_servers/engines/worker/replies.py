@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from ...protocol.errors import ProtocolError
@@ -101,6 +101,30 @@ class Replies:
                 yield merge_stream([*(i for i in items if i is not None), final])
                 return
             yield merge_stream([i for i in items if i is not None])
+
+    async def _run_stream(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        send: Callable[[int], Awaitable[None]],
+        abort: Callable[[int], None],
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """One streamed command: `send(id)` sends it; its messages as they arrive, the final
+        reply last. A consumer that leaves before the final reply calls `abort(id)`, which
+        stops the engine's work on it; a send the worker refused needs no abort."""
+        rid, fut, queue = self._open_stream(loop)
+        ended = False
+        try:
+            try:
+                await send(rid)
+            except ProtocolError:
+                ended = True
+                raise
+            async for item in self._stream_items(rid, fut, queue):
+                yield item
+        finally:
+            ended = self._close_stream(rid) or ended
+            if not ended:
+                abort(rid)
 
     def _close_stream(self, rid: int) -> bool:
         """Forget stream `rid`; whether its final reply was read (else the consumer left early)."""
