@@ -403,3 +403,12 @@ def test_learning_rate_is_a_finite_number_at_least_zero(value: Any, ok: bool) ->
             learning_rate(body)
         assert exc.value.code == "invalid_argument"
         assert exc.value.details["field"] == "learning_rate"
+
+
+def test_the_servers_default_path_is_the_sdks_default_prefix() -> None:
+    """The prefix the on-prem server and the gateway print is where an SDK with only a base URL
+    calls (PROTOCOL.md §3.1)."""
+    from arctic_sdk.config import CortexConfig
+    from arctic_servers.protocol.http_app import DEFAULT_PATH
+
+    assert CortexConfig(base_url="http://h:1").prefix_url() == "http://h:1" + DEFAULT_PATH

@@ -22,7 +22,7 @@ from ..protocol.config import ProtocolConfig, ProtocolLimits
 from ..protocol.core import ProtocolCore
 from ..protocol.errors import ProtocolError
 from ..protocol.grpc_app import start_grpc_server
-from ..protocol.http_app import error_response, make_app
+from ..protocol.http_app import DEFAULT_PATH, error_response, make_app
 from ..protocol.http_server import make_runner
 from ..protocol.serve import free_port
 from ..protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
@@ -35,8 +35,6 @@ from .settings import GatewaySettings
 from .supervisor import Supervisor
 
 log = logging.getLogger("arctic_servers.gateway")
-DB, SCHEMA = "arctic", "public"  # the SDK's defaults; any db/schema/endpoint is served
-DEFAULT_PATH = f"/api/v2/databases/{DB}/schemas/{SCHEMA}/cortex-training"
 
 
 @dataclass

@@ -16,13 +16,12 @@ from ..protocol.config import ProtocolConfig, ProtocolLimits
 from ..protocol.context import CallContext
 from ..protocol.core import ProtocolCore
 from ..protocol.errors import ProtocolError
+from ..protocol.http_app import DEFAULT_PATH
 from ..protocol.serve import RunningServer, start_server
 from .servicer import OnpremServicer
 from .settings import ServerSettings
 
 log = logging.getLogger("arctic_servers.onprem")
-DB, SCHEMA = "arctic", "public"  # the SDK's defaults; any db/schema/endpoint is served
-DEFAULT_PATH = f"/api/v2/databases/{DB}/schemas/{SCHEMA}/cortex-training"
 
 
 @dataclass

@@ -28,6 +28,9 @@ from .results import status_json, status_value, submit_json
 log = logging.getLogger("arctic_servers.http")
 
 DEFAULT_PREFIX = "/api/v2/databases/{db}/schemas/{schema}/{endpoint}"
+# the prefix a server prints and its launchers use: the SDK's default database, schema and
+# endpoint (`arctic_sdk.config`); any db / schema / endpoint is served
+DEFAULT_PATH = "/api/v2/databases/arctic/schemas/public/cortex-training"
 CORE_KEY = web.AppKey("arctic_core", ProtocolCore)
 _BROKEN = web.RequestKey("arctic_body_broken", bool)  # its body could not be read
 OCTET = "application/octet-stream"
