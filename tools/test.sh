@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (at %d s)\n' "$*" "$SECONDS"; }
 
 step "python environment (.venv)"
 if [ ! -x .venv/bin/python ]; then
@@ -90,4 +90,4 @@ for b in bench/*.py; do
   [ -e "$b" ] || continue
   "$PY" "$b" --smoke
 done
-echo "all checks passed"
+echo "all checks passed in $SECONDS s"
