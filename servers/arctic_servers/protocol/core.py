@@ -30,6 +30,7 @@ from .durable import Durable
 from .errors import ProtocolError
 from .execution import resubmittable
 from .polls import Polls
+from .states import REQUEST
 from .stores import RequestRecord
 
 __all__ = ["IncomingCall", "Outcome", "ProtocolCore"]
@@ -129,7 +130,7 @@ class ProtocolCore(Durable, Polls):
                     job_id=scope,
                     request_id=uuid.uuid4().hex,
                     op=method.name,
-                    status="completed",
+                    status=REQUEST.start("completed"),
                     identity_kind="key",
                     identity=f"{method.name}:{key}",
                     body_hash=body_hash,

@@ -21,6 +21,7 @@ from .context import CallContext
 from .core_base import CoreBase
 from .errors import ProtocolError
 from .sampling_queue import counts
+from .states import move_request
 from .stores import RequestRecord
 
 log = logging.getLogger("arctic_servers.protocol")
@@ -153,34 +154,34 @@ class Execution(CoreBase):
                 await seq.mark_started(rec.job_id, rec.seq, method.concurrent)
             self._started.add(key)
             if rec.status != "running":
-                rec.status = "running"
+                move_request(rec, "running")
                 self.requests.update(rec)
                 faultpoints.hit("request_started")
             result = await self._invoke(method, ctx, body)
             faultpoints.hit("request_executed")
             rec.result_frame = dssst1.dumps(result)
-            rec.status = "completed"
+            move_request(rec, "completed")
         except ProtocolError as exc:
-            rec.status = "cancelled" if exc.code == "request_cancelled" else "failed"
+            move_request(rec, "cancelled" if exc.code == "request_cancelled" else "failed")
             rec.error = exc.body()["error"]
         except asyncio.CancelledError:
             if self._handing_off:  # shutting down: the record stays pending/running for a restart
                 self._tasks.pop(key, None)
                 self._started.discard(key)
                 raise
-            rec.status = "cancelled"
+            move_request(rec, "cancelled")
             rec.error = ProtocolError(
                 "request_cancelled", f"request {rec.request_id} was cancelled"
             ).body()["error"]
         except dssst1.DSSError as exc:
             log.exception("result of %s could not be encoded", method.name)
-            rec.status = "failed"
+            move_request(rec, "failed")
             rec.error = ProtocolError(
                 "internal", f"the server could not encode the result of {method.name}: {exc}"
             ).body()["error"]
         except Exception as exc:  # a servicer bug must become a failed request, not a hang
             log.exception("%s failed", method.name)
-            rec.status = "failed"
+            move_request(rec, "failed")
             rec.error = ProtocolError(
                 "internal", f"{method.name} failed: {type(exc).__name__}: {exc}"
             ).body()["error"]
