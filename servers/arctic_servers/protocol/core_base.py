@@ -20,6 +20,7 @@ from .chunk_groups import ChunkBudget, ChunkGroups
 from .config import ProtocolConfig, token_digest
 from .context import CallContext
 from .errors import ProtocolError
+from .faultpoints import CoreHooks
 from .jobs import config_keys_json
 from .sampling_queue import SamplingQueue
 from .sequencer import Sequencer
@@ -41,8 +42,10 @@ class CoreBase:
         *,
         request_store: RequestStore | None = None,
         chunk_store: ChunkStore | None = None,
+        hooks: CoreHooks | None = None,
     ) -> None:
         self.servicer = servicer
+        self.hooks = hooks or CoreHooks()  # declared fault points (`faultpoints.CoreHooks`)
         self.config = config or ProtocolConfig()
         self.requests: RequestStore = request_store or MemoryRequestStore()
         limits = self.config.limits
@@ -215,7 +218,12 @@ class CoreBase:
         return body
 
     def _validate(self, method: MethodInfo, body: Any) -> None:
-        validate_body(self._pool.FindMessageTypeByName(method.request_type), body)
+        try:
+            validate_body(self._pool.FindMessageTypeByName(method.request_type), body)
+        except ProtocolError as exc:
+            if self.hooks.body_refused is None:
+                raise
+            self.hooks.body_refused(method, body, exc)
 
     def _decode(self, frame: bytes | memoryview) -> Any:
         """A DSSST1 body: the codec's checks, then the input limits on its non-tensor values."""
@@ -263,4 +271,6 @@ class CoreBase:
     def _sequencer(self) -> Sequencer:
         if self._seq is None:  # created inside the running loop
             self._seq = Sequencer(self.config.limits.sequence_gap_timeout_seconds)
+        if self.hooks.sequencer is not None:
+            return self.hooks.sequencer(self._seq)
         return self._seq

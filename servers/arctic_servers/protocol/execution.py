@@ -34,7 +34,13 @@ def resubmittable(rec: RequestRecord) -> bool:
 
 class Execution(CoreBase):
     async def _invoke(self, method: MethodInfo, ctx: CallContext, body: Any) -> Any:
-        return await getattr(self.servicer, method.python_name)(ctx, body)
+        hooks = self.hooks
+        if hooks.request_body is not None:
+            body = hooks.request_body(method, ctx, body)
+        result = await getattr(self.servicer, method.python_name)(ctx, body)
+        if hooks.result is not None:
+            result = hooks.result(method, ctx, body, result)
+        return result
 
     async def _submit(
         self,
@@ -50,6 +56,8 @@ class Execution(CoreBase):
         method = call.method
         job_id = ctx.job_id
         assert job_id is not None
+        if kind and self.hooks.identity is not None:
+            kind, identity = self.hooks.identity(method, kind, identity)
         if kind:
             old = self.requests.find_identity(job_id, kind, identity)
             if old is not None:
