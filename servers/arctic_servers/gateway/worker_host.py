@@ -48,6 +48,7 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
+from ..engines.worker.commands import lookup
 from ..engines.worker.worker import BATCH_KIND, busy, placement, submits
 from ..protocol.states import WORKER_CALL, WORKER_HOST
 from .worker_process import (
@@ -370,7 +371,7 @@ class WorkerHost:
     def execute(self, e: Entry) -> dict[str, Any]:
         if self.engine is None:
             return {"ok": False, "error": {"code": "unavailable", "message": "engine not ready"}}
-        fn = getattr(self.engine, f"op_{e.cmd}", None)
+        fn = lookup(self.engine, e.cmd)
         try:
             if fn is None:
                 raise ValueError(f"{type(self.engine).__name__} has no command {e.cmd!r}")

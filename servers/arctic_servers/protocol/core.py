@@ -129,7 +129,7 @@ class ProtocolCore(Durable, Polls):
                     raise self._key_conflict(key)
                 if old.result_frame is not None:
                     return Outcome(200, method, value=dssst1.loads(old.result_frame))
-        value = await getattr(self.servicer, method.python_name)(ctx, body)
+        value = await self._op(method)(ctx, body)
         if key:
             self.requests.create(
                 RequestRecord(

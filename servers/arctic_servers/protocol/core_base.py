@@ -4,6 +4,7 @@ answer, bodies (JSON, path and query parameters, DSSST1 frames, validation) and 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from google.protobuf import descriptor_pool
@@ -32,6 +33,8 @@ from .stores import (
     RequestStore,
 )
 from .validate import validate_body
+
+Op = Callable[[CallContext, Any], Awaitable[Any]]
 
 
 class CoreBase:
@@ -68,6 +71,10 @@ class CoreBase:
         self._events: dict[tuple[str, str], list[bytes]] = {}
         self._pool = descriptor_pool.Default()
         self._implemented = frozenset(self.implemented())
+        # op -> the servicer method that serves it, built once from the method table
+        self._ops: dict[MethodInfo, Op] = {
+            m: getattr(servicer, m.python_name) for m in self._implemented if not m.protocol
+        }
         # requests whose servicer call has begun (a cancel then goes through `cancel_running`)
         self._started: set[tuple[str, str]] = set()
         self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
@@ -92,6 +99,17 @@ class CoreBase:
         self.drain_event().set()
 
     # ------------------------------------------------------------------ auth and jobs
+
+    def _op(self, method: MethodInfo) -> Op:
+        """The servicer method that serves `method` (`unimplemented` where it has none)."""
+        op = self._ops.get(method)
+        if op is None:
+            raise ProtocolError(
+                "unimplemented",
+                f"this server ({self.config.server}) does not implement {method.name}",
+                op=method.name,
+            )
+        return op
 
     def _authenticate(self, call: IncomingCall) -> str | None:
         if call.method is M.GET_CAPABILITIES:

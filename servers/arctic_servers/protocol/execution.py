@@ -37,7 +37,7 @@ class Execution(CoreBase):
         hooks = self.hooks
         if hooks.request_body is not None:
             body = hooks.request_body(method, ctx, body)
-        result = await getattr(self.servicer, method.python_name)(ctx, body)
+        result = await self._op(method)(ctx, body)
         if hooks.result is not None:
             result = hooks.result(method, ctx, body, result)
         return result
