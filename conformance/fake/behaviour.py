@@ -1,11 +1,12 @@
 """Behaviour faults: bugs a real server could have, switched on in the fake gateway at run time.
 
 Each fault is a key of the behaviour switchboard (`POST /_admin/behaviour {"<name>": true}`,
-`FakeServicer.behaviour`); `install` wraps the protocol core, the chunk groups and the servicer
-of one fake so that a switched-on fault changes exactly one behaviour. The conformance suite
-proves itself with them: `conformance/faults.yaml` lists, for each fault, the cases that must fail
-and only those (`tests/conformance/test_faults.py`). The wrappers live here, not in the server
-runtime (`arctic_servers.protocol`), which stays correct.
+`FakeServicer.behaviour`); `install` registers them as the protocol core's declared hooks
+(`arctic_servers.protocol.faultpoints.CoreHooks`), so that a switched-on fault changes exactly one
+behaviour. The conformance suite proves itself with them: `conformance/faults.yaml` lists, for
+each fault, the cases that must fail and only those (`tests/conformance/test_faults.py`). The
+faults live here, not in the server runtime (`arctic_servers.protocol`), which only declares where
+a hook is called and stays correct.
 """
 
 from __future__ import annotations
@@ -16,14 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
+from google.protobuf import descriptor_pool
 
 import dssst1
-from arctic_sdk.spec.model import GrpcShape
+from arctic_sdk.spec.model import GrpcShape, MethodInfo
 from arctic_sdk.spec.tables import methods as M
-from arctic_servers.protocol.chunk_groups import ChunkStep
+from arctic_servers.protocol.calls import IncomingCall
+from arctic_servers.protocol.chunk_groups import ChunkGroups, ChunkStep
+from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.faultpoints import CoreHooks
+from arctic_servers.protocol.jobs import JobRecord
 from arctic_servers.protocol.sequencer import Sequencer
 from arctic_servers.protocol.stores import GroupRecord
+from arctic_servers.protocol.validate import validate_body
 
 if TYPE_CHECKING:
     from arctic_servers.protocol.core import ProtocolCore
@@ -62,46 +69,31 @@ class _NoWaitSequencer(Sequencer):
 
 
 def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) -> None:
-    """Wrap `core` and `servicer` (and add an HTTP middleware) for the behaviour faults."""
+    """Register the behaviour faults as the core's declared hooks (`faultpoints.CoreHooks`),
+    and add an HTTP middleware; a switched-off fault leaves its hook's step as it was."""
 
     def on(name: str) -> bool:
         return bool(servicer.behaviour.get(name))
 
     # ------------------------------------------------------------------ auth
-    authenticate = core._authenticate
-
-    def _authenticate(call: Any) -> str | None:
-        try:
-            return authenticate(call)
-        except ProtocolError:
-            if on("no_auth_on_data_plane") and call.method.grpc_shape is not GrpcShape.UNARY:
-                return next(iter(core.config.tokens))  # anyone is taken for the first user
-            raise
-
-    core._authenticate = _authenticate  # type: ignore[method-assign]
+    def auth_refused(call: IncomingCall, exc: ProtocolError) -> str | None:
+        if on("no_auth_on_data_plane") and call.method.grpc_shape is not GrpcShape.UNARY:
+            return next(iter(core.config.tokens))  # anyone is taken for the first user
+        raise exc
 
     # ------------------------------------------------------------------ validation
-    validate = core._validate
-
-    def _validate(method: Any, body: Any) -> None:
-        try:
-            validate(method, body)
-        except ProtocolError as exc:
-            if on("unknown_fields_ignored") and "unknown_fields" in exc.details:
-                # a server that drops unknown fields still checks the rest of the body
-                return validate(method, _known_only(method, body))
-            if on("loss_fields_ignored") and "unread_fields" in exc.details:
-                return None
-            if on("internal_error_on_bad_dtype") and exc.code == "dtype_mismatch":
-                raise RuntimeError(f"cannot cast {exc.details.get('field')}") from None
-            raise
-
-    core._validate = _validate  # type: ignore[method-assign]
+    def body_refused(method: MethodInfo, body: Any, exc: ProtocolError) -> None:
+        if on("unknown_fields_ignored") and "unknown_fields" in exc.details:
+            # a server that drops unknown fields still checks the rest of the body
+            return _validate(method, _known_only(method, body))
+        if on("loss_fields_ignored") and "unread_fields" in exc.details:
+            return None
+        if on("internal_error_on_bad_dtype") and exc.code == "dtype_mismatch":
+            raise RuntimeError(f"cannot cast {exc.details.get('field')}") from None
+        raise exc
 
     # ------------------------------------------------------------------ execution
-    invoke = core._invoke
-
-    async def _invoke(method: Any, ctx: Any, body: Any) -> Any:
+    def request_body(method: MethodInfo, ctx: CallContext, body: Any) -> Any:
         if method is M.GENERATE and isinstance(body, dict):
             params = dict(body.get("sampling_params") or {})
             if on("ignore_max_tokens"):
@@ -115,7 +107,10 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
         ce = method in (M.FORWARD_BACKWARD, M.FORWARD) and default_loss and weights is not None
         if ce and on("cross_entropy_weights_ignored"):
             body = {**body, "context": {**body["context"], "weights": None}}
-        result = await invoke(method, ctx, body)
+        return body
+
+    def result_hook(method: MethodInfo, ctx: CallContext, body: Any, result: Any) -> Any:
+        proc = body.get("processing") or {} if isinstance(body, dict) else {}
         if method is M.FORWARD and on("forward_loss_zero") and not proc.get("loss_fn"):
             result["loss"] = result["metrics"]["loss"] = 0.0
         if method is M.GENERATE and on("top_logprobs_dropped"):
@@ -137,63 +132,48 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
             result["weight_version"] -= 1
         return result
 
-    core._invoke = _invoke  # type: ignore[method-assign]
-
-    submit = core._submit
-
-    async def _submit(
-        call: Any, ctx: Any, body: Any, kind: str, identity: str, *rest: Any, **kw: Any
-    ) -> Any:
+    def identity(method: MethodInfo, kind: str, ident: str) -> tuple[str, str]:
         if kind == "key" and on("idempotency_key_ignored"):
-            kind, identity = "", ""
+            return "", ""
         if kind == "group" and on("replay_executes_twice"):
-            kind, identity = "", ""
-        return await submit(call, ctx, body, kind, identity, *rest, **kw)
+            return "", ""
+        return kind, ident
 
-    core._submit = _submit  # type: ignore[method-assign]
-
-    sequencer = core._sequencer
     no_wait: list[Sequencer] = []
 
-    def _sequencer() -> Sequencer:
-        real = sequencer()
+    def sequencer(real: Sequencer) -> Sequencer:
         if not on("sequence_ignored"):
             return real
         if not no_wait:
             no_wait.append(_NoWaitSequencer(core.config.limits.sequence_gap_timeout_seconds))
         return no_wait[0]
 
-    core._sequencer = _sequencer  # type: ignore[method-assign]
-
-    poll = core._poll
-
-    def _poll(call: Any, ctx: Any) -> Any:
+    def poll(call: IncomingCall) -> IncomingCall:
         if on("cursor_ignored"):
             call = dataclasses.replace(
                 call, query={k: v for k, v in call.query.items() if k != "cursor"}
             )
-        return poll(call, ctx)
-
-    core._poll = _poll  # type: ignore[method-assign]
-
-    # ------------------------------------------------------------------ chunk groups
-    data_plane = core._data_plane
-
-    async def _data_plane(call: Any, ctx: Any) -> Any:
-        _wrap_groups(core, on)
-        return await data_plane(call, ctx)
-
-    core._data_plane = _data_plane  # type: ignore[method-assign]
+        return call
 
     # ------------------------------------------------------------------ job state
-    require_running = servicer._require_running
-
-    def _require_running(job: Any, method: Any) -> None:
+    def job_refused(job: JobRecord[Any], method: MethodInfo, exc: ProtocolError) -> None:
         if job.terminal and on("terminal_job_serves"):
             return
-        require_running(job, method)
+        raise exc
 
-    servicer._require_running = _require_running
+    core.hooks = CoreHooks(
+        auth_refused=auth_refused,
+        body_refused=body_refused,
+        job_refused=job_refused,
+        chunk_accept=lambda groups, job_id, method, frame: _accept(
+            groups, job_id, method, frame, on
+        ),
+        identity=identity,
+        sequencer=sequencer,
+        request_body=request_body,
+        result=result_hook,
+        poll=poll,
+    )
 
     # ------------------------------------------------------------------ HTTP answers
     @web.middleware
@@ -207,6 +187,11 @@ def install(app: web.Application, core: ProtocolCore, servicer: FakeServicer) ->
         return response
 
     app.middlewares.insert(0, drop_404_body)
+
+
+def _validate(method: MethodInfo, body: Any) -> None:
+    """The core's body checks (`validate_body`), without the hooks."""
+    validate_body(descriptor_pool.Default().FindMessageTypeByName(method.request_type), body)
 
 
 def _outputs(result: Any) -> list[dict[str, Any]]:
@@ -230,37 +215,34 @@ def _mutate_outputs(outputs: dict[str, Any], on: Callable[[str], bool]) -> None:
         outputs[name] = arr
 
 
-def _wrap_groups(core: ProtocolCore, on: Callable[[str], bool]) -> None:
-    """Wrap the current `core.groups` (admin reset replaces it) once."""
-    groups = core.groups
-    if getattr(groups, "_behaviour", False):
-        return
-    accept = groups.accept
-
-    def _accept(job_id: str, method: Any, frame: Any) -> ChunkStep:
-        limits = groups.limits
-        if on("too_many_chunks_unchecked"):
-            groups.limits = dataclasses.replace(limits, max_chunks=1 << 62)
-        try:
-            step = accept(job_id, method, frame)
-            if step.group_id and on("replay_executes_twice"):  # forget the completed group
-                record = groups.store.get_group(job_id, step.group_id)
-                if record is not None:
-                    record.complete, record.received, record.request_id = False, set(), ""
-                    groups.store.put_group(record)
-            return step
-        except ProtocolError as exc:
-            if exc.code == "chunk_group_restart_required" and on("restart_not_required"):
-                return _cache_first(groups, job_id, frame)
-            raise
-        finally:
-            groups.limits = limits
-
-    groups.accept = _accept  # type: ignore[method-assign]
-    groups._behaviour = True  # type: ignore[attr-defined]
+def _accept(
+    groups: ChunkGroups,
+    job_id: str,
+    method: MethodInfo,
+    frame: bytes | memoryview,
+    on: Callable[[str], bool],
+) -> ChunkStep:
+    """The `chunk_accept` hook: `groups.accept`, with the chunk-group faults."""
+    limits = groups.limits
+    if on("too_many_chunks_unchecked"):
+        groups.limits = dataclasses.replace(limits, max_chunks=1 << 62)
+    try:
+        step = groups.accept(job_id, method, frame)
+        if step.group_id and on("replay_executes_twice"):  # forget the completed group
+            record = groups.store.get_group(job_id, step.group_id)
+            if record is not None:
+                record.complete, record.received, record.request_id = False, set(), ""
+                groups.store.put_group(record)
+        return step
+    except ProtocolError as exc:
+        if exc.code == "chunk_group_restart_required" and on("restart_not_required"):
+            return _cache_first(groups, job_id, frame)
+        raise
+    finally:
+        groups.limits = limits
 
 
-def _cache_first(groups: Any, job_id: str, frame: Any) -> ChunkStep:
+def _cache_first(groups: ChunkGroups, job_id: str, frame: bytes | memoryview) -> ChunkStep:
     """Start a group at whatever chunk arrives first (what §3.5 forbids)."""
     asm = dssst1.ChunkAssembler(kind="request", limits=groups.limits)
     try:
@@ -295,7 +277,6 @@ def _cache_first(groups: Any, job_id: str, frame: Any) -> ChunkStep:
 def _known_only(method: Any, body: Any) -> Any:
     """A copy of `body` without the keys its request message does not have (what a server that
     ignores unknown fields goes on with)."""
-    from google.protobuf import descriptor_pool
 
     def keep(desc: Any, value: Any) -> Any:
         if not isinstance(value, dict) or desc.full_name.startswith("google.protobuf."):

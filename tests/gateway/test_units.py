@@ -43,6 +43,9 @@ class Engine:
         self.runs: list[int] = []
         self.gate = threading.Event()
 
+    def commands(self) -> dict[str, Any]:
+        return {"add": self.op_add, "wait": self.op_wait}
+
     def op_add(self, x: int) -> int:
         self.runs.append(x)
         return x + 1

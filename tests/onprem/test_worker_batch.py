@@ -91,6 +91,9 @@ class ToyEngine:
                 send({"id": mid, "ok": True,
                       "result": {"tokens": r.tokens, "weight_version": r.version}})  # fmt: skip
 
+    def commands(self) -> dict[str, Any]:
+        return {"load_weights": self.op_load_weights, "echo": self.op_echo}
+
     def op_load_weights(self, weight_version: int) -> dict[str, Any]:
         self.loads_saw.append(len(self.reqs))
         self.version = weight_version

@@ -25,6 +25,7 @@ from ..protocol import jobs as pj
 from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import terminal_error
+from ..protocol.states import move_sub_job
 from .lora import engine_spec as lora_spec
 from .model import Job, JobStore, SubJob
 from .profiles import Profile
@@ -129,7 +130,7 @@ class JobManager(JobQueue[Job]):
     def place(self, job: Job) -> None:
         job.enter("placing")
         for s in job.sub_jobs:
-            s.state = "placing"
+            move_sub_job(s, "placing")
         self.save(job)
         self._spawn(self._start(job))
 
@@ -159,7 +160,7 @@ class JobManager(JobQueue[Job]):
             if job.state == "placing":
                 job.enter("initializing")
                 for s in job.sub_jobs:
-                    s.state = "initializing"
+                    move_sub_job(s, "initializing")
                 self.save(job)
             timeout = self.settings.worker_start_timeout_s
             infos = await asyncio.gather(
@@ -176,7 +177,7 @@ class JobManager(JobQueue[Job]):
             return
         for s, info in zip(job.sub_jobs, infos, strict=True):
             s.worker["info"] = info
-            s.state, s.reason = "running", ""
+            move_sub_job(s, "running", "")
         job.enter("running")
         self.save(job)
 
@@ -197,7 +198,7 @@ class JobManager(JobQueue[Job]):
             for sub in job.sub_jobs:
                 why = self.supervisor.gone(sub) if sub.worker else None
                 if why is not None:
-                    sub.state, sub.reason = "failed", why
+                    move_sub_job(sub, "failed", why)
                     self.end(job, "failed", f"sub-job {sub.sub_job_id} failed: {why}")
                     break
 

@@ -48,7 +48,9 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
+from ..engines.worker.commands import lookup
 from ..engines.worker.worker import BATCH_KIND, busy, placement, submits
+from ..protocol.states import WORKER_CALL, WORKER_HOST
 from .worker_process import (
     Channel,
     Entry,
@@ -66,7 +68,7 @@ class WorkerHost:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.log_path = Path(spec.get("log") or "")
-        self.state = "loading"
+        self.state = WORKER_HOST.start("loading")
         self.info: dict[str, Any] = {}
         self.error: dict[str, Any] | None = None
         self.engine: Any = None
@@ -210,7 +212,10 @@ class WorkerHost:
 
     def _finish(self, e: Entry, reply: dict[str, Any]) -> None:
         """Record the answer and send it to every waiter (call with the lock held)."""
-        e.state, e.reply = "done", reply
+        if e.state == "done":
+            return  # answered already (`rank_lost` answers the call in flight)
+        WORKER_CALL.move(e, "done")
+        e.reply = reply
         waiters, e.waiters = e.waiters, []
         for chan, mid in waiters:
             chan.send({"id": mid, **reply})
@@ -263,7 +268,7 @@ class WorkerHost:
         with self.lock:
             if e.state != "queued":
                 return  # cancelled while queued
-            e.state = "running"
+            WORKER_CALL.move(e, "running")
             self.current = e
         reply = self.execute(e)
         with self.lock:
@@ -290,7 +295,7 @@ class WorkerHost:
                 reply = {"ok": False, "error": error_body(exc, _cmd(e))}
             else:
                 if done is None:
-                    e.state = "running"
+                    WORKER_CALL.move(e, "running")
                     self.submitted[sid] = e
                     return
                 reply = {"ok": True, "result": done}
@@ -357,7 +362,8 @@ class WorkerHost:
 
     @staticmethod
     def _finish_stream(e: Entry, reply: dict[str, Any]) -> None:
-        e.state, e.reply = "done", reply
+        WORKER_CALL.move(e, "done")
+        e.reply = reply
         waiters, e.waiters = e.waiters, []
         for chan, mid in waiters:
             chan.send({"id": mid, **reply})
@@ -365,7 +371,7 @@ class WorkerHost:
     def execute(self, e: Entry) -> dict[str, Any]:
         if self.engine is None:
             return {"ok": False, "error": {"code": "unavailable", "message": "engine not ready"}}
-        fn = getattr(self.engine, f"op_{e.cmd}", None)
+        fn = lookup(self.engine, e.cmd)
         try:
             if fn is None:
                 raise ValueError(f"{type(self.engine).__name__} has no command {e.cmd!r}")
@@ -413,11 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         traceback.print_exc()
         host.error = error_body(exc, f"{spec.get('role')} engine start")
-        host.state = "failed"
+        WORKER_HOST.move(host, "failed")
         time.sleep(3600)  # keep answering `status` until the gateway stops this process
         return 1
     info.update(pid=os.getpid(), startup_s=round(time.perf_counter() - t0, 3))
-    host.info, host.state = info, "ready"
+    host.info = info
+    WORKER_HOST.move(host, "ready")
     print(f"worker {spec.get('sub_job_id')}: ready in {info['startup_s']} s", flush=True)
     host.run()
     remove_shm_buffers()  # before the engine unmaps them (an unlinked mapping stays valid)

@@ -14,6 +14,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..protocol.states import WORKER_HOST
+
 if TYPE_CHECKING:
     from .worker_host import WorkerHost
 
@@ -24,7 +26,7 @@ class Entry:
     cmd: str
     args: dict[str, Any]
     meta: dict[str, Any]
-    state: str = "queued"  # queued, running, done
+    state: str = "queued"  # `states.WORKER_CALL`
     reply: dict[str, Any] | None = None  # {"ok", "result" | "error"} once done
     waiters: list[tuple[Channel, int]] = field(default_factory=list)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -105,7 +107,8 @@ def rank_lost(host: WorkerHost, reason: str) -> None:
         "message": f"sub-job {sid} failed: lost {reason}",
         "details": {"sub_job_id": sid, "reason": f"lost {reason}"},
     }
-    host.error, host.state = err, "failed"
+    host.error = err
+    WORKER_HOST.move(host, "failed")
     with host.lock:
         if host.current is not None and host.current.state != "done":
             host._finish(host.current, {"ok": False, "error": err})

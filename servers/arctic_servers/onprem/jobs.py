@@ -27,6 +27,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import JobRecord, not_running_error, terminal_error
 from ..protocol.lora_config import adapter_sync, job_lora
+from ..protocol.states import move_sub_job
 from .settings import ServerSettings
 
 log = logging.getLogger("arctic_servers.onprem")
@@ -159,7 +160,7 @@ class JobManager(JobQueue[Job]):
         self._enter(job, "initializing", "")
         starts = []
         for sub in job.sub_jobs:
-            sub.state = "initializing"
+            move_sub_job(sub, "initializing")
             kind = engine_kind(sub.role, sub.spec.config)
             threads = self.settings.threads.threads(sub.role, sub.spec.config.get("num_threads"))
             spec = {
@@ -191,15 +192,14 @@ class JobManager(JobQueue[Job]):
             return
         if failed:
             for s, r in failed:
-                s.state = "failed"
-                s.reason = getattr(r, "message", None) or f"{type(r).__name__}: {r}"
+                move_sub_job(s, "failed", getattr(r, "message", None) or f"{type(r).__name__}: {r}")
             first, _err = failed[0]
             self.end(job, "failed", f"sub-job {first.sub_job_id} failed to start: {first.reason}")
             return
         if not await self._resume_all(job):
             return
         for s in job.sub_jobs:
-            s.state, s.reason = "running", ""
+            move_sub_job(s, "running", "")
         self._enter(job, "running", "")
         if job.lease_seconds:
             # engines take seconds to minutes to start: the lease counts from running
@@ -217,7 +217,7 @@ class JobManager(JobQueue[Job]):
                 s.resumed = await resume(s, Path(str(cp)))
             except Exception as exc:
                 what = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-                s.state, s.reason = "failed", f"resume from checkpoint_path {cp}: {what}"
+                move_sub_job(s, "failed", f"resume from checkpoint_path {cp}: {what}")
                 self.end(job, "failed", f"sub-job {s.sub_job_id}: {s.reason}")
                 return False
             if s.resumed:
@@ -265,7 +265,7 @@ class JobManager(JobQueue[Job]):
         if sub is None or handle.stopping or job.terminal:
             return
         if sub.state in ("running", "initializing"):
-            sub.state, sub.reason = "failed", reason
+            move_sub_job(sub, "failed", reason)
         if job.state == "running":
             self.end(job, "failed", f"sub-job {sub.sub_job_id} failed: {reason}")
 

@@ -19,17 +19,19 @@ import uuid
 from typing import Any
 
 import dssst1
-from arctic_sdk.spec.model import BodyKind, GrpcShape, Idempotency
+from arctic_sdk.spec.model import BodyKind, GrpcShape, Idempotency, MethodInfo
 from arctic_sdk.spec.tables import methods as M
 from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from . import limits as input_limits
 from .calls import IncomingCall, Outcome
+from .chunk_groups import ChunkStep
 from .context import CallContext
 from .durable import Durable
 from .errors import ProtocolError
 from .execution import resubmittable
 from .polls import Polls
+from .states import REQUEST
 from .stores import RequestRecord
 
 __all__ = ["IncomingCall", "Outcome", "ProtocolCore"]
@@ -47,7 +49,12 @@ class ProtocolCore(Durable, Polls):
 
     async def handle(self, call: IncomingCall) -> Outcome:
         method = call.method
-        token = self._authenticate(call)
+        try:
+            token = self._authenticate(call)
+        except ProtocolError as exc:
+            if self.hooks.auth_refused is None:
+                raise
+            token = self.hooks.auth_refused(call, exc)
         input_limits.check_headers(call.headers)
         ctx = CallContext(
             method=method,
@@ -82,7 +89,7 @@ class ProtocolCore(Durable, Polls):
                 )
             await self._authorize_job(ctx, running=not method.protocol)
         if method is M.GET_REQUEST:
-            return self._poll(call, ctx)
+            return self._poll(call if self.hooks.poll is None else self.hooks.poll(call), ctx)
         if method is M.CANCEL_REQUEST:
             return await self._cancel_request(call, ctx)
         if method.grpc_shape is GrpcShape.UNARY:
@@ -122,14 +129,14 @@ class ProtocolCore(Durable, Polls):
                     raise self._key_conflict(key)
                 if old.result_frame is not None:
                     return Outcome(200, method, value=dssst1.loads(old.result_frame))
-        value = await getattr(self.servicer, method.python_name)(ctx, body)
+        value = await self._op(method)(ctx, body)
         if key:
             self.requests.create(
                 RequestRecord(
                     job_id=scope,
                     request_id=uuid.uuid4().hex,
                     op=method.name,
-                    status="completed",
+                    status=REQUEST.start("completed"),
                     identity_kind="key",
                     identity=f"{method.name}:{key}",
                     body_hash=body_hash,
@@ -148,12 +155,12 @@ class ProtocolCore(Durable, Polls):
         if method.body is BodyKind.DSSST1 or call.transport == "grpc":
             if call.body is None:
                 raise ProtocolError("missing_field", "the DSSST1 body is empty", field="body")
-            step = self.groups.accept(ctx.job_id, method, call.body)
+            step = self._accept_chunk(ctx.job_id, method, call.body)
             if step.replay_group:
                 rec = self._group_request(ctx.job_id, step.replay_group)
                 if rec is not None and resubmittable(rec):  # it never ran: take the group anew
                     self.groups.reset(ctx.job_id, step.replay_group)
-                    step = self.groups.accept(ctx.job_id, method, call.body)
+                    step = self._accept_chunk(ctx.job_id, method, call.body)
             if step.cached is not None:
                 return Outcome(200, method, value=step.cached)
             if step.replay_group:
@@ -207,6 +214,13 @@ class ProtocolCore(Durable, Polls):
                 # start the group afresh, not find it completed with no request
                 self.groups.reset(ctx.job_id, group)
             raise
+
+    def _accept_chunk(
+        self, job_id: str, method: MethodInfo, frame: bytes | memoryview
+    ) -> ChunkStep:
+        if self.hooks.chunk_accept is not None:
+            return self.hooks.chunk_accept(self.groups, job_id, method, frame)
+        return self.groups.accept(job_id, method, frame)
 
     def _group_request(self, job_id: str, group_id: str) -> RequestRecord | None:
         """The request a completed chunk group led to (also when it is keyed by its key)."""

@@ -4,6 +4,7 @@ answer, bodies (JSON, path and query parameters, DSSST1 frames, validation) and 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from google.protobuf import descriptor_pool
@@ -20,6 +21,7 @@ from .chunk_groups import ChunkBudget, ChunkGroups
 from .config import ProtocolConfig, token_digest
 from .context import CallContext
 from .errors import ProtocolError
+from .faultpoints import CoreHooks
 from .jobs import config_keys_json
 from .sampling_queue import SamplingQueue
 from .sequencer import Sequencer
@@ -32,6 +34,8 @@ from .stores import (
 )
 from .validate import validate_body
 
+Op = Callable[[CallContext, Any], Awaitable[Any]]
+
 
 class CoreBase:
     def __init__(
@@ -41,8 +45,10 @@ class CoreBase:
         *,
         request_store: RequestStore | None = None,
         chunk_store: ChunkStore | None = None,
+        hooks: CoreHooks | None = None,
     ) -> None:
         self.servicer = servicer
+        self.hooks = hooks or CoreHooks()  # declared fault points (`faultpoints.CoreHooks`)
         self.config = config or ProtocolConfig()
         self.requests: RequestStore = request_store or MemoryRequestStore()
         limits = self.config.limits
@@ -65,6 +71,10 @@ class CoreBase:
         self._events: dict[tuple[str, str], list[bytes]] = {}
         self._pool = descriptor_pool.Default()
         self._implemented = frozenset(self.implemented())
+        # op -> the servicer method that serves it, built once from the method table
+        self._ops: dict[MethodInfo, Op] = {
+            m: getattr(servicer, m.python_name) for m in self._implemented if not m.protocol
+        }
         # requests whose servicer call has begun (a cancel then goes through `cancel_running`)
         self._started: set[tuple[str, str]] = set()
         self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
@@ -89,6 +99,17 @@ class CoreBase:
         self.drain_event().set()
 
     # ------------------------------------------------------------------ auth and jobs
+
+    def _op(self, method: MethodInfo) -> Op:
+        """The servicer method that serves `method` (`unimplemented` where it has none)."""
+        op = self._ops.get(method)
+        if op is None:
+            raise ProtocolError(
+                "unimplemented",
+                f"this server ({self.config.server}) does not implement {method.name}",
+                op=method.name,
+            )
+        return op
 
     def _authenticate(self, call: IncomingCall) -> str | None:
         if call.method is M.GET_CAPABILITIES:
@@ -215,7 +236,12 @@ class CoreBase:
         return body
 
     def _validate(self, method: MethodInfo, body: Any) -> None:
-        validate_body(self._pool.FindMessageTypeByName(method.request_type), body)
+        try:
+            validate_body(self._pool.FindMessageTypeByName(method.request_type), body)
+        except ProtocolError as exc:
+            if self.hooks.body_refused is None:
+                raise
+            self.hooks.body_refused(method, body, exc)
 
     def _decode(self, frame: bytes | memoryview) -> Any:
         """A DSSST1 body: the codec's checks, then the input limits on its non-tensor values."""
@@ -263,4 +289,6 @@ class CoreBase:
     def _sequencer(self) -> Sequencer:
         if self._seq is None:  # created inside the running loop
             self._seq = Sequencer(self.config.limits.sequence_gap_timeout_seconds)
+        if self.hooks.sequencer is not None:
+            return self.hooks.sequencer(self._seq)
         return self._seq

@@ -11,6 +11,7 @@ from arctic_sdk.spec.tables import methods as M
 from .context import CallContext
 from .errors import ProtocolError
 from .execution import Execution
+from .states import move_request
 
 
 class Durable(Execution):
@@ -39,7 +40,7 @@ class Durable(Execution):
             elif rec.body_frame is None:
                 reason = "the server restarted and the request's body was not kept"
             if reason:
-                rec.status = "failed"
+                move_request(rec, "failed")
                 rec.error = ProtocolError("internal", reason, request_id=rec.request_id).body()[
                     "error"
                 ]

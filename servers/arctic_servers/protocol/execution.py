@@ -21,6 +21,7 @@ from .context import CallContext
 from .core_base import CoreBase
 from .errors import ProtocolError
 from .sampling_queue import counts
+from .states import move_request
 from .stores import RequestRecord
 
 log = logging.getLogger("arctic_servers.protocol")
@@ -33,7 +34,13 @@ def resubmittable(rec: RequestRecord) -> bool:
 
 class Execution(CoreBase):
     async def _invoke(self, method: MethodInfo, ctx: CallContext, body: Any) -> Any:
-        return await getattr(self.servicer, method.python_name)(ctx, body)
+        hooks = self.hooks
+        if hooks.request_body is not None:
+            body = hooks.request_body(method, ctx, body)
+        result = await self._op(method)(ctx, body)
+        if hooks.result is not None:
+            result = hooks.result(method, ctx, body, result)
+        return result
 
     async def _submit(
         self,
@@ -49,6 +56,8 @@ class Execution(CoreBase):
         method = call.method
         job_id = ctx.job_id
         assert job_id is not None
+        if kind and self.hooks.identity is not None:
+            kind, identity = self.hooks.identity(method, kind, identity)
         if kind:
             old = self.requests.find_identity(job_id, kind, identity)
             if old is not None:
@@ -153,34 +162,34 @@ class Execution(CoreBase):
                 await seq.mark_started(rec.job_id, rec.seq, method.concurrent)
             self._started.add(key)
             if rec.status != "running":
-                rec.status = "running"
+                move_request(rec, "running")
                 self.requests.update(rec)
                 faultpoints.hit("request_started")
             result = await self._invoke(method, ctx, body)
             faultpoints.hit("request_executed")
             rec.result_frame = dssst1.dumps(result)
-            rec.status = "completed"
+            move_request(rec, "completed")
         except ProtocolError as exc:
-            rec.status = "cancelled" if exc.code == "request_cancelled" else "failed"
+            move_request(rec, "cancelled" if exc.code == "request_cancelled" else "failed")
             rec.error = exc.body()["error"]
         except asyncio.CancelledError:
             if self._handing_off:  # shutting down: the record stays pending/running for a restart
                 self._tasks.pop(key, None)
                 self._started.discard(key)
                 raise
-            rec.status = "cancelled"
+            move_request(rec, "cancelled")
             rec.error = ProtocolError(
                 "request_cancelled", f"request {rec.request_id} was cancelled"
             ).body()["error"]
         except dssst1.DSSError as exc:
             log.exception("result of %s could not be encoded", method.name)
-            rec.status = "failed"
+            move_request(rec, "failed")
             rec.error = ProtocolError(
                 "internal", f"the server could not encode the result of {method.name}: {exc}"
             ).body()["error"]
         except Exception as exc:  # a servicer bug must become a failed request, not a hang
             log.exception("%s failed", method.name)
-            rec.status = "failed"
+            move_request(rec, "failed")
             rec.error = ProtocolError(
                 "internal", f"{method.name} failed: {type(exc).__name__}: {exc}"
             ).body()["error"]

@@ -41,8 +41,15 @@ class JobControl(ServicerBase, Generic[J]):
         if running and ctx.method.grpc_shape is GrpcShape.FRAMES:
             self._require_running(job, ctx.method)
 
-    # a method, so a server (or the fake's behaviour faults) can wrap it
-    _require_running = staticmethod(require_running)
+    def _require_running(self, job: JobRecord[Any], method: MethodInfo) -> None:
+        """`require_running`, through the core's `job_refused` hook (`faultpoints.CoreHooks`)."""
+        try:
+            require_running(job, method)
+        except ProtocolError as exc:
+            hook = self.core.hooks.job_refused if self.core is not None else None
+            if hook is None:
+                raise
+            hook(job, method, exc)
 
     def target(self, job: JobRecord[S], ctx: CallContext, method: MethodInfo | None = None) -> S:
         """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""

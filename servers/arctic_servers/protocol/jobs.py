@@ -21,9 +21,10 @@ from arctic_sdk.spec.model import STANDARD_CONFIG_KEYS, MethodInfo, Role
 from arctic_sdk.spec.tables import methods as M
 
 from .errors import ProtocolError
+from .states import JOB, move_sub_job
 
-STATES = ("pending", "placing", "initializing", "running", "cancelled", "terminated", "failed")
-TERMINAL = frozenset({"cancelled", "terminated", "failed"})
+STATES = JOB.states  # the moves between them: `states.py`
+TERMINAL = JOB.terminal
 ROLES = {
     "training": "training",
     "sampling": "sampling",
@@ -152,8 +153,10 @@ class JobRecord(Generic[S]):
         return next((s for s in self.sub_jobs if s.sub_job_id == sub_job_id), None)
 
     def enter(self, state: str, reason: str = "") -> None:
-        """Move to `state`, recorded in `history`."""
-        self.state, self.reason = state, reason
+        """Move to `state` (checked against `states.JOB`; the first entry starts the job),
+        recorded in `history`."""
+        self.state = JOB.check(self.state, state) if self.history else JOB.start(state)
+        self.reason = reason
         self.updated_at = time.time()
         self.history.append({"state": state, "reason": reason, "at": rfc3339(self.updated_at)})
 
@@ -273,8 +276,7 @@ def end_sub_jobs(subs: Iterable[StatefulSubJob], state: str, reason: str) -> Non
     """A job ends: its sub-jobs that had not failed end with it (`terminated` when it failed)."""
     for s in subs:
         if s.state != "failed":
-            s.state = "terminated" if state == "failed" else state
-            s.reason = s.reason or reason
+            move_sub_job(s, "terminated" if state == "failed" else state, s.reason or reason)
 
 
 # ---------------------------------------------------------------------- control-plane answers

@@ -11,6 +11,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from .states import REQUEST
 from .stores import GroupRecord, RequestRecord
 
 _SCHEMA = """
@@ -41,7 +42,9 @@ _REQ_COLS = (
     "error, created_at, updated_at, token_hash, body_frame, sub_job_id, fetched_at, expired"
 )
 _NCOLS = 17
-_OPEN = "status IN ('pending', 'running', 'streaming')"
+_OPEN = "status IN ({})".format(
+    ", ".join(f"'{s}'" for s in REQUEST.states if s not in REQUEST.terminal)
+)
 
 
 class _Db:

@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+from .states import REQUEST
+
+TERMINAL = REQUEST.terminal  # the moves: `states.py`
 
 
 @dataclass
@@ -23,7 +25,7 @@ class RequestRecord:
     job_id: str
     request_id: str
     op: str
-    status: str = "pending"  # pending, running, completed, failed, cancelled
+    status: str = "pending"  # `states.REQUEST`
     identity_kind: str = ""  # "key" (Idempotency-Key), "group" (chunk group) or ""
     identity: str = ""
     body_hash: str = ""

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..losses import torch_losses as losses
+from ..worker.commands import Command
 from ..worker.worker import WorkerError
 from . import row_balance
 from .batch import Batch
@@ -107,6 +108,21 @@ class RankTrainer(TrainingEngine):
         return float(torch.stack([t.norm() for t in parts]).norm())
 
     # -- forward-backward, rank side ---------------------------------------------------------
+
+    def rank_commands(self) -> dict[str, Command]:
+        """The commands rank 0 sends its follower ranks (`follower.py`)."""
+        return {
+            "fb_forward": self.rank_fb_forward,
+            "fb_backward": self.rank_fb_backward,
+            "fb_abort": self.rank_fb_abort,
+            "optimizer_step": self.rank_optimizer_step,
+            "save_state": self.rank_save_state,
+            "load_state": self.rank_load_state,
+            "join_forward": self.rank_join_forward,
+            "join_gather": self.rank_join_gather,
+            "sleep_state": self.rank_sleep_state,
+            "wake_state": self.rank_wake_state,
+        }
 
     def rank_fb_forward(
         self, body: Mapping[str, Any], n_fwd: int = 0, two_phase: bool = False
@@ -266,6 +282,21 @@ class DataParallelTrainer:
         self.local.close()
 
     # -- forward-backward ----------------------------------------------------------------------
+
+    def commands(self) -> dict[str, Command]:
+        """The worker commands this engine runs (`engines/worker/commands.py`)."""
+        return {
+            "forward_backward": self.op_forward_backward,
+            "forward": self.op_forward,
+            "log_probs": self.op_log_probs,
+            "export_weights": self.op_export_weights,
+            "nccl_broadcast": self.op_nccl_broadcast,
+            "step": self.op_step,
+            "save": self.op_save,
+            "load": self.op_load,
+            "sleep": self.op_sleep,
+            "wake": self.op_wake,
+        }
 
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         eng = self.local

@@ -69,6 +69,7 @@ def follower_main() -> int:
         conn.send({"ok": False, "error": error_body(exc, f"rank {rank} engine start")})
         return 1
     conn.send({"ok": True, "result": engine.info()})
+    commands = engine.rank_commands()
     while True:
         try:
             msg = conn.recv()
@@ -79,7 +80,10 @@ def follower_main() -> int:
             engine.close()
             return 0
         try:
-            reply = {"ok": True, "result": getattr(engine, f"rank_{cmd}")(**msg["args"])}
+            fn = commands.get(cmd)
+            if fn is None:
+                raise ValueError(f"{type(engine).__name__} has no rank command {cmd!r}")
+            reply = {"ok": True, "result": fn(**msg["args"])}
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise

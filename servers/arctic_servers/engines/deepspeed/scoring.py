@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..losses import torch_losses as losses
+from ..worker.commands import Command
 from ..worker.worker import WorkerError
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets
@@ -135,6 +136,17 @@ class ScoringEngine(_Forward):
             "attn_implementation": str(module.config._attn_implementation),
             "attn_requested": self.attn_requested,
             "full_determinism": self.deterministic,
+        }
+
+    def commands(self) -> dict[str, Command]:
+        """The worker commands this engine runs (`engines/worker/commands.py`)."""
+        return {
+            "forward": self.op_forward,
+            "log_probs": self.op_log_probs,
+            "load_weights": self.op_load_weights,
+            "reset_prefix_cache": self.op_reset_prefix_cache,
+            "sleep": self.op_sleep,
+            "wake": self.op_wake,
         }
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..losses import torch_losses as losses
+from ..worker.commands import Command
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets, loss_and_gradients
 
@@ -152,6 +153,21 @@ class TrainingEngine(TrainerWeights, _Forward):
             self.engine.destroy()
 
     # -- forward / backward ------------------------------------------------------------------
+
+    def commands(self) -> dict[str, Command]:
+        """The worker commands this engine runs (`engines/worker/commands.py`)."""
+        return {
+            "forward": self.op_forward,
+            "log_probs": self.op_log_probs,
+            "forward_backward": self.op_forward_backward,
+            "step": self.op_step,
+            "sleep": self.op_sleep,
+            "wake": self.op_wake,
+            "export_weights": self.op_export_weights,
+            "nccl_broadcast": self.op_nccl_broadcast,
+            "save": self.op_save,
+            "load": self.op_load,
+        }
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.engine.eval()

@@ -21,6 +21,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.errors import ProtocolError
 from ...protocol.lora_config import adapter_sync
+from ..worker.commands import Command
 from . import checkpoints as fake_ckpt
 from . import numerics as nx
 from . import sampling, training
@@ -89,6 +90,23 @@ class FakeEngine:
         }
 
     # ------------------------------------------------------------------ training
+
+    def commands(self) -> dict[str, Command]:
+        """The worker commands this engine runs (`engines/worker/commands.py`)."""
+        return {
+            "forward_backward": self.op_forward_backward,
+            "forward": self.op_forward,
+            "log_probs": self.op_log_probs,
+            "step": self.op_step,
+            "generate": self.op_generate,
+            "export_weights": self.op_export_weights,
+            "load_weights": self.op_load_weights,
+            "reset_prefix_cache": self.op_reset_prefix_cache,
+            "sleep": self.op_sleep,
+            "wake": self.op_wake,
+            "save": self.op_save,
+            "load": self.op_load,
+        }
 
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._begin(M.FORWARD_BACKWARD.python_name)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..worker.commands import Command
 from ..worker.worker import WorkerError
 from . import lora_sampler
 from .engine_batch import EngineBatch, Finish
@@ -177,6 +178,16 @@ class SamplingEngine(VllmScoring):
 
     def abort(self, msg_id: int) -> list[dict[str, Any]]:
         return self.batch.abort(msg_id)
+
+    def commands(self) -> dict[str, Command]:
+        """The worker commands this engine runs (`engines/worker/commands.py`)."""
+        return {
+            "stream_stats": self.op_stream_stats,
+            "load_weights": self.op_load_weights,
+            "reset_prefix_cache": self.op_reset_prefix_cache,
+            "sleep": self.op_sleep,
+            "wake": self.op_wake,
+        }
 
     def op_stream_stats(self) -> dict[str, Any]:
         return self.batch.stats()

@@ -53,6 +53,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .commands import lookup
+
 
 class WorkerError(Exception):
     """An error with a spec code, raised by the engines; becomes the call's error body."""
@@ -195,7 +197,7 @@ def run_command(engine: Any, msg: dict[str, Any]) -> list[dict[str, Any]]:
         if cmd == ABORT_CMD and hasattr(engine, "abort"):
             ended = engine.abort(int(args.get("stream") or 0))
             return [*ended, {"id": mid, "ok": True, "result": {"aborted": bool(ended)}}]
-        fn = getattr(engine, f"op_{cmd}", None)
+        fn = lookup(engine, cmd)
         if fn is None:
             raise WorkerError("unimplemented", f"{type(engine).__name__} has no op {cmd!r}")
         return [{"id": mid, "ok": True, "result": fn(**args)}]
