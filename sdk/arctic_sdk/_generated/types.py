@@ -1026,7 +1026,10 @@ class SamplingParams(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     repetition_penalty: float
+
     min_tokens: int
+    """At most `max_tokens` (absent or 0 = 16)."""
+
     ignore_eos: bool
 
     min_p: float

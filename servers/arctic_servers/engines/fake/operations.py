@@ -43,13 +43,6 @@ def check_simple(job: Job, m: MethodInfo, body: Mapping[str, Any]) -> None:
     """Checks of the JSON-bodied and body-less data-plane ops."""
     if m is M.SYNC_WEIGHTS:
         check_sync(job, body, "")
-    elif m is M.RESET_PREFIX_CACHE:
-        if float(body.get("timeout_s") or 0) < 0:
-            raise field_error("timeout_s", "is negative", expected=">= 0")
-    elif m is M.SLEEP_INFERENCE:
-        level = int(body.get("level") or 0)
-        if level not in (0, 1, 2):
-            raise field_error("level", f"{level} is not 1 or 2", expected=[1, 2])
     elif m is M.WAKE_INFERENCE:
         for i, tag in enumerate(body.get("tags") or []):
             if tag not in WAKE_TAGS:
