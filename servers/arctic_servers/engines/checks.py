@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from arctic_sdk.spec import value_rules
-from arctic_sdk.spec.tables import methods as M
 from arctic_sdk.spec.tables.request_rules import BOUNDS
 
 from ..protocol import checkpoint_ids
@@ -23,9 +22,6 @@ from ..protocol.sub_jobs import field_error
 from .losses import table as loss_config
 
 POST = ("compute_logprobs", "compute_entropy")
-CHECKPOINT_TYPES = ("resumable", "weights-only")
-WAKE_TAGS = ("weights", "kv_cache")
-SLEEP_MODES = ("all", "optimizer", "weights")
 SAMPLING_PARAMS = "arctic.v1.SamplingParams"
 
 
@@ -231,15 +227,9 @@ def checkpoint_id(value: Any, path: str = "checkpoint_id") -> str:
 
 
 def save_body(body: Mapping[str, Any]) -> None:
+    """`checkpoint_type`'s values are the spec's (checked on arrival); the id's rule here."""
     if body.get("checkpoint_id"):
         checkpoint_id(body["checkpoint_id"])
-    t = body.get("checkpoint_type") or "resumable"
-    if t not in CHECKPOINT_TYPES:
-        raise bad(
-            "checkpoint_type",
-            f"{t!r} is not one of {list(CHECKPOINT_TYPES)}",
-            expected=list(CHECKPOINT_TYPES),
-        )
 
 
 def filename(value: Any) -> str:
@@ -251,16 +241,3 @@ def one_of(body: Mapping[str, Any], name: str, allowed: Sequence[str], path: str
     v = body.get(name)
     if v not in (None, "") and v not in allowed:
         raise bad(path + name, f"{v!r} is not one of {list(allowed)}", expected=list(allowed))
-
-
-def lifecycle(op: str, body: Mapping[str, Any]) -> None:
-    if op == M.WAKE_INFERENCE.name:
-        for i, tag in enumerate(body.get("tags") or []):
-            if tag not in WAKE_TAGS:
-                raise bad(
-                    f"tags[{i}]",
-                    f"{tag!r} is not one of {list(WAKE_TAGS)}",
-                    expected=list(WAKE_TAGS),
-                )
-    elif op == M.SLEEP_TRAINING.name:
-        one_of(body, "mode", SLEEP_MODES)

@@ -74,8 +74,6 @@ class OnpremServicer(Operations, Checkpoints):
                 sub_job_by_id(job, tid)
         elif m is M.SYNC_WEIGHTS:
             self._check_sync(job, body, "")
-        elif m in (M.SLEEP_INFERENCE, M.WAKE_INFERENCE, M.SLEEP_TRAINING):
-            checks.lifecycle(m.name, body)
         elif m in (M.EXPORT_CHECKPOINT, M.DELETE_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE):
             checks.checkpoint_id(body.get("checkpoint_id"))
             if m is M.DOWNLOAD_CHECKPOINT_FILE:
