@@ -71,7 +71,8 @@ class FakeServicer(JobControl[Job]):
             self._log(job, ctx, op=M.CANCEL_REQUEST.name, cancelled_request_id=request_id)
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
-        """Semantic checks before a data-plane call is accepted (4xx on failure)."""
+        """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
+        bounds are the spec's, checked by the protocol layer (`tables.request_rules`)."""
         job = self._job(ctx)
         m = ctx.method
         if m is M.OPERATION:
@@ -87,8 +88,6 @@ class FakeServicer(JobControl[Job]):
         elif m is M.GENERATE:
             sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
             check_adapter(body, _lora_job(job))
-        elif m is M.STEP:
-            learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
             ck.check_save(body)
         elif m is M.LOAD_CHECKPOINT:

@@ -7,12 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from arctic_sdk.spec.pb.arctic.v1 import training_pb2
 from arctic_servers.engines import checks
 from arctic_servers.engines.config import resolve_model, sub_job_specs, thread_env
 from arctic_servers.engines.vllm.weight_sync import pick_method
 from arctic_servers.onprem.settings import ServerSettings, ThreadPlan
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
+from arctic_servers.protocol.validate import validate_body
 
 
 def test_thread_plan() -> None:
@@ -160,8 +162,9 @@ def test_request_checks() -> None:
         with pytest.raises(ProtocolError):
             checks.sampling_params({"sampling_params": sp})
     assert learning_rate({"learning_rate": 0.0}) == 0.0
-    with pytest.raises(ProtocolError):
-        learning_rate({"learning_rate": float("nan")})
+    for lr in (float("nan"), -0.1):  # the spec's rule, checked by the protocol layer
+        with pytest.raises(ProtocolError):
+            validate_body(training_pb2.StepRequest.DESCRIPTOR, {"learning_rate": lr})
     for bad in ("", "../x", ".hidden", "a/b", "x" * 200):
         with pytest.raises(ProtocolError):
             checks.checkpoint_id(bad)

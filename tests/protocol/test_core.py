@@ -391,16 +391,21 @@ async def test_refused_sequenced_call_does_not_stall_the_next() -> None:
      (float("inf"), False), ("fast", False), (True, False)],
 )  # fmt: skip
 def test_learning_rate_is_a_finite_number_at_least_zero(value: Any, ok: bool) -> None:
-    """One rule for every server (training.proto StepRequest.learning_rate)."""
+    """One rule for every server (training.proto StepRequest.learning_rate): the protocol
+    layer's body check (type, finiteness, the spec's `ge: 0` bound), then the shared reader."""
+    from arctic_sdk.spec.pb.arctic.v1 import training_pb2
     from arctic_servers.protocol.errors import ProtocolError
     from arctic_servers.protocol.fields import learning_rate
+    from arctic_servers.protocol.validate import validate_body
 
     body = {} if value is None else {"learning_rate": value}
+    desc = training_pb2.StepRequest.DESCRIPTOR
     if ok:
+        validate_body(desc, body)
         assert learning_rate(body) == (None if value is None else float(value))
     else:
         with pytest.raises(ProtocolError) as exc:
-            learning_rate(body)
+            validate_body(desc, body)
         assert exc.value.code == "invalid_argument"
         assert exc.value.details["field"] == "learning_rate"
 

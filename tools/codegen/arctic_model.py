@@ -145,6 +145,12 @@ class FieldRule:
     default_value: str = ""
     requires: str = ""
     alias: str = ""
+    bounds: tuple[float | None, float | None, float | None, float | None] = (None,) * 4
+    expected: str = ""  # ge, gt, le, lt; the refusal's `expected` text
+
+    @property
+    def bounded(self) -> bool:
+        return any(b is not None for b in self.bounds)
 
 
 @dataclass(frozen=True)
@@ -312,6 +318,16 @@ def _method(
     )
 
 
+def _bounds(rule: Any) -> tuple[float | None, float | None, float | None, float | None]:
+    """`(arctic.v1.field)` ge, gt, le, lt (None when unset; a spec without them: all None)."""
+    names = ("ge", "gt", "le", "lt")
+    known = {f.name for f in rule.DESCRIPTOR.fields}
+    ge, gt, le, lt = (
+        float(getattr(rule, n)) if n in known and rule.HasField(n) else None for n in names
+    )
+    return ge, gt, le, lt
+
+
 def _field(
     opts: _Options,
     f: descriptor_pb2.FieldDescriptorProto,
@@ -332,6 +348,8 @@ def _field(
             default_value=str(getattr(rule_msg, "default_value", "")),
             requires=str(getattr(rule_msg, "requires", "")),
             alias=str(getattr(rule_msg, "alias", "")),
+            bounds=_bounds(rule_msg),
+            expected=str(getattr(rule_msg, "expected", "")),
         )
     oneof = None
     if f.HasField("oneof_index") and not f.proto3_optional:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from arctic_model import Spec, SpecError, build_spec
 from arctic_render import Layout, banner, pb2_module
+from arctic_rules_templates import render_request_rules
 from arctic_sdk_templates import (
     render_client,
     render_error_classes,
@@ -57,6 +58,7 @@ Render = Callable[[Spec, Layout, list[str]], str]
 SPEC_MODULES: dict[str, Render] = {  # under `spec_out`: the public tables
     "methods.py": render_methods,
     "error_codes.py": render_error_codes,
+    "request_rules.py": render_request_rules,
 }
 SDK_MODULES: dict[str, Render] = {  # under `sdk_out`
     "__init__.py": render_sdk_init,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Mapping, Sequence
-from typing import Any, Never, cast
+from typing import Any, Literal, Never, cast
 
 from arctic_sdk._client_base import AsyncClientBase, CallOptions, ClientBase
 from arctic_sdk._generated import types
@@ -1037,7 +1037,7 @@ class Client(ClientBase):
         /,
         *,
         checkpoint_id: str | None = None,
-        checkpoint_type: str | None = None,
+        checkpoint_type: Literal["resumable", "weights-only"] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -1049,7 +1049,7 @@ class Client(ClientBase):
                 rule (PROTOCOL.md §13): 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or
                 digit; never a path.
             checkpoint_type: "resumable" (default: model + optimizer + scheduler state) or
-                "weights-only".
+                "weights-only". One of "resumable", "weights-only". Default: resumable.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -1074,7 +1074,7 @@ class Client(ClientBase):
         /,
         *,
         checkpoint_id: str | None = None,
-        checkpoint_type: str | None = None,
+        checkpoint_type: Literal["resumable", "weights-only"] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -1449,7 +1449,7 @@ class Client(ClientBase):
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
-        tags: Sequence[str] | None = None,
+        tags: Sequence[Literal["weights", "kv_cache"]] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -1457,7 +1457,7 @@ class Client(ClientBase):
         """Colocation: bring the samplers' weights and/or KV cache back.
 
         Args:
-            tags: "weights", "kv_cache"; empty = both.
+            tags: "weights", "kv_cache"; empty = both. One of "weights", "kv_cache".
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -1481,7 +1481,7 @@ class Client(ClientBase):
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
-        tags: Sequence[str] | None = None,
+        tags: Sequence[Literal["weights", "kv_cache"]] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -1505,7 +1505,7 @@ class Client(ClientBase):
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
-        mode: str | None = None,
+        mode: types.SleepMode | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -1513,7 +1513,7 @@ class Client(ClientBase):
         """Colocation: offload the trainer (optimizer and/or weights).
 
         Args:
-            mode: "all" (default), "optimizer", "weights".
+            mode: "all" (default), "optimizer", "weights". Default: all.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -1537,7 +1537,7 @@ class Client(ClientBase):
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
-        mode: str | None = None,
+        mode: types.SleepMode | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2687,7 +2687,7 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         checkpoint_id: str | None = None,
-        checkpoint_type: str | None = None,
+        checkpoint_type: Literal["resumable", "weights-only"] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2699,7 +2699,7 @@ class AsyncClient(AsyncClientBase):
                 rule (PROTOCOL.md §13): 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or
                 digit; never a path.
             checkpoint_type: "resumable" (default: model + optimizer + scheduler state) or
-                "weights-only".
+                "weights-only". One of "resumable", "weights-only". Default: resumable.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -2724,7 +2724,7 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         checkpoint_id: str | None = None,
-        checkpoint_type: str | None = None,
+        checkpoint_type: Literal["resumable", "weights-only"] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -3111,7 +3111,7 @@ class AsyncClient(AsyncClientBase):
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
-        tags: Sequence[str] | None = None,
+        tags: Sequence[Literal["weights", "kv_cache"]] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -3119,7 +3119,7 @@ class AsyncClient(AsyncClientBase):
         """Colocation: bring the samplers' weights and/or KV cache back.
 
         Args:
-            tags: "weights", "kv_cache"; empty = both.
+            tags: "weights", "kv_cache"; empty = both. One of "weights", "kv_cache".
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -3143,7 +3143,7 @@ class AsyncClient(AsyncClientBase):
         body: types.WakeInferenceRequest | None = None,
         /,
         *,
-        tags: Sequence[str] | None = None,
+        tags: Sequence[Literal["weights", "kv_cache"]] | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -3167,7 +3167,7 @@ class AsyncClient(AsyncClientBase):
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
-        mode: str | None = None,
+        mode: types.SleepMode | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -3175,7 +3175,7 @@ class AsyncClient(AsyncClientBase):
         """Colocation: offload the trainer (optimizer and/or weights).
 
         Args:
-            mode: "all" (default), "optimizer", "weights".
+            mode: "all" (default), "optimizer", "weights". Default: all.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -3199,7 +3199,7 @@ class AsyncClient(AsyncClientBase):
         body: types.SleepTrainingRequest | None = None,
         /,
         *,
-        mode: str | None = None,
+        mode: types.SleepMode | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,

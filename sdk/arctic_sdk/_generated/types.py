@@ -97,6 +97,7 @@ __all__ = [
     "SaveCheckpointRequest",
     "SaveCheckpointResult",
     "SleepInferenceRequest",
+    "SleepMode",
     "SleepTrainingRequest",
     "StepRequest",
     "StepResult",
@@ -135,6 +136,9 @@ KlType: TypeAlias = Literal["low_var_kl", "kl", "mse"]
 
 LossFn: TypeAlias = Literal["cross_entropy", "grpo", "ppo", "importance_sampling", "cispo", "weighted_logprob"]
 """The values of `arctic.v1.Processing.loss_fn` (default 'cross_entropy')."""
+
+SleepMode: TypeAlias = Literal["all", "optimizer", "weights"]
+"""The values of `arctic.v1.SleepTrainingRequest.mode` (default 'all')."""
 
 Prompt: TypeAlias = "str | list[int]"
 """One prompt: text, or token ids.
@@ -1026,7 +1030,10 @@ class SamplingParams(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     repetition_penalty: float
+
     min_tokens: int
+    """At most `max_tokens` (absent or 0 = 16)."""
+
     ignore_eos: bool
 
     min_p: float
@@ -1214,8 +1221,10 @@ class SaveCheckpointRequest(TypedDict, total=False):
     1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit; never a path.
     """
 
-    checkpoint_type: str
-    """\"resumable" (default: model + optimizer + scheduler state) or "weights-only"."""
+    checkpoint_type: Literal["resumable", "weights-only"]
+    """\"resumable" (default: model + optimizer + scheduler state) or "weights-only".
+    One of "resumable", "weights-only". Default: resumable.
+    """
 
 
 class Checkpoint(TypedDict, total=False):
@@ -1355,15 +1364,19 @@ class SleepInferenceRequest(TypedDict, total=False):
 class WakeInferenceRequest(TypedDict, total=False):
     """JSON body of wake-inference."""
 
-    tags: list[str]
-    """\"weights", "kv_cache"; empty = both."""
+    tags: list[Literal["weights", "kv_cache"]]
+    """\"weights", "kv_cache"; empty = both.
+    One of "weights", "kv_cache".
+    """
 
 
 class SleepTrainingRequest(TypedDict, total=False):
     """JSON body of sleep-training."""
 
-    mode: str
-    """\"all" (default), "optimizer", "weights"."""
+    mode: SleepMode
+    """\"all" (default), "optimizer", "weights".
+    Default: all.
+    """
 
 
 class WakeTrainingRequest(TypedDict, total=False):

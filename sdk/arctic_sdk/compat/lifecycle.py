@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._client_base import CallOptions
 from .._generated.client import AsyncClient
+from .._generated.types import SleepMode
 from ..errors import InvalidArgumentError, UnimplementedError, UnsupportedOptionError
 
 
@@ -130,7 +131,8 @@ class LegacyLifecycle:
         return {"job_id": self.log_prob_job_id, "log_prob": result}
 
     async def sleep_training(self, mode: str = "all") -> dict[str, Any]:
-        result = await self._sdk.sleep_training(mode=mode)
+        # a legacy str: the SDK's body check refuses a mode outside the spec's values
+        result = await self._sdk.sleep_training(mode=cast(SleepMode, mode))
         return {"job_id": self.training_job_id, "workers": [result]}
 
     async def wake_training(self) -> dict[str, Any]:

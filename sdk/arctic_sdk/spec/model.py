@@ -10,6 +10,7 @@ jobs.proto that every server knows.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -101,6 +102,46 @@ class ErrorInfo:
     user_fault: bool
     retryable: bool
     doc: str
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if x.is_integer() else repr(x)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One row of the request-rule table: a number field's `(arctic.v1.field)` bounds, at a
+    dotted path from the request body's root (`arctic_sdk.spec.tables.request_rules`)."""
+
+    path: str  # "sampling_params.top_p"
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    expected: str = ""  # the refusal's `expected`; "" = `bounds`
+
+    @property
+    def bounds(self) -> str:
+        """The bounds as text: ">= 1", "<= 2", "in (0, 1]"."""
+        lo = self.gt if self.gt is not None else self.ge
+        hi = self.lt if self.lt is not None else self.le
+        if lo is not None and hi is not None:
+            left, right = "(" if self.gt is not None else "[", ")" if self.lt is not None else "]"
+            return f"in {left}{_num(lo)}, {_num(hi)}{right}"
+        if lo is not None:
+            return f"{'>' if self.gt is not None else '>='} {_num(lo)}"
+        if hi is not None:
+            return f"{'<' if self.lt is not None else '<='} {_num(hi)}"
+        return "any number"
+
+    def holds(self, x: float) -> bool:
+        """Whether the finite number `x` respects the bounds."""
+        return math.isfinite(x) and not (
+            (self.ge is not None and x < self.ge)
+            or (self.gt is not None and x <= self.gt)
+            or (self.le is not None and x > self.le)
+            or (self.lt is not None and x >= self.lt)
+        )
 
 
 #: `SubJobConfig` keys every server knows (jobs.proto), per role; servers advertise their own set

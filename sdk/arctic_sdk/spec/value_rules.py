@@ -1,16 +1,20 @@
-"""Value rules of the spec's fields: a string's `pattern` / `max_length` and a number's range
-by its proto type (integers in range, doubles finite). Used by the body checker and by the
+"""Value rules of the spec's fields: a string's `pattern` / `max_length`, a number's range by its
+proto type (integers in range, doubles finite), and a number's `(arctic.v1.field)` bounds (the
+generated `tables.request_rules`). Used by the body checker, the servers' protocol layer and the
 checkpoint-id resolver of the servers (PROTOCOL.md §13)."""
 
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
+from arctic_sdk.spec.model import Bound
 from arctic_sdk.spec.pb.arctic.v1 import options_pb2
 
 _INT_RANGES = {
@@ -58,4 +62,22 @@ def range_error(fd: FieldDescriptor, value: Any) -> tuple[str, str] | None:
         n = int(value)
         shown = str(n) if abs(n) < 10**30 else f"a {len(str(abs(n)))}-digit integer"
         return f"{shown} is outside {name}", f"{name}: {lo} <= n <= {hi}"
+    return None
+
+
+def bound_error(
+    bounds: Iterable[Bound], body: Mapping[str, Any], prefix: str = ""
+) -> tuple[str, str, str] | None:
+    """(field path, what is wrong, expected) of the first present field of `body` outside its
+    bounds, else None. Absent and null fields are not checked; `prefix` is prepended to paths
+    (a `SamplingParams` checked inside another body: "sampling_params.")."""
+    for b in bounds:
+        value: Any = body
+        for name in b.path.split("."):
+            value = value.get(name) if isinstance(value, Mapping) else None
+        if value is None:
+            continue
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not number or not b.holds(float(value)):
+            return prefix + b.path, f"{value!r} is not {b.bounds}", b.expected or b.bounds
     return None

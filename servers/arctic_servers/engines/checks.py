@@ -8,24 +8,21 @@ runs), sampling parameters, checkpoint ids, sync methods.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from arctic_sdk.spec.tables import methods as M
+from arctic_sdk.spec import value_rules
+from arctic_sdk.spec.tables.request_rules import BOUNDS
 
-from ..protocol import checkpoint_ids, fields
+from ..protocol import checkpoint_ids
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
 from .losses import table as loss_config
 
 POST = ("compute_logprobs", "compute_entropy")
-CHECKPOINT_TYPES = ("resumable", "weights-only")
-WAKE_TAGS = ("weights", "kv_cache")
-SLEEP_MODES = ("all", "optimizer", "weights")
-MAX_LOGPROBS = 20
+SAMPLING_PARAMS = "arctic.v1.SamplingParams"
 
 
 bad = field_error
@@ -202,54 +199,21 @@ def prompts(body: Mapping[str, Any], vocab: int) -> list[str | list[int]]:
 
 
 def sampling_params(body: Mapping[str, Any]) -> None:
+    """`SamplingParams`: each field's bounds (the spec's, `tables.request_rules`; a generate
+    body's were checked on arrival, this covers every other path), then what a bound cannot
+    say: `min_tokens` at most `max_tokens`, non-empty stop strings."""
     sp: Mapping[str, Any] = body.get("sampling_params") or {}
-
-    def num(name: str) -> float | None:
-        v = sp.get(name)
-        return None if v is None else float(v)
-
-    n = sp.get("n")
-    if n is not None and int(n) < 1:
-        raise bad("sampling_params.n", f"{n} is not >= 1", expected=">= 1")
+    wrong = value_rules.bound_error(BOUNDS[SAMPLING_PARAMS], sp, "sampling_params.")
+    if wrong is not None:
+        raise bad(wrong[0], wrong[1], expected=wrong[2])
     mt = sp.get("max_tokens")
-    if mt is not None and int(mt) < 0:
-        raise bad("sampling_params.max_tokens", f"{mt} is negative", expected=">= 0 (0 = 16)")
     mn = sp.get("min_tokens")
-    if mn is not None and (int(mn) < 0 or int(mn) > (int(mt) if mt else 16)):  # absent/0 = 16
+    if mn is not None and int(mn) > (int(mt) if mt else 16):  # absent/0 = 16
         raise bad(
             "sampling_params.min_tokens",
             f"{mn} is not in [0, max_tokens]",
             expected="0 <= min_tokens <= max_tokens",
         )
-    t = num("temperature")
-    if t is not None and (not math.isfinite(t) or t < 0):
-        raise bad(
-            "sampling_params.temperature", f"{t} is not a finite number >= 0", expected=">= 0"
-        )
-    tp = num("top_p")
-    if tp is not None and not 0 < tp <= 1:
-        raise bad("sampling_params.top_p", f"{tp} is not in (0, 1]", expected="(0, 1]")
-    tk = sp.get("top_k")
-    if tk is not None and int(tk) < -1:
-        raise bad("sampling_params.top_k", f"{tk} is not >= -1", expected=">= -1 (0 or -1 = off)")
-    for name in ("logprobs", "prompt_logprobs"):
-        lp = sp.get(name)
-        if lp is not None and not 0 <= int(lp) <= MAX_LOGPROBS:
-            raise bad(
-                f"sampling_params.{name}",
-                f"{lp} is not in [0, {MAX_LOGPROBS}]",
-                expected=f"0..{MAX_LOGPROBS}",
-            )
-    rp = num("repetition_penalty")
-    if rp is not None and rp < 0:
-        raise bad(
-            "sampling_params.repetition_penalty", f"{rp} is negative", expected="> 0 (0 = off)"
-        )
-    for name in ("presence_penalty", "frequency_penalty"):
-        v = num(name)
-        if v is not None and not -2 <= v <= 2:
-            raise bad(f"sampling_params.{name}", f"{v} is not in [-2, 2]", expected="[-2, 2]")
-    fields.min_p(sp)
     for i, s in enumerate(sp.get("stop") or []):
         if not isinstance(s, str) or s == "":
             raise bad(
@@ -263,15 +227,9 @@ def checkpoint_id(value: Any, path: str = "checkpoint_id") -> str:
 
 
 def save_body(body: Mapping[str, Any]) -> None:
+    """`checkpoint_type`'s values are the spec's (checked on arrival); the id's rule here."""
     if body.get("checkpoint_id"):
         checkpoint_id(body["checkpoint_id"])
-    t = body.get("checkpoint_type") or "resumable"
-    if t not in CHECKPOINT_TYPES:
-        raise bad(
-            "checkpoint_type",
-            f"{t!r} is not one of {list(CHECKPOINT_TYPES)}",
-            expected=list(CHECKPOINT_TYPES),
-        )
 
 
 def filename(value: Any) -> str:
@@ -283,20 +241,3 @@ def one_of(body: Mapping[str, Any], name: str, allowed: Sequence[str], path: str
     v = body.get(name)
     if v not in (None, "") and v not in allowed:
         raise bad(path + name, f"{v!r} is not one of {list(allowed)}", expected=list(allowed))
-
-
-def lifecycle(op: str, body: Mapping[str, Any]) -> None:
-    if op == M.SLEEP_INFERENCE.name:
-        level = int(body.get("level") or 0)
-        if level not in (0, 1, 2):
-            raise bad("level", f"{level} is not 1 or 2", expected=[1, 2])
-    elif op == M.WAKE_INFERENCE.name:
-        for i, tag in enumerate(body.get("tags") or []):
-            if tag not in WAKE_TAGS:
-                raise bad(
-                    f"tags[{i}]",
-                    f"{tag!r} is not one of {list(WAKE_TAGS)}",
-                    expected=list(WAKE_TAGS),
-                )
-    elif op == M.SLEEP_TRAINING.name:
-        one_of(body, "mode", SLEEP_MODES)

@@ -7,15 +7,15 @@ are `protocol/checkpoint_files.py`, shared with the on-prem server."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from ..protocol import checkpoint_files as cf
-from ..protocol import checkpoint_ids
+from ..protocol import checkpoint_ids, forwarding
 from ..protocol.context import CallContext
-from ..protocol.jobs import sub_job_by_id
 from ..protocol.lora_config import export_format
 from . import lora
 from .base import GatewayBase
@@ -52,33 +52,28 @@ class Checkpoints(GatewayBase):
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self.job(ctx)
         self.require_running(job, ctx.method)
-        tid = body.get("target_sub_job_id")
-        sub = sub_job_by_id(job, tid) if tid else self.target(job, ctx)
-        ckpt = str(body["checkpoint_id"])
-        source = str(body.get("source_job_id") or job.job_id)
-        if not ctx.resumed:  # checked when accepted too (check_request), with the token
-            checkpoint_ids.check_source_job(
-                body, job.job_id, lambda s: self.jobs.visible(s, self.owner(ctx))
-            )
+        sub, ckpt, source = forwarding.load_source(
+            job,
+            ctx,
+            body,
+            lambda: self.target(job, ctx),
+            lambda s: self.jobs.visible(s, self.owner(ctx)),
+        )
         meta = self.ckpts.meta(source, ckpt)
         root = self.ckpts.path(source, ckpt)
-        if sub.role == "training" or self.profile.name == "fake":  # fake workers load any role
-            args = cf.load_args(root, meta)
-            # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
-            res = await self.call(ctx, sub, "load", **args)  # not-an-op
-        else:  # a vLLM sampler or scorer takes the checkpoint's exported HF weights
-            load = lora.sampler_load_args(job, root, ckpt) if sub.role == "sampling" else None
-            if load is None:  # (an adapter job's sampler: the adapter, a new version)
-                load = {"path": str((await self._export(root, meta)) / cf.EXPORT_WEIGHTS)}
-            # the version its results report from now on (the worker's own, since issue 21)
-            res = await self.call(
-                ctx, sub, "load_weights", **load, weight_version=job.weight_version + 1
-            )
-        if sub.role == "training":
-            job.global_step = int(res.get("global_steps", job.global_step))
-        else:  # a sampler's weights changed: its generates report a new weight version
-            job.weight_version += 1
-            sub.weight_version = job.weight_version
+        await forwarding.load_checkpoint(
+            job,
+            sub,
+            root,
+            meta,
+            functools.partial(self.call, ctx),
+            # an adapter job's sampler: the adapter, a new version
+            sampler_load=lambda: (
+                lora.sampler_load_args(job, root, ckpt) if sub.role == "sampling" else None
+            ),
+            export=lambda: self._export(root, meta),
+            any_role=self.profile.name == "fake",  # fake workers load any role
+        )
         self.jobs.save(job)
         return {"checkpoint": cf.public(meta)}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
+from ..protocol import forwarding
 from ..protocol.context import CallContext
 from ..protocol.fields import learning_rate
 from ..protocol.operation_types import (
@@ -145,39 +147,20 @@ class DataPlane(GatewayBase):
 
     async def reset_prefix_cache(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = self.begin(ctx)
-        targets = [sub]
-        if not ctx.sub_job_id:
-            targets = [s for s in job.sub_jobs if s.role in ("sampling", "log_prob")] or [sub]
-        reset = M.RESET_PREFIX_CACHE.python_name
-        res = await asyncio.gather(*(self.call(ctx, t, reset) for t in targets))
-        return {"reset": all(bool(r.get("reset")) for r in res)}
+        call = functools.partial(self.call, ctx)
+        return await forwarding.reset_prefix_cache(job.sub_jobs, sub, bool(ctx.sub_job_id), call)
 
     # ------------------------------------------------------------------ colocation lifecycle
 
-    async def _lifecycle(
-        self, ctx: CallContext, cmd: str, roles: tuple[str, ...], **args: Any
-    ) -> dict[str, Any]:
+    async def _lifecycle(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        """Sleep / wake: the op's row of `forwarding.LIFECYCLE`."""
         job, sub = self.begin(ctx)
-        subs = [sub] if ctx.sub_job_id else [s for s in job.sub_jobs if s.role in roles]
-        res = await asyncio.gather(*(self.call(ctx, s, cmd, **args) for s in subs))
-        applied = any(bool(r.get("applied")) for r in res)
-        reasons = sorted({str(r.get("reason") or "") for r in res} - {""})
-        return {"applied": applied, "reason": "; ".join(reasons) or CPU_LIFECYCLE_REASON}
+        call, named = functools.partial(self.call, ctx), bool(ctx.sub_job_id)
+        return await forwarding.lifecycle(
+            ctx.method, body, job.sub_jobs, sub, named, call, CPU_LIFECYCLE_REASON
+        )
 
-    async def sleep_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        level = int(body.get("level") or 1)
-        return await self._lifecycle(ctx, "sleep", ("sampling", "log_prob"), level=level)
-
-    async def wake_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        tags = list(body.get("tags") or [])
-        return await self._lifecycle(ctx, "wake", ("sampling", "log_prob"), tags=tags)
-
-    async def sleep_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        mode = str(body.get("mode") or "all")
-        return await self._lifecycle(ctx, "sleep", ("training",), mode=mode)
-
-    async def wake_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._lifecycle(ctx, "wake", ("training",))
+    sleep_inference = wake_inference = sleep_training = wake_training = _lifecycle
 
     # ------------------------------------------------------------------ /operation
 

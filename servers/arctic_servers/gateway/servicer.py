@@ -16,7 +16,6 @@ from arctic_sdk.spec.tables import methods as M
 from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
-from ..protocol.fields import learning_rate
 from ..protocol.operation_types import OP_TAIL_LOGS, OP_WEIGHT_SYNC, OPERATION_TYPES
 from . import lora
 from .base import GatewayBase
@@ -56,7 +55,8 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             self.require_running(job, ctx.method)  # /operation: checked by operation type
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
-        """Semantic checks before a data-plane call is accepted (4xx on failure)."""
+        """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
+        bounds are the spec's, checked by the protocol layer (`tables.request_rules`)."""
         from ..engines.fake import checkpoints as fake_ckpt
         from ..engines.fake import operations
 
@@ -77,8 +77,6 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             self.profile.check(m, body, sub)
             if m is M.GENERATE:
                 lora.check_adapter(body, lora.adapter_job(job))
-        elif m is M.STEP:
-            learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
             fake_ckpt.check_save(body)
         elif m is M.LOAD_CHECKPOINT:

@@ -16,10 +16,9 @@ from typing import Any
 from ..engines import checks
 from ..engines.config import servers_dir, thread_env
 from ..protocol import checkpoint_files as cf
-from ..protocol import checkpoint_ids
+from ..protocol import forwarding
 from ..protocol.checkpoint_files import copy_tree as _copy_tree
 from ..protocol.context import CallContext
-from ..protocol.jobs import sub_job_by_id
 from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, export_format
 from ..protocol.lora_sync import adapter_load_args
 from .base import OnpremBase
@@ -63,30 +62,30 @@ class Checkpoints(OnpremBase):
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
         self._require_running(job, ctx.method)
-        tid = body.get("target_sub_job_id")
-        sub = sub_job_by_id(job, tid) if tid else self.target(job, ctx)
-        ckpt = str(body["checkpoint_id"])
-        source = str(body.get("source_job_id") or job.job_id)
-        if not ctx.resumed:  # checked when accepted too (check_request), with the token
-            checkpoint_ids.check_source_job(
-                body, job.job_id, lambda s: self.jobs.visible(s, self._owner(ctx))
-            )
+        sub, ckpt, source = forwarding.load_source(
+            job,
+            ctx,
+            body,
+            lambda: self.target(job, ctx),
+            lambda s: self.jobs.visible(s, self._owner(ctx)),
+        )
         meta = self._ckpts.meta(source, ckpt)
-        if sub.role == "training":
-            args = cf.load_args(self._ckpts.path(source, ckpt), meta)
-            # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
-            res = await self._call(sub, "load", **args)  # not-an-op
-            job.global_step = int(res.get("global_steps", job.global_step))
-        else:  # a sampler or scorer takes the checkpoint's exported HF weights
-            if adapter_sync(job.lora) and sub.role == "sampling":  # its adapter: a new version
-                load = adapter_load_args(self._ckpts.path(source, ckpt) / cf.ENGINE_TAG, ckpt)
-            else:
-                out = await self._export(source, ckpt, meta)
-                load = {"path": str(out / cf.EXPORT_WEIGHTS)}
-            # its weights changed: its generates say so (the sampler reports what it was given)
-            version = job.weight_version + 1
-            await self._call(sub, "load_weights", **load, weight_version=version)
-            job.weight_version = sub.weight_version = version
+        root = self._ckpts.path(source, ckpt)
+
+        def adapter() -> dict[str, Any] | None:  # a LoRA job's sampler: its adapter
+            if adapter_sync(job.lora) and sub.role == "sampling":
+                return adapter_load_args(root / cf.ENGINE_TAG, ckpt)
+            return None
+
+        await forwarding.load_checkpoint(
+            job,
+            sub,
+            root,
+            meta,
+            self._call,
+            sampler_load=adapter,
+            export=lambda: self._export(source, ckpt, meta),
+        )
         return {"checkpoint": cf.public(meta)}
 
     async def list_checkpoints(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from arctic_sdk.spec.tables import methods as M
 from ..engines import checks
 from ..engines.vllm.weight_sync import METHODS as SYNC_METHODS
 from ..engines.vllm.weight_sync import pick_method
+from ..protocol import forwarding
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.fields import learning_rate
@@ -210,41 +211,18 @@ class DataPlane(OnpremBase):
 
     async def reset_prefix_cache(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = await self._begin(ctx)
-        targets = (
-            [sub]
-            if ctx.sub_job_id
-            else [s for s in job.sub_jobs if s.role in ("sampling", "log_prob")] or [sub]
+        return await forwarding.reset_prefix_cache(
+            job.sub_jobs, sub, bool(ctx.sub_job_id), self._call
         )
-        reset = M.RESET_PREFIX_CACHE.python_name
-        res = await asyncio.gather(*(self._call(t, reset) for t in targets))
-        return {"reset": all(bool(r.get("reset")) for r in res)}
 
     # ------------------------------------------------------------------ colocation lifecycle
 
-    async def _lifecycle(
-        self, ctx: CallContext, cmd: str, roles: tuple[str, ...], **args: Any
-    ) -> dict[str, Any]:
+    async def _lifecycle(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        """Sleep / wake: the op's row of `forwarding.LIFECYCLE`."""
         job, sub = await self._begin(ctx)
-        subs = [sub] if ctx.sub_job_id else [s for s in job.sub_jobs if s.role in roles]
-        res = await asyncio.gather(*(self._call(s, cmd, **args) for s in subs))
-        applied = any(bool(r.get("applied")) for r in res)
-        reasons = sorted({str(r.get("reason") or "") for r in res} - {""})
-        return {"applied": applied, "reason": "; ".join(reasons) or CPU_LIFECYCLE_REASON}
-
-    async def sleep_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._lifecycle(
-            ctx, "sleep", ("sampling", "log_prob"), level=int(body.get("level") or 1)
+        named = bool(ctx.sub_job_id)
+        return await forwarding.lifecycle(
+            ctx.method, body, job.sub_jobs, sub, named, self._call, CPU_LIFECYCLE_REASON
         )
 
-    async def wake_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._lifecycle(
-            ctx, "wake", ("sampling", "log_prob"), tags=list(body.get("tags") or [])
-        )
-
-    async def sleep_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._lifecycle(
-            ctx, "sleep", ("training",), mode=str(body.get("mode") or "all")
-        )
-
-    async def wake_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._lifecycle(ctx, "wake", ("training",))
+    sleep_inference = wake_inference = sleep_training = wake_training = _lifecycle

@@ -28,7 +28,6 @@ from ..engines.config import (
 from ..protocol import checkpoint_ids
 from ..protocol import jobs as pj
 from ..protocol.context import CallContext
-from ..protocol.fields import learning_rate
 from ..protocol.jobs import sub_job_by_id
 from ..protocol.lora_config import adapter_sync, check_adapter
 from .checkpoints import Checkpoints
@@ -43,7 +42,8 @@ class OnpremServicer(Operations, Checkpoints):
     lora_support = LORA.json()
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
-        """Semantic checks before a data-plane call is accepted (4xx on failure)."""
+        """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
+        bounds are the spec's, checked by the protocol layer (`tables.request_rules`)."""
         job = self._job(ctx)
         m = ctx.method
         sub = self.target(job, ctx) if m is not M.OPERATION else None
@@ -60,8 +60,6 @@ class OnpremServicer(Operations, Checkpoints):
             checks.sampling_params(body)
             checks.prompts(body, self._vocab_of(sub))
             check_adapter(body, adapter_sync(job.lora))
-        elif m is M.STEP:
-            learning_rate(body)
         elif m is M.SAVE_CHECKPOINT:
             checks.save_body(body)
         elif m is M.LOAD_CHECKPOINT:
@@ -76,11 +74,6 @@ class OnpremServicer(Operations, Checkpoints):
                 sub_job_by_id(job, tid)
         elif m is M.SYNC_WEIGHTS:
             self._check_sync(job, body, "")
-        elif m is M.RESET_PREFIX_CACHE:
-            if float(body.get("timeout_s") or 0) < 0:
-                raise checks.bad("timeout_s", "is negative", expected=">= 0")
-        elif m in (M.SLEEP_INFERENCE, M.WAKE_INFERENCE, M.SLEEP_TRAINING):
-            checks.lifecycle(m.name, body)
         elif m in (M.EXPORT_CHECKPOINT, M.DELETE_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE):
             checks.checkpoint_id(body.get("checkpoint_id"))
             if m is M.DOWNLOAD_CHECKPOINT_FILE:

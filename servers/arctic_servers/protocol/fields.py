@@ -1,37 +1,22 @@
-"""Checks of body fields whose meaning the servers share beyond their proto type."""
+"""Readers of body fields whose meaning the servers share beyond their proto type.
+
+Their bounds are the spec's (`(arctic.v1.field)` `ge`/`le`, checked on arrival by the protocol
+layer from `arctic_sdk.spec.tables.request_rules`), so these only read a checked body."""
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from .sub_jobs import field_error
-
 
 def learning_rate(body: Mapping[str, Any]) -> float | None:
-    """`StepRequest.learning_rate`: absent (the schedule's), or a finite number >= 0; 0 steps
-    without changing the weights (an lr = 0 control run)."""
+    """`StepRequest.learning_rate`: None when absent (the schedule's), else the number (>= 0;
+    0 steps without changing the weights: an lr = 0 control run)."""
     v = body.get("learning_rate")
-    if v is None:
-        return None
-    x = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
-    if not math.isfinite(x) or x < 0:
-        raise field_error(
-            "learning_rate", f"{v!r} is not a finite number >= 0", expected="a finite number >= 0"
-        )
-    return x
+    return None if v is None else float(v)
 
 
 def min_p(sampling_params: Mapping[str, Any]) -> float | None:
-    """`SamplingParams.min_p`: absent, or a finite number in [0, 1] (0 = off)."""
+    """`SamplingParams.min_p`: None when absent, else the number (in [0, 1]; 0 = off)."""
     v = sampling_params.get("min_p")
-    if v is None:
-        return None
-    x = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
-    if not (math.isfinite(x) and 0.0 <= x <= 1.0):
-        raise field_error(
-            "sampling_params.min_p", f"{v!r} is not a number in [0, 1]", expected="[0, 1]"
-        )
-    return x
+    return None if v is None else float(v)

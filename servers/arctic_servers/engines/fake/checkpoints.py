@@ -24,7 +24,6 @@ from . import tokenizer
 from .numerics import token_logprob
 from .state import Checkpoint, Job, SubJob
 
-TYPES = ("resumable", "weights-only")
 FILES = ("model.safetensors", "config.json", "tokenizer_config.json")
 EXPORT_TTL_S = 3600
 
@@ -59,14 +58,6 @@ def check_id(checkpoint_id: Any, field: str = "checkpoint_id") -> None:
 def check_save(body: Mapping[str, Any]) -> None:
     if body.get("checkpoint_id"):
         check_id(str(body["checkpoint_id"]))
-    ctype = body.get("checkpoint_type") or "resumable"
-    if ctype not in TYPES:
-        raise ProtocolError(
-            "invalid_argument",
-            f"field checkpoint_type: {ctype!r} is not one of {list(TYPES)}",
-            field="checkpoint_type",
-            expected=list(TYPES),
-        )
 
 
 def to_json(ckpt: Checkpoint) -> dict[str, Any]:

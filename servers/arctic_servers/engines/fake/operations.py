@@ -27,8 +27,6 @@ from . import checkpoints as ck
 from .state import Job
 
 SYNC_METHODS = ("auto", "nccl", "cuda_ipc", "shm", "safetensors")
-WAKE_TAGS = ("weights", "kv_cache")
-SLEEP_MODES = ("all", "optimizer", "weights")
 
 
 def _one_of(body: Mapping[str, Any], name: str, allowed: tuple[str, ...], path: str = "") -> None:
@@ -40,26 +38,10 @@ def _one_of(body: Mapping[str, Any], name: str, allowed: tuple[str, ...], path: 
 
 
 def check_simple(job: Job, m: MethodInfo, body: Mapping[str, Any]) -> None:
-    """Checks of the JSON-bodied and body-less data-plane ops."""
+    """Checks of the JSON-bodied and body-less data-plane ops (the fields' values and bounds
+    are the spec's, checked on arrival by the protocol layer)."""
     if m is M.SYNC_WEIGHTS:
         check_sync(job, body, "")
-    elif m is M.RESET_PREFIX_CACHE:
-        if float(body.get("timeout_s") or 0) < 0:
-            raise field_error("timeout_s", "is negative", expected=">= 0")
-    elif m is M.SLEEP_INFERENCE:
-        level = int(body.get("level") or 0)
-        if level not in (0, 1, 2):
-            raise field_error("level", f"{level} is not 1 or 2", expected=[1, 2])
-    elif m is M.WAKE_INFERENCE:
-        for i, tag in enumerate(body.get("tags") or []):
-            if tag not in WAKE_TAGS:
-                raise field_error(
-                    f"tags[{i}]",
-                    f"{tag!r} is not one of {list(WAKE_TAGS)}",
-                    expected=list(WAKE_TAGS),
-                )
-    elif m is M.SLEEP_TRAINING:
-        _one_of(body, "mode", SLEEP_MODES)
     elif m in (M.EXPORT_CHECKPOINT, M.DELETE_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE):
         ck.check_id(body.get("checkpoint_id"))  # the spec's rule: a name, never a path
         if m is M.DOWNLOAD_CHECKPOINT_FILE:

@@ -279,6 +279,11 @@ class FieldOptions(_message.Message):
     ALIAS_FIELD_NUMBER: _builtins.int
     PATTERN_FIELD_NUMBER: _builtins.int
     MAX_LENGTH_FIELD_NUMBER: _builtins.int
+    GE_FIELD_NUMBER: _builtins.int
+    GT_FIELD_NUMBER: _builtins.int
+    LE_FIELD_NUMBER: _builtins.int
+    LT_FIELD_NUMBER: _builtins.int
+    EXPECTED_FIELD_NUMBER: _builtins.int
     required: _builtins.bool
     """The field must be present."""
     shape: _builtins.str
@@ -302,6 +307,17 @@ class FieldOptions(_message.Message):
     """
     max_length: _builtins.int
     """A string field: at most this many characters (0 = no limit beyond the body's)."""
+    ge: _builtins.float
+    """A number field, when present: the bounds its value must respect (greater or equal, greater,
+    less or equal, less). Servers refuse a value outside them with `invalid_argument` naming the
+    field, the value and the bounds, before the call is accepted; the generator turns them into
+    the per-op rule table `arctic_sdk.spec.tables.request_rules` (`PROTOCOL.md` §13).
+    """
+    gt: _builtins.float
+    le: _builtins.float
+    lt: _builtins.float
+    expected: _builtins.str
+    """The `expected` text of a bound's refusal (default: the bounds, e.g. ">= 1", "(0, 1]")."""
     @_builtins.property
     def dtypes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Allowed DSSST1 dtype names (`proto/DSSST1.md` §4); empty = any."""
@@ -333,12 +349,32 @@ class FieldOptions(_message.Message):
         alias: _builtins.str = ...,
         pattern: _builtins.str = ...,
         max_length: _builtins.int = ...,
+        ge: _builtins.float | None = ...,
+        gt: _builtins.float | None = ...,
+        le: _builtins.float | None = ...,
+        lt: _builtins.float | None = ...,
+        expected: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ge", b"_ge", "_gt", b"_gt", "_le", b"_le", "_lt", b"_lt", "ge", b"ge", "gt", b"gt", "le", b"le", "lt", b"lt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "default_value", b"default_value", "dtypes", b"dtypes", "losses", b"losses", "max_length", b"max_length", "pattern", b"pattern", "required", b"required", "requires", b"requires", "shape", b"shape", "tensor", b"tensor", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ge", b"_ge", "_gt", b"_gt", "_le", b"_le", "_lt", b"_lt", "alias", b"alias", "default_value", b"default_value", "dtypes", b"dtypes", "expected", b"expected", "ge", b"ge", "gt", b"gt", "le", b"le", "losses", b"losses", "lt", b"lt", "max_length", b"max_length", "pattern", b"pattern", "required", b"required", "requires", b"requires", "shape", b"shape", "tensor", b"tensor", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__ge: _TypeAlias = _typing.Literal["ge"]  # noqa: Y015
+    _WhichOneofArgType__ge: _TypeAlias = _typing.Literal["_ge", b"_ge"]  # noqa: Y015
+    _WhichOneofReturnType__gt: _TypeAlias = _typing.Literal["gt"]  # noqa: Y015
+    _WhichOneofArgType__gt: _TypeAlias = _typing.Literal["_gt", b"_gt"]  # noqa: Y015
+    _WhichOneofReturnType__le: _TypeAlias = _typing.Literal["le"]  # noqa: Y015
+    _WhichOneofArgType__le: _TypeAlias = _typing.Literal["_le", b"_le"]  # noqa: Y015
+    _WhichOneofReturnType__lt: _TypeAlias = _typing.Literal["lt"]  # noqa: Y015
+    _WhichOneofArgType__lt: _TypeAlias = _typing.Literal["_lt", b"_lt"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ge) -> _WhichOneofReturnType__ge | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gt) -> _WhichOneofReturnType__gt | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__le) -> _WhichOneofReturnType__le | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lt) -> _WhichOneofReturnType__lt | None: ...
 
 Global___FieldOptions: _TypeAlias = FieldOptions  # noqa: Y015
 

@@ -627,6 +627,7 @@ class SamplingParams(_message.Message):
     frequency_penalty: _builtins.float
     repetition_penalty: _builtins.float
     min_tokens: _builtins.int
+    """At most `max_tokens` (absent or 0 = 16)."""
     ignore_eos: _builtins.bool
     min_p: _builtins.float
     """Min-p sampling: only tokens whose probability is at least `min_p` times the most likely
