@@ -10,7 +10,8 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from arctic_model import TENSOR_MESSAGE, Field, Message, Method, Spec
+from arctic_model import TENSOR_MESSAGE
+from arctic_types import Field, Message, Method, Spec
 
 LINE = 100
 

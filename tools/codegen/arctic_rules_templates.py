@@ -10,8 +10,8 @@ protocol layer, so no server keeps a hand-written copy of a field's range.
 
 from __future__ import annotations
 
-from arctic_model import Field, Message, Spec
 from arctic_render import Layout, import_block, module, py_str
+from arctic_types import Field, Message, Spec
 
 
 def _num(x: float) -> str:

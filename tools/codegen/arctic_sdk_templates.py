@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from arctic_model import ErrorCode, Field, Message, Method, Spec, SpecError
 from arctic_render import (
     Layout,
     docstring,
@@ -25,6 +24,7 @@ from arctic_render import (
     type_ref,
     value_py,
 )
+from arctic_types import ErrorCode, Field, Message, Method, Spec, SpecError
 
 # ---------------------------------------------------------------------------- methods.py
 

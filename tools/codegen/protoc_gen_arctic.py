@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from arctic_model import Spec, SpecError, build_spec
+from arctic_model import build_spec
 from arctic_render import Layout, banner, pb2_module
 from arctic_rules_templates import render_request_rules
 from arctic_sdk_templates import (
@@ -49,6 +49,7 @@ from arctic_server_templates import (
     render_server_init,
     render_servicer,
 )
+from arctic_types import Spec, SpecError
 from google.protobuf.compiler import plugin_pb2
 
 __version__ = "0.1.0"
