@@ -8,8 +8,8 @@ through `arctic_sdk.AsyncClient`:
 
 1. **SFT**: `forward_backward` (`cross_entropy`, `loss_mask` on the answer and its stop token,
    the prompt masked out) submitted together with `step`, a batch of training problems per step,
-   until the held-out accuracy reaches `Recipe.sft_target` (or `Recipe.sft_max_steps`); then
-   `save_checkpoint("sft")`.
+   until the held-out accuracy is at or above `Recipe.sft_target` at `Recipe.sft_target_evals`
+   consecutive evaluations (or `Recipe.sft_max_steps`); then `save_checkpoint("sft")`.
 2. **RL**, twice from that checkpoint (`load_checkpoint` + `sync_weights`): the RL arm and a
    control whose every step has learning rate 0. Per step: `generate` (`Recipe.group` samples per
    prompt at `Recipe.temperature`, with the sampler's log-probs) -> exact-match reward ->
@@ -60,7 +60,8 @@ class Recipe:
     sft_lr: float = 2e-3
     sft_batch: int = 64
     sft_max_steps: int = 600
-    sft_target: float = 0.3  # stop SFT at the first evaluation at or above this accuracy
+    sft_target: float = 0.3  # stop SFT once held-out accuracy is at or above this ...
+    sft_target_evals: int = 2  # ... at this many consecutive evaluations (a stable start for RL)
     sft_eval_every: int = 25
     rl_steps: int = 60
     rl_lr: float = 1e-3
@@ -76,12 +77,15 @@ class Recipe:
 
     @staticmethod
     def smoke() -> Recipe:
-        """CI sizes: the same SFT, stopped at a lower accuracy, and a few RL steps per arm.
+        """CI sizes: the same SFT, stopped at the first evaluation at a lower accuracy, and a few
+        RL steps per arm (the plumbing; the run-of-evaluations stop is `reached`'s unit test).
 
         SFT has to reach some accuracy for RL to have a signal at all: with every sample wrong,
         no group has an advantage and no GRPO step is taken.
         """
-        return Recipe(sft_target=0.1, rl_steps=4, rl_prompts=16, rl_eval_every=2)
+        return Recipe(
+            sft_target=0.1, sft_target_evals=1, rl_steps=4, rl_prompts=16, rl_eval_every=2
+        )
 
     def override(self, settings: Sequence[str]) -> None:
         """Apply `KNOB=VALUE` settings (`--set`), typed as the knob's default; unknown refused."""
@@ -187,11 +191,23 @@ async def run_sft(
             curve.steps.append(step)
             curve.accuracy.append(await evaluate(client, task))
             bar.set_postfix(loss=f"{loss:.3f}", held_out=f"{curve.last:.3f}")
-            if curve.last >= r.sft_target:
+            if reached(curve.accuracy[1:], r.sft_target, r.sft_target_evals):
                 break
     bar.close()
     curve.seconds = time.perf_counter() - t0
     return curve
+
+
+def reached(accuracy: Sequence[float], target: float, evals: int) -> bool:
+    """SFT's stop: the last `evals` evaluations are all at or above `target`.
+
+    One evaluation can land at the top of a jump the next step partly undoes; requiring a run of
+    them starts RL from weights that hold the accuracy.
+    """
+    if evals < 1:
+        raise ValueError(f"sft_target_evals must be >= 1, not {evals}")
+    tail = accuracy[-evals:]
+    return len(tail) == evals and all(a >= target for a in tail)
 
 
 def rl_frame(

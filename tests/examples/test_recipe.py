@@ -28,3 +28,15 @@ def test_set_types_each_knob_as_its_default() -> None:
 def test_set_refuses_by_name(item: str, message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         Recipe().override([item])
+
+
+def test_sft_stops_on_a_run_of_evaluations_at_the_target() -> None:
+    from sft_rl import reached
+
+    assert reached([0.1, 0.35], 0.3, 1)
+    assert not reached([0.1, 0.35], 0.3, 2)  # one evaluation at the target is not a run of two
+    assert not reached([0.35, 0.25, 0.31], 0.3, 2)  # the run restarts after a dip
+    assert reached([0.35, 0.25, 0.31, 0.3], 0.3, 2)
+    assert not reached([], 0.3, 1)
+    with pytest.raises(ValueError, match="sft_target_evals must be >= 1, not 0"):
+        reached([0.5], 0.3, 0)
