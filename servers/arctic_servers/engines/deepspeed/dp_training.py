@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from arctic_sdk.spec.tables import methods as M
+
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
 from ..worker.worker import WorkerError
@@ -286,14 +288,14 @@ class DataParallelTrainer:
     def commands(self) -> dict[str, Command]:
         """The worker commands this engine runs (`engines/worker/commands.py`)."""
         return {
-            "forward_backward": self.op_forward_backward,
-            "forward": self.op_forward,
-            "log_probs": self.op_log_probs,
+            M.FORWARD_BACKWARD.python_name: self.op_forward_backward,
+            M.FORWARD.python_name: self.op_forward,
+            M.LOG_PROBS.python_name: self.op_log_probs,
             "export_weights": self.op_export_weights,
             "nccl_broadcast": self.op_nccl_broadcast,
-            "step": self.op_step,
-            "save": self.op_save,
-            "load": self.op_load,
+            M.STEP.python_name: self.op_step,
+            "save": self.op_save,  # not-an-op
+            "load": self.op_load,  # not-an-op
             "sleep": self.op_sleep,
             "wake": self.op_wake,
         }

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from arctic_sdk.spec.tables import methods as M
+
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
 from ..worker.worker import WorkerError
@@ -141,10 +143,10 @@ class ScoringEngine(_Forward):
     def commands(self) -> dict[str, Command]:
         """The worker commands this engine runs (`engines/worker/commands.py`)."""
         return {
-            "forward": self.op_forward,
-            "log_probs": self.op_log_probs,
+            M.FORWARD.python_name: self.op_forward,
+            M.LOG_PROBS.python_name: self.op_log_probs,
             "load_weights": self.op_load_weights,
-            "reset_prefix_cache": self.op_reset_prefix_cache,
+            M.RESET_PREFIX_CACHE.python_name: self.op_reset_prefix_cache,
             "sleep": self.op_sleep,
             "wake": self.op_wake,
         }

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from arctic_sdk.spec.tables import methods as M
+
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
 from .batch import Batch
@@ -157,16 +159,16 @@ class TrainingEngine(TrainerWeights, _Forward):
     def commands(self) -> dict[str, Command]:
         """The worker commands this engine runs (`engines/worker/commands.py`)."""
         return {
-            "forward": self.op_forward,
-            "log_probs": self.op_log_probs,
-            "forward_backward": self.op_forward_backward,
-            "step": self.op_step,
+            M.FORWARD.python_name: self.op_forward,
+            M.LOG_PROBS.python_name: self.op_log_probs,
+            M.FORWARD_BACKWARD.python_name: self.op_forward_backward,
+            M.STEP.python_name: self.op_step,
             "sleep": self.op_sleep,
             "wake": self.op_wake,
             "export_weights": self.op_export_weights,
             "nccl_broadcast": self.op_nccl_broadcast,
-            "save": self.op_save,
-            "load": self.op_load,
+            "save": self.op_save,  # not-an-op
+            "load": self.op_load,  # not-an-op
         }
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -94,18 +94,18 @@ class FakeEngine:
     def commands(self) -> dict[str, Command]:
         """The worker commands this engine runs (`engines/worker/commands.py`)."""
         return {
-            "forward_backward": self.op_forward_backward,
-            "forward": self.op_forward,
-            "log_probs": self.op_log_probs,
-            "step": self.op_step,
-            "generate": self.op_generate,
+            M.FORWARD_BACKWARD.python_name: self.op_forward_backward,
+            M.FORWARD.python_name: self.op_forward,
+            M.LOG_PROBS.python_name: self.op_log_probs,
+            M.STEP.python_name: self.op_step,
+            M.GENERATE.python_name: self.op_generate,
             "export_weights": self.op_export_weights,
             "load_weights": self.op_load_weights,
-            "reset_prefix_cache": self.op_reset_prefix_cache,
+            M.RESET_PREFIX_CACHE.python_name: self.op_reset_prefix_cache,
             "sleep": self.op_sleep,
             "wake": self.op_wake,
-            "save": self.op_save,
-            "load": self.op_load,
+            "save": self.op_save,  # not-an-op
+            "load": self.op_load,  # not-an-op
         }
 
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:

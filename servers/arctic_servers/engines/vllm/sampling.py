@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from arctic_sdk.spec.tables import methods as M
+
 from ..worker.commands import Command
 from ..worker.worker import WorkerError
 from . import lora_sampler
@@ -184,7 +186,7 @@ class SamplingEngine(VllmScoring):
         return {
             "stream_stats": self.op_stream_stats,
             "load_weights": self.op_load_weights,
-            "reset_prefix_cache": self.op_reset_prefix_cache,
+            M.RESET_PREFIX_CACHE.python_name: self.op_reset_prefix_cache,
             "sleep": self.op_sleep,
             "wake": self.op_wake,
         }
