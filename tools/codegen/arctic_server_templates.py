@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
+from arctic_grpc_templates import grpc_types, pb2_imports
 from arctic_render import Layout, docstring, fits, import_block, method_summary, module, py_str
-from arctic_sdk_templates import grpc_types, pb2_imports
 from arctic_types import Method, Spec, SpecError
 
 # ---------------------------------------------------------------------------- servicer.py

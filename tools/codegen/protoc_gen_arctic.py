@@ -28,27 +28,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from arctic_model import build_spec
-from arctic_render import Layout, banner, pb2_module
-from arctic_rules_templates import render_request_rules
-from arctic_sdk_templates import (
-    render_client,
-    render_error_classes,
-    render_error_codes,
+from arctic_grpc_templates import (
     render_grpc_stubs,
-    render_methods,
     render_pb2_init,
     render_pb2_root_init,
     render_sdk_init,
     render_tables_init,
-    render_types,
 )
+from arctic_model import build_spec
+from arctic_render import Layout, banner, pb2_module
+from arctic_rules_templates import render_request_rules
+from arctic_sdk_templates import render_client, render_types
 from arctic_server_templates import (
     render_grpc_services,
     render_http_routes,
     render_server_init,
     render_servicer,
 )
+from arctic_table_templates import render_error_classes, render_error_codes, render_methods
 from arctic_types import Spec, SpecError
 from google.protobuf.compiler import plugin_pb2
 
