@@ -9,14 +9,13 @@ disk before CreateJob answers and a state change before anyone is told about it.
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..protocol import jobs as pj
 from ..protocol.jobs import JobRecord
+from ..protocol.sqlite_store import SqliteDb
 
 
 @dataclass
@@ -84,16 +83,11 @@ CREATE INDEX IF NOT EXISTS jobs_key ON jobs (owner, create_key);
 """
 
 
-class JobStore:
-    def __init__(self, path: str | Path) -> None:
-        self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(_SCHEMA)
-        self.lock = threading.Lock()
+class JobStore(SqliteDb):
+    """The gateway's job table, in the server's state file (`protocol.sqlite_store.SqliteDb`)."""
 
-    def close(self) -> None:
-        self.conn.close()
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path, _SCHEMA)
 
     def put(self, job: Job) -> None:
         doc = json.dumps(job.to_doc(), separators=(",", ":"))

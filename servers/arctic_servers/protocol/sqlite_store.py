@@ -47,12 +47,16 @@ _OPEN = "status IN ({})".format(
 )
 
 
-class _Db:
-    def __init__(self, path: str | Path) -> None:
+class SqliteDb:
+    """One SQLite connection of a server's state file: WAL, every commit synced (a crash loses
+    no acknowledged write), `schema` created if missing, one lock for its users' threads. The
+    request and chunk stores here and the gateway's job table (`gateway/model.py`) open it."""
+
+    def __init__(self, path: str | Path, schema: str = _SCHEMA) -> None:
         self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(_SCHEMA)
+        self.conn.executescript(schema)
         self.lock = threading.Lock()
 
     def close(self) -> None:
@@ -89,7 +93,7 @@ class SqliteRequestStore:
     durable = True
 
     def __init__(self, path: str | Path) -> None:
-        self._db = _Db(path)
+        self._db = SqliteDb(path)
 
     def close(self) -> None:
         self._db.close()
@@ -209,7 +213,7 @@ class SqliteChunkStore:
     durable = True
 
     def __init__(self, path: str | Path) -> None:
-        self._db = _Db(path)
+        self._db = SqliteDb(path)
 
     def close(self) -> None:
         self._db.close()
