@@ -252,7 +252,6 @@ def _cache_first(groups: ChunkGroups, job_id: str, frame: bytes | memoryview) ->
         raise ProtocolError(exc.code, str(exc), field=exc.path or "body") from None
     assert desc is not None and desc.chunk_group_id is not None
     gid = desc.chunk_group_id
-    groups._assemblers[(job_id, gid)] = asm
     record = GroupRecord(
         job_id=job_id,
         group_id=gid,
@@ -262,7 +261,7 @@ def _cache_first(groups: ChunkGroups, job_id: str, frame: bytes | memoryview) ->
         operation=str(desc.operation or ""),
         received={desc.chunk_idx},
     )
-    groups.store.put_group(record)
+    groups.adopt(job_id, record, asm)
     return ChunkStep(
         cached={
             "chunk_cached": True,

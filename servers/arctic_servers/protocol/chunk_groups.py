@@ -151,6 +151,13 @@ class ChunkGroups:
 
     # ------------------------------------------------------------------ chunks
 
+    def adopt(self, job_id: str, group: GroupRecord, assembler: dssst1.ChunkAssembler) -> None:
+        """Take a group that another path started, with its assembler: the fake gateway's
+        `restart_not_required` fault starts a group at whatever chunk comes first (a declared
+        entry point, so fault injection touches no private state)."""
+        self._assemblers[(job_id, group.group_id)] = assembler
+        self.store.put_group(group)
+
     def accept(self, job_id: str, method: MethodInfo, frame: bytes | memoryview) -> ChunkStep:
         self.expire()
         try:
