@@ -28,7 +28,9 @@ prompts, tokens/s, p50 / p99 per-call latency; `peak` and `steps`: the most requ
 in the sampler's engine at once while the N calls ran and the engine steps they took (the
 worker's busy-period lines, read with tail-logs: N and about `max_tokens` when the calls share
 the batch, 1 and N x `max_tokens` when they run one after another; the largest over the reps);
-batched tokens/s through the server over vLLM direct. Targets (printed, not asserted): ratio
+batched tokens/s through the server over vLLM direct; `client cpu s`: the CPU time of this
+process while the N calls ran (the SDK / `openai` clients; for `inproc` the server too), which
+shares the machine's cores with the engine. Targets (printed, not asserted): ratio
 <= 1.5 at N = 8 and 32, <= 2 at N = 64; batched throughput >= 0.95x direct. `uptime` is
 recorded beside the numbers: the machine is shared. Measured runs: bench/README.md.
 """
@@ -361,6 +363,7 @@ async def measure(
             for path in paths:
                 ref = chat[:n] if path == "openai-chat" else prompts
                 walls, bwalls, dwalls, lats, toks, peak, steps = [], [], [], [], 0, 0, 0
+                cpus: list[float] = []
                 for _ in range(sizes["reps"]):
                     if path == paths[0]:  # vLLM direct next to the server's batched call
                         dwalls.append(await asyncio.to_thread(vllm.run, n))
@@ -369,7 +372,9 @@ async def measure(
                     bwalls.append(time.perf_counter() - b0)
                     _, cursor = await engine_log(client, cursor)
                     calls = [p.single(path, prompts[i], texts[i]) for i in range(n)]
+                    c0 = time.process_time()  # this process: the clients (and inproc's server)
                     wall, lat, toks = await timed(calls)
+                    cpus.append(time.process_time() - c0)
                     walls.append(wall)
                     lats += lat
                     await asyncio.sleep(0.2)  # the worker logs the busy period once idle
@@ -385,6 +390,7 @@ async def measure(
                 row.update(tokens=toks, tokens_per_s=toks / w, p50_s=p50, p99_s=p99)
                 row.update(batched_tokens_per_s=n * tokens / bw, direct_tokens_per_s=d)
                 row.update(engine_peak=peak, engine_steps=steps)
+                row.update(client_cpu_s=statistics.median(cpus))
                 rows.append({**row, "uptime": uptime()})
                 print(_row(rows[-1]), flush=True)
         await oai.close()
@@ -396,6 +402,7 @@ async def measure(
 
 HEAD = f"{'server':8s} {'path':19s} {'N':>3s} {'N calls s':>9s} {'batched s':>9s} {'ratio':>6s} "
 HEAD += f"{'target':>6s} {'tok/s':>8s} {'p50 s':>7s} {'p99 s':>7s} {'peak':>4s} {'steps':>5s}"
+HEAD += f" {'client cpu s':>12s}"
 HEAD += "  load avg"
 
 
@@ -405,8 +412,8 @@ def _row(r: dict[str, Any]) -> str:
     return (
         f"{r['server']:8s} {r['path']:19s} {r['n']:3d} {r['wall_s']:9.3f} "
         f"{r['batched_s']:9.3f} {r['ratio']:6.2f} {mark:>6s} {r['tokens_per_s']:8.0f} "
-        f"{r['p50_s']:7.3f} {r['p99_s']:7.3f} {r['engine_peak']:4d} {r['engine_steps']:5d}  "
-        f"{r['uptime']}"
+        f"{r['p50_s']:7.3f} {r['p99_s']:7.3f} {r['engine_peak']:4d} {r['engine_steps']:5d} "
+        f"{r['client_cpu_s']:12.3f}  {r['uptime']}"
     )
 
 
