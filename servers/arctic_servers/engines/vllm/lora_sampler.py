@@ -18,7 +18,9 @@ is B = 0 then, so the base model is what the trainer holds too).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -78,6 +80,40 @@ def load(
     }
 
 
+PREFIX = "arctic-lora-"  # one directory of adapter versions per sampler
+OWNER = ".owner"  # in it: a file the sampler holds an exclusive flock on while it lives
+
+
+def sweep_stale(root: Path) -> list[Path]:
+    """Remove the adapter directories under `root` whose sampler is gone: a sampler killed with
+    SIGKILL never runs `close`, and under /dev/shm what it left holds RAM. A directory is stale
+    when its owner file's flock can be taken (the kernel drops a dead process's locks, whatever
+    its PID namespace); one without an owner file, or locked, stays. The removed paths."""
+    removed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for d in root.glob(f"{PREFIX}*"):
+            try:
+                fd = os.open(d / OWNER, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its sampler holds it
+            finally:
+                os.close(fd)
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def own(root: Path) -> int:
+    """Mark `root` as this process's: the open, flocked owner file (kept for its lifetime)."""
+    fd = os.open(root / OWNER, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
 class LoraAdapters:
     """The adapter versions of one sampler."""
 
@@ -85,8 +121,10 @@ class LoraAdapters:
         self.llm = llm
         self.lora = dict(lora)
         self.name = f"arctic-{sub_job_id or 'sampler'}".replace(":", "-")
-        root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-        self.root = Path(tempfile.mkdtemp(prefix="arctic-lora-", dir=root))
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+        sweep_stale(shm or Path(tempfile.gettempdir()))  # what killed samplers left
+        self.root = Path(tempfile.mkdtemp(prefix=PREFIX, dir=shm))
+        self._owner = own(self.root)
         self.version = 0  # adapter versions loaded (0: none, the base model)
         self.current: Any = None  # the LoRARequest of the current version
         self.dir: Path | None = None
@@ -140,6 +178,8 @@ class LoraAdapters:
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(self._owner)
 
 
 def _safetensors_names(path: Path) -> list[str]:
