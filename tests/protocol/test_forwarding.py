@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol import checkpoint_files as cf
 from arctic_servers.protocol import forwarding
+from arctic_servers.protocol.errors import ProtocolError
 
 
 @dataclass
@@ -78,7 +82,7 @@ def test_load_checkpoint_trainer_sampler_and_adapter(tmp_path: Path) -> None:
 
     asyncio.run(
         forwarding.load_checkpoint(
-            job, trainer, tmp_path, meta, call, sampler_load=lambda: None, export=no_export
+            job, trainer, tmp_path, meta, call, ckpt="c", adapter_job=True, export=no_export
         )
     )
     assert trainer.calls[0][0] == "load" and job.global_step == 7 and job.weight_version == 5
@@ -89,7 +93,7 @@ def test_load_checkpoint_trainer_sampler_and_adapter(tmp_path: Path) -> None:
     sampler = Sub("sampling")
     asyncio.run(
         forwarding.load_checkpoint(
-            job, sampler, tmp_path, meta, call, sampler_load=lambda: None, export=export
+            job, sampler, tmp_path, meta, call, ckpt="c", adapter_job=False, export=export
         )
     )
     assert sampler.calls == [
@@ -99,19 +103,34 @@ def test_load_checkpoint_trainer_sampler_and_adapter(tmp_path: Path) -> None:
         )
     ]
     assert job.weight_version == sampler.weight_version == 6
+    # an adapter job's sampler: a full-weight checkpoint is refused by name, never exported
     adapter = Sub("sampling")
+    with pytest.raises(ProtocolError) as refused:
+        asyncio.run(
+            forwarding.load_checkpoint(
+                job, adapter, tmp_path, meta, call, ckpt="c", adapter_job=True, export=no_export
+            )
+        )
+    assert refused.value.code == "invalid_argument"
+    assert refused.value.details["field"] == "checkpoint_id" and adapter.calls == []
+    peft = tmp_path / cf.ENGINE_TAG / "adapter"
+    peft.mkdir(parents=True)
+    (peft / "adapter_config.json").write_text(json.dumps({"r": 8}))
     asyncio.run(
         forwarding.load_checkpoint(
-            job,
-            adapter,
-            tmp_path,
-            meta,
-            call,
-            sampler_load=lambda: {"adapter": "a"},
-            export=no_export,
+            job, adapter, tmp_path, meta, call, ckpt="c", adapter_job=True, export=no_export
         )
     )
-    assert adapter.calls == [("load_weights", {"adapter": "a", "weight_version": 7})]
+    assert adapter.calls == [
+        (
+            "load_weights",
+            {
+                "path": str(peft / "adapter_model.safetensors"),
+                "adapter_config": {"r": 8},
+                "weight_version": 7,
+            },
+        )
+    ]
     fake = Sub("sampling")  # fake engine workers load any role, as a new weight version
     asyncio.run(
         forwarding.load_checkpoint(
@@ -120,7 +139,8 @@ def test_load_checkpoint_trainer_sampler_and_adapter(tmp_path: Path) -> None:
             tmp_path,
             meta,
             call,
-            sampler_load=lambda: None,
+            ckpt="c",
+            adapter_job=False,
             export=no_export,
             any_role=True,
         )

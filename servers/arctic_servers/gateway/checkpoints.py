@@ -67,10 +67,8 @@ class Checkpoints(GatewayBase):
             root,
             meta,
             functools.partial(self.call, ctx),
-            # an adapter job's sampler: the adapter, a new version
-            sampler_load=lambda: (
-                lora.sampler_load_args(job, root, ckpt) if sub.role == "sampling" else None
-            ),
+            ckpt=ckpt,
+            adapter_job=lora.adapter_job(job),
             export=lambda: self._export(root, meta),
             any_role=self.profile.name == "fake",  # fake workers load any role
         )

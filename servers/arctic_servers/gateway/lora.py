@@ -21,7 +21,7 @@ from typing import Any
 from ..protocol import checkpoint_files as cf
 from ..protocol.checkpoint_files import copy_tree
 from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, check_adapter, job_lora
-from ..protocol.lora_sync import adapter_load_args, check_lora_sync
+from ..protocol.lora_sync import check_lora_sync
 from .model import Job, SubJob
 
 __all__ = ["check_adapter"]  # generate's `adapter` rule, for the servicer's checks
@@ -60,14 +60,6 @@ def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:
     """An adapter job's sync: a file or blob, sampling targets only (`protocol/lora_sync.py`)."""
     if adapter_job(job):
         check_lora_sync(job, body, path)
-
-
-def sampler_load_args(job: Job, root: Path, ckpt: str) -> dict[str, Any] | None:
-    """`load_weights` arguments that load a LoRA checkpoint's adapter into an adapter job's
-    sampler (a new adapter version); None: the sampler takes the exported full weights."""
-    if not adapter_job(job):
-        return None
-    return adapter_load_args(root / cf.ENGINE_TAG, ckpt)
 
 
 def is_lora_checkpoint(meta: Mapping[str, Any]) -> bool:

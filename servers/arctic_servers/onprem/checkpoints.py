@@ -20,7 +20,6 @@ from ..protocol import forwarding
 from ..protocol.checkpoint_files import copy_tree as _copy_tree
 from ..protocol.context import CallContext
 from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, export_format
-from ..protocol.lora_sync import adapter_load_args
 from .base import OnpremBase
 from .jobs import SubJob
 
@@ -70,20 +69,14 @@ class Checkpoints(OnpremBase):
             lambda s: self.jobs.visible(s, self._owner(ctx)),
         )
         meta = self._ckpts.meta(source, ckpt)
-        root = self._ckpts.path(source, ckpt)
-
-        def adapter() -> dict[str, Any] | None:  # a LoRA job's sampler: its adapter
-            if adapter_sync(job.lora) and sub.role == "sampling":
-                return adapter_load_args(root / cf.ENGINE_TAG, ckpt)
-            return None
-
         await forwarding.load_checkpoint(
             job,
             sub,
-            root,
+            self._ckpts.path(source, ckpt),
             meta,
             self._call,
-            sampler_load=adapter,
+            ckpt=ckpt,
+            adapter_job=adapter_sync(job.lora),
             export=lambda: self._export(source, ckpt, meta),
         )
         return {"checkpoint": cf.public(meta)}

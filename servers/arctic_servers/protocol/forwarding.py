@@ -22,6 +22,7 @@ from . import checkpoint_files as cf
 from . import checkpoint_ids
 from .context import CallContext
 from .jobs import JobRecord, sub_job_by_id
+from .lora_sync import adapter_load_args
 
 INFERENCE_ROLES = ("sampling", "log_prob")
 
@@ -116,20 +117,23 @@ async def load_checkpoint(
     meta: Mapping[str, Any],
     call: Call,
     *,
-    sampler_load: Callable[[], dict[str, Any] | None],
+    ckpt: str,
+    adapter_job: bool,
     export: Callable[[], Awaitable[Path]],
     any_role: bool = False,
 ) -> None:
-    """Load the checkpoint at `root` into `sub`: a trainer (or any role, `any_role`: the fake
-    engine's workers) runs the engine's `load`; another role loads `sampler_load()` (a LoRA
-    adapter) or else the exported HF weights (`export()`, made on first use) as the job's next
-    weight version. Moves `job.global_step` (a trainer) or the weight versions (the others)."""
+    """Load checkpoint `ckpt` (at `root`) into `sub`: a trainer (or any role, `any_role`: the
+    fake engine's workers) runs the engine's `load`; the sampler of an adapter job
+    (`adapter_job`, PROTOCOL.md §3.6) loads the checkpoint's adapter as a new adapter version;
+    another sampler or scorer the exported HF weights (`export()`, made on first use), as the
+    job's next weight version. Moves `job.global_step` (a trainer) or the weight versions."""
     if sub.role == "training" or any_role:
         # the engine command (op_load, DeepSpeed's load_checkpoint), not the op's name
         res = await call(sub, "load", **cf.load_args(root, meta))  # not-an-op
     else:
-        load = sampler_load()
-        if load is None:
+        if adapter_job and sub.role == "sampling":
+            load = adapter_load_args(root / cf.ENGINE_TAG, ckpt)
+        else:
             load = {"path": str((await export()) / cf.EXPORT_WEIGHTS)}
         # the version its results report from now on (the sampler reports what it was given)
         res = await call(sub, "load_weights", **load, weight_version=job.weight_version + 1)
