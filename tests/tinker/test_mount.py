@@ -52,3 +52,40 @@ def test_tinker_is_imported_on_the_first_tinker_request_only() -> None:
         [sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr[-4000:]
+
+
+BROKEN = textwrap.dedent(
+    """
+    import asyncio
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+    import importlib
+    m = importlib.import_module("arctic_servers.tinker.mount")
+
+    def broken(self):
+        raise ImportError("tinker.proto: no module named tinker_public_pb2")
+
+    m.LazyTinker._build = broken
+    app = web.Application()
+    lazy = m.mount(app, tokens=("tml-k",))
+
+    async def main():
+        async with TestClient(TestServer(app)) as c:
+            for _ in range(2):  # each request tries again, none answers a bare 500
+                r = await c.get("/api/v1/healthz", headers={"X-API-Key": "tml-k"})
+                body = await r.json()
+                assert r.status == 503 and body["code"] == "unavailable", (r.status, body)
+                assert "tinker_public_pb2" in body["detail"], body
+            assert lazy.routes is None
+
+    asyncio.run(main())
+    print("ok")
+    """
+)
+
+
+def test_a_surface_that_cannot_be_built_answers_503_naming_why() -> None:
+    p = subprocess.run(
+        [sys.executable, "-c", BROKEN], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr[-4000:]

@@ -66,7 +66,12 @@ class LazyTinker:
         async def serve(request: web.Request) -> web.StreamResponse:
             fn = self._handlers.get(index)
             if fn is None:
-                routes = await self.get(request)
+                try:
+                    routes = await self.get(request)
+                except Exception as exc:  # a broken install: said, not a bare 500; tried again
+                    log.exception("the Tinker surface could not be built")
+                    detail = f"this server's Tinker surface could not be built: {exc}"
+                    return web.json_response({"detail": detail, "code": "unavailable"}, status=503)
                 fn = self._handlers[index] = routes.wrap(pick(routes))
             return await fn(request)  # type: ignore[no-any-return]
 
