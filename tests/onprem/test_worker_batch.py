@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from arctic_servers.engines.worker.engine_base import EngineBase
 from arctic_servers.engines.worker.procs import WorkerHandle
 from arctic_servers.engines.worker.worker import STREAM_CMD, WorkerError, serve
 
@@ -36,7 +37,7 @@ class Req:
     tokens: list[int] = field(default_factory=list)  # each token: the weight version made it
 
 
-class ToyEngine:
+class ToyEngine(EngineBase):
     """One token per request per step; a token is the weight version of the step that made it
     (so a result that spans a weight swap shows two values). `load_weights` records how many
     requests were in the engine when it ran (the serve loop must make that 0)."""

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.worker.commands import lookup
-from ..engines.worker.worker import BATCH_KIND, busy, placement, submits
+from ..engines.worker.engine_base import EngineBase
+from ..engines.worker.worker import BATCH_KIND, WorkerError, busy, placement, submits
 from ..protocol.states import WORKER_CALL, WORKER_HOST
 from .worker_process import (
     Channel,
@@ -71,7 +72,7 @@ class WorkerHost:
         self.state = WORKER_HOST.start("loading")
         self.info: dict[str, Any] = {}
         self.error: dict[str, Any] | None = None
-        self.engine: Any = None
+        self.engine: EngineBase | None = None  # built by `main` before `run`
         self.lock = threading.Lock()
         self.journal: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self.queue: queue.Queue[Entry | None] = queue.Queue()
@@ -137,8 +138,8 @@ class WorkerHost:
             key = str(msg.get("key"))
             self.queue.put(Entry(f"abort-{key}", "abort", {"key": key}, {}, kind="abort"))
         elif op == "stats":
-            stats = getattr(self.engine, "stats", None)
-            chan.send({"id": mid, "ok": True, "result": stats() if stats else {}})
+            stats = self.engine.stats() if self.engine is not None else {}
+            chan.send({"id": mid, "ok": True, "result": stats})
         elif op == "logs":
             chan.send({"id": mid, "ok": True, "result": self.logs(msg)})
         elif op == "shutdown":  # the job ended: what is queued will not run
@@ -185,6 +186,12 @@ class WorkerHost:
             assert e.reply is not None
             chan.send({"id": mid, **e.reply})
 
+    @property
+    def built(self) -> EngineBase:
+        """The engine, once `main` has built it (commands run only then)."""
+        assert self.engine is not None, "the engine is built before any command runs"
+        return self.engine
+
     def cancel(self, key: str) -> dict[str, Any]:
         with self.lock:
             e = self.journal.get(key)
@@ -194,7 +201,7 @@ class WorkerHost:
                 self._finish(e, self._cancelled(e))
                 return {"cancelled": True, "state": "cancelled"}
             e.cancel.set()  # the engine stops at its next safe point, if it has one
-        if e.state == "running" and submits(self.engine, e.cmd):  # in the engine's batch
+        if e.state == "running" and submits(self.built, e.cmd):  # in the engine's batch
             self.queue.put(Entry(f"abort-{key}", "abort", {"key": key}, {}, kind="abort"))
         return {"cancelled": False, "state": e.state}
 
@@ -238,16 +245,15 @@ class WorkerHost:
         """The engine's thread: the onprem `worker.serve` loop's scheduling (`placement`) over
         this host's queue. Batched commands (the vLLM sampler's generates, streams and scoring)
         join the engine's batch as they arrive; the rest run one at a time, the engine idle."""
-        pump = getattr(self.engine, "pump", None)
         deferred: collections.deque[Entry] = collections.deque()
         while True:
-            while deferred and placement(self.engine, _cmd(deferred[0]), waiting=False) != "defer":
+            while deferred and placement(self.built, _cmd(deferred[0]), waiting=False) != "defer":
                 self._dispatch(deferred.popleft())
-            if pump is not None and busy(self.engine):
+            if busy(self.built):
                 try:
                     e = self.queue.get_nowait()
                 except queue.Empty:
-                    self._step(pump)  # one engine step: what it produced
+                    self._step(self.built.pump)  # one engine step: what it produced
                     continue
             else:
                 e = self.queue.get()
@@ -256,13 +262,13 @@ class WorkerHost:
             if e.kind == "abort":
                 self._abort(str(e.args["key"]))
                 continue
-            if placement(self.engine, _cmd(e), waiting=bool(deferred)) == "defer":
+            if placement(self.built, _cmd(e), waiting=bool(deferred)) == "defer":
                 deferred.append(e)  # after the requests in the engine, in arrival order
                 continue
             self._dispatch(e)
 
     def _dispatch(self, e: Entry) -> None:
-        if submits(self.engine, _cmd(e)):
+        if submits(self.built, _cmd(e)):
             self._submit(e)
             return
         with self.lock:
@@ -288,7 +294,7 @@ class WorkerHost:
             self.submit_count += 1
             sid = self.submit_count
             try:
-                done = self.engine.submit(sid, _cmd(e), e.args)
+                done = self.built.submit(sid, _cmd(e), e.args)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:
@@ -318,7 +324,7 @@ class WorkerHost:
         e.cancel.set()
         sid = next((i for i, x in self.submitted.items() if x is e), None)
         if sid is not None:
-            for msg in self.engine.abort(sid):
+            for msg in self.built.abort(sid):
                 self._engine_send(msg)
 
     def _step(self, pump: Any) -> None:
@@ -374,10 +380,10 @@ class WorkerHost:
         fn = lookup(self.engine, e.cmd)
         try:
             if fn is None:
-                raise ValueError(f"{type(self.engine).__name__} has no command {e.cmd!r}")
-            note = getattr(self.engine, "note", None)
-            if note is not None:
-                note(e.meta, e.cancel)
+                raise WorkerError(
+                    "unimplemented", f"{type(self.engine).__name__} has no op {e.cmd!r}"
+                )
+            self.engine.note(e.meta, e.cancel)
             return {"ok": True, "result": fn(**e.args)}
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -428,9 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worker {spec.get('sub_job_id')}: ready in {info['startup_s']} s", flush=True)
     host.run()
     remove_shm_buffers()  # before the engine unmaps them (an unlinked mapping stays valid)
-    close = getattr(host.engine, "close", None)
-    if close is not None:
-        close()
+    if host.engine is not None:
+        host.engine.close()
     print(f"worker {spec.get('sub_job_id')}: shut down", flush=True)
     return 0
 

@@ -39,6 +39,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
+from ..worker.engine_base import EngineBase
 from ..worker.worker import WorkerError
 from . import row_balance
 from .batch import Batch
@@ -218,7 +219,7 @@ class RankTrainer(TrainingEngine):
         return self.op_wake()
 
 
-class DataParallelTrainer:
+class DataParallelTrainer(EngineBase):
     """Rank 0 of a W-rank training sub-job: the worker's engine (same `op_*` as TrainingEngine)."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:

@@ -17,6 +17,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
+from ..worker.engine_base import EngineBase
 from ..worker.worker import WorkerError
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets
@@ -24,7 +25,7 @@ from .ds_setup import device
 from .hf_model import _read_vocab, enable_determinism, load_hf_model, load_state_file
 
 
-class _Forward:
+class _Forward(EngineBase):
     """Forward passes shared by the trainer and the scorer."""
 
     model: Any  # called with input_ids / attention_mask / position_ids

@@ -22,6 +22,7 @@ from arctic_sdk.spec.tables import methods as M
 from ...protocol.errors import ProtocolError
 from ...protocol.lora_config import adapter_sync
 from ..worker.commands import Command
+from ..worker.engine_base import EngineBase
 from . import checkpoints as fake_ckpt
 from . import numerics as nx
 from . import sampling, training
@@ -31,7 +32,7 @@ DEFAULT_VOCAB = 151_936
 NOTHING = {"applied": False, "reason": "fake engine: nothing to offload"}
 
 
-class FakeEngine:
+class FakeEngine(EngineBase):
     def __init__(self, spec: Mapping[str, Any]) -> None:
         es: Mapping[str, Any] = spec.get("engine_spec") or {}
         self.role = str(spec.get("role") or "training")
@@ -44,7 +45,8 @@ class FakeEngine:
             str(k): float(v) for k, v in (es.get("latency_s") or {}).items()
         }
         opt = self.config.get("optimizer")
-        self.lr = float(opt["lr"]) if isinstance(opt, Mapping) and opt.get("lr") else 1e-5
+        lr = opt.get("lr") if isinstance(opt, Mapping) else None
+        self.lr = float(lr) if isinstance(lr, int | float) else 1e-5
         self.model_step = 0
         self.global_step = 0
         self.weight_version = 0
@@ -233,12 +235,21 @@ class FakeEngine:
 
     def op_load(self, directory: str, tag: str, checkpoint_type: str) -> dict[str, Any]:
         state = json.loads(self._state_file(directory, tag).read_text())
-        self.model_step = int(state["model_step"])
-        if self.role == "training" and state.get("checkpoint_type") == "resumable":
-            self.global_step, self.lr = int(state["global_step"]), float(state["lr"])
+        resumable = state.get("checkpoint_type") == "resumable"
+        self.restore(
+            int(state["model_step"]), int(state["global_step"]), float(state["lr"]), resumable
+        )
+        return {"global_steps": self.global_step, "model_step": self.model_step}
+
+    def restore(self, model_step: int, global_step: int, lr: float, resumable: bool) -> None:
+        """Load a checkpoint's state: the weights (model step) always; a trainer loading a
+        resumable checkpoint also takes its step and learning rate and drops the gradients it
+        had accumulated (NUMERICS.md §6)."""
+        self.model_step = model_step
+        if self.role == "training" and resumable:
+            self.global_step, self.lr = global_step, lr
             self.grad.clear()
             self.accum_loss, self.accum_tokens = 0.0, 0
-        return {"global_steps": self.global_step, "model_step": self.model_step}
 
 
 def export_checkpoint(directory: Path, tag: str, out: Path) -> list[str]:

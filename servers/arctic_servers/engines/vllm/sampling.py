@@ -26,14 +26,16 @@ from typing import Any
 from arctic_sdk.spec.tables import methods as M
 
 from ..worker.commands import Command
-from ..worker.worker import WorkerError
+from ..worker.engine_base import EngineBase
+from ..worker.worker import STREAM_CMD, WorkerError
 from . import lora_sampler
 from .engine_batch import EngineBatch, Finish
 from .vllm_scoring import VllmScoring
 
 EXT_CLS = "arctic_servers.engines.vllm.vllm_ext.OnpremWorkerExtension"
 MAX_LOGPROBS = 20
-BATCHED = "_batch_"  # `_batch_<cmd>`: a command that runs in the engine's continuous batch
+# a command of the engine's continuous batch: its arguments -> (prompts, params, finish)
+BatchedCommand = Callable[..., tuple[list[Any], list[Any], Finish | None]]
 
 
 def set_vllm_env(cuda: bool) -> None:
@@ -78,7 +80,7 @@ def prompt_logprobs_of(prompt: Sequence[int], plp: Any, k: int) -> dict[str, Any
     return out
 
 
-class SamplingEngine(VllmScoring):
+class SamplingEngine(VllmScoring, EngineBase):
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.cuda = _cuda()
         set_vllm_env(self.cuda)
@@ -115,6 +117,7 @@ class SamplingEngine(VllmScoring):
         self.weight_version = 0  # of the weights loaded (`load_weights`); results report it
         self._warm_up()
         self.batch = EngineBatch(self.llm.llm_engine)
+        self._batched = self.batched_commands()
 
     def _warm_up(self) -> None:
         """One tiny generate at start-up: the first call pays seconds of one-time set-up."""
@@ -146,10 +149,19 @@ class SamplingEngine(VllmScoring):
 
     # -- the continuous batch (the worker's serve loop) ----------------------------------------
 
+    def batched_commands(self) -> dict[str, BatchedCommand]:
+        """The commands that run in the engine's continuous batch, each as the method that turns
+        its arguments into engine requests (the rest run at once from `commands()`)."""
+        return {
+            M.GENERATE.python_name: self._batch_generate,
+            STREAM_CMD: self._batch_generate_stream,
+            M.LOG_PROBS.python_name: self._batch_log_probs,
+            M.FORWARD.python_name: self._batch_forward,
+        }
+
     def submits(self, cmd: str) -> bool:
-        """Whether `cmd` runs in the engine's batch (`_batch_<cmd>`: its requests) rather than
-        as `op_<cmd>`: generate, generate_stream, log_probs and forward."""
-        return callable(getattr(self, BATCHED + cmd, None))
+        """Whether `cmd` runs in the engine's batch (`batched_commands`) rather than at once."""
+        return cmd in self._batched
 
     def submit(self, msg_id: int, cmd: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
         """Add command `msg_id` to the engine (None: `pump` sends its messages), or its result
@@ -160,9 +172,7 @@ class SamplingEngine(VllmScoring):
             )
         if not self.submits(cmd):
             raise WorkerError("unimplemented", f"{cmd!r} does not run in the engine's batch")
-        requests: Callable[..., tuple[list[Any], list[Any], Finish | None]]
-        requests = getattr(self, BATCHED + cmd)
-        inputs, params, finish = requests(**args)
+        inputs, params, finish = self._batched[cmd](**args)
         if not inputs and finish is not None:  # nothing to score: answered at once
             return finish([])
         # a LoRA job's requests run with its current adapter, or none (generate `adapter: "base"`)

@@ -32,9 +32,8 @@ def table(engine: HasCommands) -> Mapping[str, Command]:
     return built
 
 
-def lookup(engine: Any, cmd: Any) -> Command | None:
+def lookup(engine: HasCommands, cmd: Any) -> Command | None:
     """The method that runs `cmd` on `engine`, or None when it has no such command."""
-    commands = getattr(engine, "commands", None)
-    if commands is None or not isinstance(cmd, str):
+    if not isinstance(cmd, str):
         return None
     return table(engine).get(cmd)

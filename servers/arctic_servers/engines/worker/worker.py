@@ -51,9 +51,12 @@ import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .commands import lookup
+
+if TYPE_CHECKING:
+    from .engine_base import EngineBase
 
 
 class WorkerError(Exception):
@@ -164,18 +167,16 @@ def merge_stream(items: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def submits(engine: Any, cmd: Any) -> bool:
+def submits(engine: EngineBase, cmd: Any) -> bool:
     """Whether `cmd` joins the engine's continuous batch (`engine.submit`)."""
-    fn = getattr(engine, "submits", None)
-    return bool(fn is not None and isinstance(cmd, str) and fn(cmd))
+    return isinstance(cmd, str) and engine.submits(cmd)
 
 
-def busy(engine: Any) -> bool:
-    fn = getattr(engine, "busy", None)
-    return bool(fn is not None and fn())
+def busy(engine: EngineBase) -> bool:
+    return engine.busy()
 
 
-def placement(engine: Any, cmd: Any, *, waiting: bool) -> str:
+def placement(engine: EngineBase, cmd: Any, *, waiting: bool) -> str:
     """Where a command goes now: "submit" (into the engine's batch), "run" (at once, the engine
     being idle) or "defer" (after the requests in the engine, or behind the commands already
     waiting: `waiting`). Shared by this serve loop and the gateway's worker host."""
@@ -186,15 +187,15 @@ def placement(engine: Any, cmd: Any, *, waiting: bool) -> str:
     return "defer" if busy(engine) else "run"
 
 
-def run_command(engine: Any, msg: dict[str, Any]) -> list[dict[str, Any]]:
+def run_command(engine: EngineBase, msg: dict[str, Any]) -> list[dict[str, Any]]:
     """Run one command; the messages that answer it (none for one the engine batch took)."""
     cmd, mid = msg.get("cmd"), msg.get("id")
     args = msg.get("args") or {}
     try:
         if submits(engine, cmd):
-            done = engine.submit(int(mid or 0), cmd, args)
+            done = engine.submit(int(mid or 0), str(cmd), args)
             return [] if done is None else [{"id": mid, "ok": True, "result": done}]
-        if cmd == ABORT_CMD and hasattr(engine, "abort"):
+        if cmd == ABORT_CMD:
             ended = engine.abort(int(args.get("stream") or 0))
             return [*ended, {"id": mid, "ok": True, "result": {"aborted": bool(ended)}}]
         fn = lookup(engine, cmd)
@@ -219,16 +220,15 @@ def _drop_deferred(deferred: collections.deque[dict[str, Any]], msg: dict[str, A
     return False
 
 
-def serve(conn: Connection, engine: Any) -> None:
-    pump = getattr(engine, "pump", None)
+def serve(conn: Connection, engine: EngineBase) -> None:
     deferred: collections.deque[dict[str, Any]] = collections.deque()
     while True:
         # the waiting commands whose turn has come, oldest first
         while deferred and placement(engine, deferred[0].get("cmd"), waiting=False) != "defer":
             for reply in run_command(engine, deferred.popleft()):
                 conn.send(reply)
-        if pump is not None and busy(engine) and not conn.poll(0):
-            send_step(pump, conn.send)  # one engine step: what it produced
+        if busy(engine) and not conn.poll(0):
+            send_step(engine.pump, conn.send)  # one engine step: what it produced
             continue
         try:
             msg = conn.recv()

@@ -1,0 +1,59 @@
+"""What a worker process and the gateway's worker host ask of an engine, declared once.
+
+Every engine (`engines/fake`, the DeepSpeed trainer and scorers, the vLLM sampler) derives from
+`EngineBase` and overrides what it has; the worker loop (`worker.serve`), the gateway's
+`WorkerHost` and `commands.lookup` call these methods directly, never by `getattr` on a name:
+
+- `commands()`: the command table (`commands.py`), every engine's own;
+- `info()`: what the server learns at start (vocabulary size, timings); `stats()`: counters a
+  test reads; `note(meta, cancel)`: who asked for the next command, and its cancel flag;
+  `close()`: at shutdown;
+- the continuous batch, for an engine whose commands share engine steps (the vLLM sampler):
+  `submits(cmd)` (does `cmd` join the batch), `submit`, `busy`, `pump` (one engine step) and
+  `abort` (end a batched command early). The defaults are those of an engine without one:
+  every command runs at once, alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .commands import Command
+from .worker import ABORT_CMD, WorkerError
+
+
+class EngineBase:
+    def commands(self) -> Mapping[str, Command]:
+        """Worker command name -> the method that runs it (none by default)."""
+        return {}
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def note(self, meta: Mapping[str, Any], cancel: threading.Event) -> None:
+        """Called before each command (gateway workers): who asked, and its cancel flag."""
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, shared memory) at shutdown."""
+
+    # -- the continuous batch (none by default) --------------------------------------------
+
+    def submits(self, cmd: str) -> bool:
+        return False
+
+    def submit(self, msg_id: int, cmd: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
+        raise WorkerError("unimplemented", f"{cmd!r} does not run in the engine's batch")
+
+    def busy(self) -> bool:
+        return False
+
+    def pump(self, send: Callable[[dict[str, Any]], None]) -> None:
+        """One engine step; `send` each message it produced."""
+
+    def abort(self, msg_id: int) -> list[dict[str, Any]]:
+        raise WorkerError("unimplemented", f"{type(self).__name__} has no op {ABORT_CMD!r}")
