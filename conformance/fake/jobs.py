@@ -67,11 +67,6 @@ class JobManager(JobQueue[Job]):
         for s, (sid, index) in zip(sub_jobs, ids, strict=True):
             s.sub_job_id, s.index = sid, index
         job = Job(job_id, owner, sub_jobs, labels, comment, experiment_name, lease_seconds)
-        train = job.sub_job("training")
-        if train is not None:
-            opt = train.config.get("optimizer")
-            if isinstance(opt, dict) and isinstance(opt.get("lr"), int | float):
-                job.lr = float(opt["lr"])
         self.jobs[job_id] = job
         job.enter("pending")
         if lease_seconds:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines.fake.operations import sync, tail_logs
 from arctic_servers.engines.fake.state import Job
 from arctic_servers.protocol.context import CallContext
@@ -38,7 +39,7 @@ async def run(
     elif otype == OP_CANCEL:
         result = await cancel_request(svc.core, ctx, str(payload["request_id"]))
     else:  # forward
-        from .servicer import forward_result
+        from .servicer import engine_command
 
         sid = operation_target(job, body)
         sub = job.find_sub_job(sid) or job.sub_job(sid or "training") or job.sub_job("training")
@@ -46,5 +47,5 @@ async def run(
             raise ProtocolError(
                 "sub_job_not_found", f"job {job.job_id} has no training sub-job", job_id=job.job_id
             )
-        result = forward_result(svc, job, sub, forward_body(payload))
+        result = engine_command(job, sub, M.FORWARD.python_name, body=forward_body(payload))
     return {"result": result}

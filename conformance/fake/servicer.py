@@ -1,9 +1,13 @@
-"""`FakeServicer`: every op of arctic.v1 over the fake gateway's jobs and NUMERICS.md.
+"""`FakeServicer`: every op of arctic.v1 over the fake gateway's jobs, each sub-job running a
+fake engine in process (`engines/fake/engine.py`, the engine gateway workers run; NUMERICS.md).
 
 The protocol layer (`arctic_servers.protocol`) does routing, auth, chunk groups, idempotency,
 sequencing and generic body validation; this class adds the semantic checks (`check_request`,
-run before a data-plane call is accepted, so bad input is a 4xx, never a failed request) and the
-business logic. Every executed data-plane call is appended to its job's execution log.
+run before a data-plane call is accepted, so bad input is a 4xx, never a failed request) and
+what spans the job: the ops the method table marks `engine` (forward-backward, forward,
+log-probs) go to the target sub-job's engine through `run_on_engine`, step to the trainer's
+engine; generate, weight sync, checkpoints and the lifecycle are the fake gateway's own. Every
+executed data-plane call is appended to its job's execution log.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines import checks
 from arctic_servers.engines.fake import checkpoints as ck
@@ -65,10 +70,11 @@ class FakeServicer(JobControl[Job]):
 
     # ------------------------------------------------------------------ protocol hooks
 
-    async def cancel_running(self, ctx: CallContext, request_id: str) -> None:
+    async def cancel_running(self, ctx: CallContext, request_id: str) -> bool:
         job = self.jobs.jobs.get(ctx.job_id or "")
         if job is not None:
             self._log(job, ctx, op=M.CANCEL_REQUEST.name, cancelled_request_id=request_id)
+        return False  # the core cancels the request's task
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
@@ -129,66 +135,43 @@ class FakeServicer(JobControl[Job]):
 
     async def create_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = control.create(self.jobs, self._owner(ctx), body)
+        job.start_engines(self.vocab_size)
         return {"job_id": job.job_id}
 
     # ------------------------------------------------------------------ training
 
-    async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+    async def run_on_engine(
+        self, ctx: CallContext, method: MethodInfo, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Every `engine` op of the method table (forward-backward, forward, log-probs): the
+        target sub-job's fake engine runs the command of the op's name on the body."""
         job, sub, _ = await self._begin(ctx)
-        call = training.parse_train(body, self.vocab_size)
-        result, lr = training.run(call, sub.model_step, forward=False)
-        for t, g in lr.grad.items():
-            job.grad[t] = job.grad.get(t, 0.0) + g
-        job.accum_loss += lr.loss
-        job.accum_tokens += int(lr.metrics["num_tokens"])
-        result["metrics"]["global_step"] = job.global_step
-        return result
-
-    async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job, sub, _ = await self._begin(ctx)
-        return forward_result(self, job, sub, body)
-
-    async def log_probs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job, sub, _ = await self._begin(ctx)
-        result = training.log_probs(body, self.vocab_size, sub.model_step)
-        result["metrics"]["global_step"] = job.global_step
-        return result
+        return engine_command(job, sub, method.python_name, body=body)
 
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub, entry = await self._begin(ctx)
-        lr = learning_rate(body)
-        if lr is not None:
-            job.lr = lr
-        norm = nx.grad_norm(job.grad)
-        job.applied_steps += 1
-        job.global_step += 1
-        sub.model_step = job.global_step
-        metrics = {
-            "loss": job.accum_loss,
-            "num_tokens": job.accum_tokens,
-            "grad_norm": norm,
-            "lr": job.lr,
-            "global_step": job.global_step,
-        }
-        job.last_loss = job.accum_loss
-        job.grad.clear()
-        job.accum_loss, job.accum_tokens = 0.0, 0
-        entry.update(global_step=job.global_step, grad_norm=norm, lr=job.lr)
-        return {"metrics": metrics}
+        result = sub.engine.op_step(learning_rate(body))  # the trainer's optimizer counters
+        metrics = result["metrics"]
+        job.global_step = int(metrics["global_step"])
+        entry.update(global_step=job.global_step, grad_norm=metrics["grad_norm"], lr=metrics["lr"])
+        return result
 
     # ------------------------------------------------------------------ sampling
 
     async def generate(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        """The sampler's engine generates; a seed the body leaves out is drawn here, so that the
+        execution log can name it (NUMERICS.md: the same seed replays the same samples)."""
         job, sub, entry = await self._begin(ctx)
         p = sampling.parse_params(body)
-        prompts = sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
         seed = p.seed if p.seed is not None else sampling.draw_seed()
+        params = {**(body.get("sampling_params") or {}), "seed": seed}
         # adapter "base": a LoRA job's base model, weight version 0 (NUMERICS.md §6)
-        base = check_adapter(body, _lora_job(job)) == "base"
-        version, step = (0, 0) if base else (job.weight_version, sub.model_step)
-        entry.update(seed=seed, weight_version=version)
-        results = sampling.completions(prompts, p, seed, version, step, sub.max_seq_len)
-        return {"results": results, "weight_version": version}
+        adapter = check_adapter(body, _lora_job(job))
+        result = sub.engine.op_generate(
+            body["prompts"], params, weight_version=job.weight_version, adapter=adapter
+        )
+        entry.update(seed=seed, weight_version=result["weight_version"])
+        return result
 
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, _, entry = await self._begin(ctx)
@@ -260,32 +243,40 @@ class FakeServicer(JobControl[Job]):
         job = self.jobs.jobs.get(job_id)
         if job is None:
             raise ProtocolError("job_not_found", f"no job {job_id!r}", job_id=job_id)
+        trainer = job.trainer
         return {
             "job_id": job.job_id,
             "state": job.state,
             "reason": job.reason,
             "history": list(job.history),
-            "applied_steps": job.applied_steps,
+            "applied_steps": trainer.applied_steps,
             "global_step": job.global_step,
             "weight_version": job.weight_version,
-            "lr": job.lr,
+            "lr": trainer.lr,
             "model_steps": {s.sub_job_id: s.model_step for s in job.sub_jobs},
             "accumulated": {
-                "loss": job.accum_loss,
-                "num_tokens": job.accum_tokens,
-                "grad_norm": nx.grad_norm(job.grad),
+                "loss": trainer.accum_loss,
+                "num_tokens": trainer.accum_tokens,
+                "grad_norm": nx.grad_norm(trainer.grad),
             },
             "checkpoints": list(job.checkpoints),
             "execution_log": list(job.execution_log),
         }
 
 
-def forward_result(
-    svc: FakeServicer, job: Job, sub: SubJob, body: dict[str, Any]
-) -> dict[str, Any]:
-    call = training.parse_train(body, svc.vocab_size)
-    result, _ = training.run(call, sub.model_step, forward=True)
-    result["metrics"]["global_step"] = job.global_step
+def engine_command(job: Job, sub: SubJob, command: str, **args: Any) -> dict[str, Any]:
+    """Run `command` on the sub-job's fake engine (its `commands()` table, as a gateway worker
+    runs it); a forwarded result's metrics carry the job's global step."""
+    run = sub.engine.commands().get(command)
+    if run is None:
+        raise ProtocolError(
+            "unimplemented",
+            f"the fake engine of sub-job {sub.sub_job_id} has no command {command!r}",
+            command=command,
+        )
+    result = dict(run(**args))
+    if isinstance(result.get("metrics"), dict):
+        result["metrics"]["global_step"] = job.global_step
     return result
 
 

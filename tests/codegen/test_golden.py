@@ -102,6 +102,34 @@ def test_unspecified_enum_option_is_a_plugin_error() -> None:
     assert "(arctic.v1.op).role is unspecified" in response.error
 
 
+@pytest.mark.parametrize("change", ["protocol", "path", "result"])
+def test_an_engine_op_that_cannot_be_forwarded_is_a_plugin_error(change: str) -> None:
+    """`engine: true` (forwarded as is to a sub-job's engine) needs a job route and a result
+    message, and cannot be a protocol op: the generator refuses instead of emitting a default
+    that forwards what no engine can answer."""
+    request = _request()
+    mini = next(f for f in request.proto_file if f.name in request.file_to_generate)
+    from arctic_model import _Options
+
+    opts = _Options(request.proto_file)
+    method = mini.service[0].method[0]  # Crunch: engine, /{job_id}/crunch, CrunchResult
+    op = opts.get(method.options, "MethodOptions", "arctic.v1.op")
+    assert op.engine
+    if change == "protocol":
+        op.protocol = True
+    elif change == "path":
+        op.http_path = "/crunch"
+    else:
+        op.response_type = ""
+    ext = opts.pool.FindExtensionByName("arctic.v1.op")
+    rebuilt = opts._classes["google.protobuf.MethodOptions"]()
+    rebuilt.Extensions[ext].CopyFrom(op)
+    method.options.ParseFromString(rebuilt.SerializeToString())
+    response = protoc_gen_arctic.generate(request)
+    assert "mini.v1.CrunchService.Crunch: an `engine` op runs on a job's sub-job" in response.error
+    assert not response.file
+
+
 def test_unknown_parameter_is_a_plugin_error() -> None:
     request = _request()
     request.parameter += ",colour=blue"

@@ -4,7 +4,9 @@ has the toy op `toy-sum` and whose generated folders were regenerated from it.
     python toy_op_drive.py static     # the generated table, types, clients, skeleton, adapters
     python toy_op_drive.py adapters   # live HTTP and gRPC through the generated adapters
     python toy_op_drive.py runtime    # live HTTP and gRPC through the protocol runtime
-    python toy_op_drive.py sdk        # the same through the SDK's clients (LEAD: to write)
+    python toy_op_drive.py sdk        # the same through the SDK's clients
+    python toy_op_drive.py engine     # the `engine` op toy-count on the fake gateway and the
+                                      # gateway's fake workers, with no servicer code
 
 It imports the copy's `arctic_sdk` and `arctic_servers` (PYTHONPATH), so nothing here or in the
 hand-written code knows the op: everything per-op comes from the regenerated modules.
@@ -226,6 +228,58 @@ async def sdk() -> int:
     return 0
 
 
+async def engine() -> int:
+    """`toy-count`, an `engine` op: its only hand-written code is the fake engine's
+    `op_toy_count` (test_toy_op.TOY_ENGINE_METHOD). The fake gateway (its sub-jobs' engines in
+    process) and the gateway (its sub-jobs' engines in worker processes) serve it through the
+    generated `ServicerBase.toy_count` -> the server's `run_on_engine`, list it in their
+    capabilities' routes, and add the job's global step to the engine's metrics; a sampler's
+    engine, which the op cannot run on, is never reached (the op's role is training)."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from arctic_sdk import AsyncClient
+    from arctic_servers.gateway.server import start_gateway
+    from arctic_servers.gateway.settings import GatewaySettings
+    from conformance.fake.server import start_fake
+
+    job = {
+        "sub_job_configs": [
+            {"job_type": "training", "model_name": "fake-model"},
+            {"job_type": "sampling", "model_name": "fake-model"},
+        ]
+    }
+    ids = np.arange(6, dtype=np.int64).reshape(2, 3)
+
+    async def drive(base_url: str, grpc_target: str) -> None:
+        for transport in ("http", "grpc"):
+            kw = {"transport": transport, "grpc_target": grpc_target}
+            async with AsyncClient(base_url, **kw) as client:  # type: ignore[arg-type]
+                assert "toy-count" in (await client.get_capabilities())["routes"]
+                await client.create_job(job)
+                await client.wait_until_running(timeout=120)
+                result = await client.toy_count(input_ids=ids)
+                assert result == {"count": 6, "metrics": {"model_step": 0, "global_step": 0}}, (
+                    transport,
+                    result,
+                )
+
+    fake = await start_fake()
+    try:
+        await drive(fake.base_url, fake.grpc_target)
+    finally:
+        await fake.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        gw = await start_gateway(GatewaySettings(db=Path(tmp) / "state.db", engine="fake"))
+        try:
+            await drive(gw.base_url, gw.grpc_target)
+        finally:
+            await gw.close()
+    return 0
+
+
 def toy_sum_servicer() -> Any:
     """The toy servicer: the toy op's business logic only (the generated skeleton does the rest)."""
     from arctic_servers._generated.servicer import ServicerBase
@@ -255,6 +309,8 @@ def main(argv: list[str]) -> int:
         return 0
     if mode == "sdk":
         return asyncio.run(sdk())
+    if mode == "engine":
+        return asyncio.run(engine())
     print(f"unknown mode {mode!r}", file=sys.stderr)
     return 2
 

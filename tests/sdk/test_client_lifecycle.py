@@ -23,8 +23,10 @@ from arctic_sdk import (
     ConflictError,
 )
 from arctic_sdk._core.effects import Progress
+from arctic_sdk.spec.tables import methods as M
 from arctic_sdk.transports._driver import ProgressReporter
 from arctic_servers._generated.servicer import ServicerBase
+from arctic_servers.protocol.context import CallContext
 from conformance.fake import BackgroundFake, FakeServicer, JobDelays, JobManager
 
 from .conftest import FAST, JOB, TOKEN, Env, admin
@@ -141,10 +143,14 @@ async def test_connect_creates_and_waits(fake: BackgroundFake) -> None:
 
 
 class NoRoutes(FakeServicer):
-    """A server without forward, log-probs, sync-weights and lifecycle routes (deployed-like)."""
+    """A server without forward, log-probs, sync-weights and lifecycle routes (deployed-like):
+    it forwards no `engine` op but forward-backward, which it serves as an op of its own."""
 
-    forward = ServicerBase.forward
-    log_probs = ServicerBase.log_probs
+    run_on_engine = ServicerBase.run_on_engine  # so forward and log-probs are not served
+
+    async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        return await FakeServicer.run_on_engine(self, ctx, M.FORWARD_BACKWARD, body)
+
     sync_weights = ServicerBase.sync_weights
     sleep_inference = ServicerBase.sleep_inference
     wake_training = ServicerBase.wake_training

@@ -144,6 +144,11 @@ def _method(
     output_type = m.output_type.lstrip(".")
     request_type = op.request_type or ("" if shape == "FRAMES" else input_type)
     response_type = op.response_type or (output_type if shape == "UNARY" else "")
+    if op.engine and (op.protocol or not response_type or not op.http_path.startswith("/{job_id}")):
+        raise SpecError(
+            f"{rpc}: an `engine` op runs on a job's sub-job and answers a message: it needs a "
+            "/{job_id} route and a result type, and cannot be a `protocol` op"
+        )
     enum = "arctic.v1."
     return Method(
         service=service_full,
@@ -166,6 +171,7 @@ def _method(
         inline_preferred=op.inline_preferred,
         protocol=op.protocol,
         concurrent=op.concurrent,
+        engine=op.engine,
         grpc_shape=shape,
         job_scoped=op.http_path.startswith("/{job_id}"),
         path_params=tuple(re.findall(r"{(\w+)}", op.http_path)),

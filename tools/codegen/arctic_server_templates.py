@@ -19,9 +19,12 @@ def render_servicer(spec: Spec, layout: Layout, head: list[str]) -> str:
         "The servicer skeleton: one coroutine method per op that a server implements.\n\n"
         "A server subclasses `ServicerBase` and overrides the ops it serves; the protocol layer\n"
         f"(`{layout.server_runtime_package}`) decodes and validates each call's body, then awaits\n"
-        "the method named by `SERVICER_METHODS`. An op left alone answers `unimplemented`. Ops that\n"
-        "the method table marks `protocol` (polls, capabilities, request cancellation) are answered\n"
-        "by the protocol layer and have no method here."
+        "the method named by `SERVICER_METHODS`. An op left alone answers `unimplemented`, except\n"
+        "the ops the method table marks `engine`: those are forwarded to the target sub-job's\n"
+        "engine by the server's one `run_on_engine` (`protocol/servicer_hooks.py`, where the other\n"
+        "hooks the protocol layer calls are declared). Ops that the method table marks `protocol`\n"
+        "(polls, capabilities, request cancellation) are answered by the protocol layer and have no\n"
+        "method here."
     )
     ops = [m for m in spec.methods if not m.protocol]
     if not any(e.const == "UNIMPLEMENTED" for e in spec.errors):
@@ -37,6 +40,7 @@ def render_servicer(spec: Spec, layout: Layout, head: list[str]) -> str:
             f"from {layout.spec_package}.error_codes import ErrorCode",
             f"from {layout.server_runtime_package}.context import CallContext",
             f"from {layout.server_runtime_package}.errors import ProtocolError",
+            f"from {layout.server_runtime_package}.servicer_hooks import ServicerHooks",
         ],
         layout.server_package,
     )
@@ -51,7 +55,7 @@ def render_servicer(spec: Spec, layout: Layout, head: list[str]) -> str:
         "    )",
         "",
         "",
-        "class ServicerBase:",
+        "class ServicerBase(ServicerHooks):",
         *docstring(
             "Business logic of a server: override the ops it implements.\n\n"
             "Each method receives the call's `CallContext` and its body (the request message as a\n"
@@ -63,7 +67,10 @@ def render_servicer(spec: Spec, layout: Layout, head: list[str]) -> str:
     for m in ops:
         res = "bytes" if not m.response_type else "dict[str, Any]"
         mdoc = (m.doc or f"The ``{m.name}`` op.") + "\n\n" + "\n".join(method_summary(m))
-        mdoc += "\nDefault: raises ``unimplemented``."
+        if m.engine:
+            mdoc += "\nDefault: forwarded to the target sub-job's engine (``run_on_engine``)."
+        else:
+            mdoc += "\nDefault: raises ``unimplemented``."
         sig = (
             f"    async def {m.python_name}(self, ctx: CallContext, body: dict[str, Any]) -> {res}:"
         )
@@ -76,7 +83,9 @@ def render_servicer(spec: Spec, layout: Layout, head: list[str]) -> str:
             "",
             *sig.split("\n"),
             *docstring(mdoc, "        "),
-            f"        raise _unimplemented(self, methods.{m.const})",
+            f"        return await self.run_on_engine(ctx, methods.{m.const}, body)"
+            if m.engine
+            else f"        raise _unimplemented(self, methods.{m.const})",
         ]
     body += [
         "",

@@ -51,6 +51,7 @@ def _method_const(m: Method) -> list[str]:
         f"    inline_preferred={m.inline_preferred},",
         f"    protocol={m.protocol},",
         f"    concurrent={m.concurrent},",
+        f"    engine={m.engine},",
         f"    grpc_shape=GrpcShape.{m.grpc_shape},",
         f"    job_scoped={m.job_scoped},",
         f"    path_params={params},",

@@ -55,6 +55,7 @@ class Method:
     inline_preferred: bool
     protocol: bool
     concurrent: bool
+    engine: bool
     grpc_shape: str  # spec.model.GrpcShape member name
     job_scoped: bool
     path_params: tuple[str, ...]

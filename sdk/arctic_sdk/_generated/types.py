@@ -926,6 +926,9 @@ class Metrics(TypedDict, total=False):
     """Rows in the call."""
 
     global_step: int
+    """The job's optimizer steps so far, whichever sub-job ran the call (a reference model's
+    log-probs report the job's step, not their own).
+    """
 
     rank_tokens_max: int
     """forward-backward: real (attention_mask) tokens of the busiest and of the least busy

@@ -78,6 +78,7 @@ class MethodInfo:
     inline_preferred: bool
     protocol: bool  # answered by the protocol layer, not the servicer
     concurrent: bool  # reads the weights, changes nothing: consecutive sequenced calls run at once
+    engine: bool  # forwarded as is to the target sub-job's engine command `python_name`
     grpc_shape: GrpcShape
     job_scoped: bool  # the route starts with /{job_id}
     path_params: tuple[str, ...]

@@ -4,9 +4,12 @@
 
 A server subclasses `ServicerBase` and overrides the ops it serves; the protocol layer
 (`arctic_servers.protocol`) decodes and validates each call's body, then awaits
-the method named by `SERVICER_METHODS`. An op left alone answers `unimplemented`. Ops that
-the method table marks `protocol` (polls, capabilities, request cancellation) are answered
-by the protocol layer and have no method here.
+the method named by `SERVICER_METHODS`. An op left alone answers `unimplemented`, except
+the ops the method table marks `engine`: those are forwarded to the target sub-job's
+engine by the server's one `run_on_engine` (`protocol/servicer_hooks.py`, where the other
+hooks the protocol layer calls are declared). Ops that the method table marks `protocol`
+(polls, capabilities, request cancellation) are answered by the protocol layer and have no
+method here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from arctic_sdk.spec.tables.error_codes import ErrorCode
 
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.protocol.servicer_hooks import ServicerHooks
 
 
 def _unimplemented(servicer: object, method: MethodInfo) -> ProtocolError:
@@ -31,7 +35,7 @@ def _unimplemented(servicer: object, method: MethodInfo) -> ProtocolError:
     )
 
 
-class ServicerBase:
+class ServicerBase(ServicerHooks):
     """Business logic of a server: override the ops it implements.
 
     Each method receives the call's `CallContext` and its body (the request message as a
@@ -109,9 +113,9 @@ class ServicerBase:
         Request: `arctic.v1.ForwardBackwardRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group.
         Aliases: ``fwd-bwd``, ``fwd_bwd``, ``forward_backward``.
-        Default: raises ``unimplemented``.
+        Default: forwarded to the target sub-job's engine (``run_on_engine``).
         """
-        raise _unimplemented(self, methods.FORWARD_BACKWARD)
+        return await self.run_on_engine(ctx, methods.FORWARD_BACKWARD, body)
 
     async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Forward pass without gradient: log-probs (and entropy) of a batch and the loss that
@@ -122,9 +126,9 @@ class ServicerBase:
         Request: `arctic.v1.ForwardRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group. Fallback: operation (``forward``).
         Aliases: ``fwd-no-grad``, ``fwd_no_grad``.
-        Default: raises ``unimplemented``.
+        Default: forwarded to the target sub-job's engine (``run_on_engine``).
         """
-        raise _unimplemented(self, methods.FORWARD)
+        return await self.run_on_engine(ctx, methods.FORWARD, body)
 
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Apply the accumulated gradients (one optimizer step), then zero them. Returns grad_norm and lr.
@@ -154,9 +158,9 @@ class ServicerBase:
         Request: `arctic.v1.LogProbsRequest`. Result: `arctic.v1.ForwardBackwardResult`.
         Idempotency: chunk_group. Fallback: operation (``forward``).
         Aliases: ``log_probs``.
-        Default: raises ``unimplemented``.
+        Default: forwarded to the target sub-job's engine (``run_on_engine``).
         """
-        raise _unimplemented(self, methods.LOG_PROBS)
+        return await self.run_on_engine(ctx, methods.LOG_PROBS, body)
 
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Copy the trainer's weights into the samplers: pause new generates, load, reset prefix caches,

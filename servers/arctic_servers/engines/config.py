@@ -18,8 +18,7 @@ from typing import Any, Protocol
 from ..protocol import jobs as pj
 from ..protocol import lora_config
 from ..protocol.errors import ProtocolError
-from ..protocol.jobs import role_of
-from ..protocol.sub_job_config import check_standard_keys, int_at
+from ..protocol.sub_job_config import int_at, walk_sub_job_configs
 from .deepspeed import train_options as opts
 
 ROLES = ("training", "sampling", "log_prob")
@@ -138,87 +137,61 @@ class SubJobSpec:
 
 
 def sub_job_specs(body: Mapping[str, Any], *, cuda: bool) -> list[SubJobSpec]:
-    """Check `sub_job_configs` of a CreateJob body; every unknown key is listed in one error."""
-    configs = body.get("sub_job_configs") or []
-    if not configs:
-        raise _bad("sub_job_configs", "at least one sub-job config is required", "missing_field")
+    """Check `sub_job_configs` of a CreateJob body: the rules every engine shares
+    (`walk_sub_job_configs`: every unknown key listed in one error), then these engines' own."""
     out: list[SubJobSpec] = []
-    unsupported: list[str] = []
-    checked: list[tuple[str, str, dict[str, Any]]] = []
-    for i, cfg in enumerate(configs):
-        path = f"sub_job_configs[{i}]"
-        role = role_of(cfg.get("job_type"))
-        if role is None:
-            raise _bad(
-                f"{path}.job_type", "is required: training, sampling or log_prob", "missing_field"
-            )
-        dtype = cfg.get("dtype") or "float32"
-        if dtype not in DTYPES:
-            raise _bad(f"{path}.dtype", f"{dtype!r} is not one of {list(DTYPES)}", expected=DTYPES)
-        own, other = ("training_config", "inference_config")
-        if role != "training":
-            own, other = other, own
-        if cfg.get(other):
-            raise _bad(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
-        conf: dict[str, Any] = dict(cfg.get(own) or {})
-        known = config_keys()[role]
-        unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
-        cpath = f"{path}.{own}"
+    keys = config_keys()
+    for c in walk_sub_job_configs(
+        body, known_keys=keys, dtypes=DTYPES, default_dtype="float32", lora=LORA
+    ):
+        role, conf, cpath = c.role, c.config, c.config_path
         # capacity slots; a training sub-job also runs n_gpus ranks (processes, dp_training.py)
-        # the rules every server shares (LoRA: protocol/lora_config.py)
-        n_gpus = check_standard_keys(conf, role, cpath, LORA)
-        checked.append((role, cpath, conf))
         int_at(conf, "num_threads", cpath)
         if role == "training":
-            ds = conf.get("deepspeed")
-            if conf.get("lr_scheduler") is not None:
-                if isinstance(ds, Mapping) and ds.get("scheduler") is not None:
-                    raise _bad(
-                        f"{cpath}.lr_scheduler",
-                        "and deepspeed.scheduler both set a learning-rate schedule",
-                        expected="one of them",
-                    )
-                conf["lr_scheduler"] = opts.check_scheduler(
-                    conf["lr_scheduler"], f"{cpath}.lr_scheduler"
-                )
-            opts.check_bool(conf, "activation_checkpointing", cpath)
-            if conf.get("checkpoint_path") is not None:
-                cp = opts.check_checkpoint_path(conf["checkpoint_path"], f"{cpath}.checkpoint_path")
-                if Path(cp).exists() and not Path(cp).is_dir():
-                    raise _bad(f"{cpath}.checkpoint_path", f"{cp!r} is not a directory")
+            _check_training(conf, cpath)
         else:
-            engine = conf.get("engine")
-            allowed = LOG_PROB_ENGINES if role == "log_prob" else ("vllm",)
-            if engine is not None and engine not in allowed:
-                raise _bad(
-                    f"{cpath}.engine", f"{engine!r} is not one of {list(allowed)}", expected=allowed
-                )
-            ds = conf.get("deepspeed")
-            if ds is not None and (engine != "deepspeed" or not isinstance(ds, Mapping)):
-                raise _bad(
-                    f"{cpath}.deepspeed",
-                    "configures the forward-only DeepSpeed log-prob engine: an object, with "
-                    'engine "deepspeed"',
-                    expected='{"zero_optimization": {...}} with engine "deepspeed"',
-                )
-            if ds is not None:
-                opts.check_forward_only_deepspeed(ds, f"{cpath}.deepspeed")
+            _check_inference(role, conf, cpath)
         if conf.get("attn_implementation") is not None:
             opts.check_attn(conf["attn_implementation"], f"{cpath}.attn_implementation")
         opts.check_bool(conf, "full_determinism", cpath)
-        seed = cfg.get("seed") or 0
-        out.append(
-            SubJobSpec(role, str(cfg.get("model_name") or ""), dtype, int(seed), conf, n_gpus)
-        )
-    if unsupported:
-        raise ProtocolError(
-            "unsupported_option",
-            f"config key(s) this server cannot honour: {', '.join(unsupported)}",
-            options=unsupported,
-            field=unsupported[0].split("=")[0].split(" ")[0],
-        )
-    lora_config.check_job_lora(checked, LORA)
+        seed = c.source.get("seed") or 0
+        model = str(c.source.get("model_name") or "")
+        out.append(SubJobSpec(role, model, c.dtype, int(seed), conf, c.n_gpus))
     return out
+
+
+def _check_training(conf: dict[str, Any], cpath: str) -> None:
+    ds = conf.get("deepspeed")
+    if conf.get("lr_scheduler") is not None:
+        if isinstance(ds, Mapping) and ds.get("scheduler") is not None:
+            raise _bad(
+                f"{cpath}.lr_scheduler",
+                "and deepspeed.scheduler both set a learning-rate schedule",
+                expected="one of them",
+            )
+        conf["lr_scheduler"] = opts.check_scheduler(conf["lr_scheduler"], f"{cpath}.lr_scheduler")
+    opts.check_bool(conf, "activation_checkpointing", cpath)
+    if conf.get("checkpoint_path") is not None:
+        cp = opts.check_checkpoint_path(conf["checkpoint_path"], f"{cpath}.checkpoint_path")
+        if Path(cp).exists() and not Path(cp).is_dir():
+            raise _bad(f"{cpath}.checkpoint_path", f"{cp!r} is not a directory")
+
+
+def _check_inference(role: str, conf: dict[str, Any], cpath: str) -> None:
+    engine = conf.get("engine")
+    allowed = LOG_PROB_ENGINES if role == "log_prob" else ("vllm",)
+    if engine is not None and engine not in allowed:
+        raise _bad(f"{cpath}.engine", f"{engine!r} is not one of {list(allowed)}", expected=allowed)
+    ds = conf.get("deepspeed")
+    if ds is not None and (engine != "deepspeed" or not isinstance(ds, Mapping)):
+        raise _bad(
+            f"{cpath}.deepspeed",
+            "configures the forward-only DeepSpeed log-prob engine: an object, with "
+            'engine "deepspeed"',
+            expected='{"zero_optimization": {...}} with engine "deepspeed"',
+        )
+    if ds is not None:
+        opts.check_forward_only_deepspeed(ds, f"{cpath}.deepspeed")
 
 
 def engine_kind(role: str, config: dict[str, Any]) -> str:

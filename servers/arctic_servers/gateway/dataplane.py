@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
 from ..protocol import forwarding
@@ -41,19 +42,13 @@ CPU_LIFECYCLE_REASON = "nothing is colocated on a GPU here, so there is nothing 
 class DataPlane(GatewayBase):
     # ------------------------------------------------------------------ training
 
-    async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        _, sub = self.begin(ctx)
-        return dict(await self.call(ctx, sub, M.FORWARD_BACKWARD.python_name, body=body))
-
-    async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+    async def run_on_engine(
+        self, ctx: CallContext, method: MethodInfo, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Every `engine` op of the method table (forward-backward, forward, log-probs): the
+        target sub-job's worker runs the command of the op's name on the body."""
         job, sub = self.begin(ctx)
-        res = dict(await self.call(ctx, sub, M.FORWARD.python_name, body=body))
-        res.setdefault("metrics", {})["global_step"] = job.global_step
-        return res
-
-    async def log_probs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job, sub = self.begin(ctx)
-        res = dict(await self.call(ctx, sub, M.LOG_PROBS.python_name, body=body))
+        res = dict(await self.call(ctx, sub, method.python_name, body=body))
         res.setdefault("metrics", {})["global_step"] = job.global_step
         return res
 

@@ -14,29 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol import jobs as pj
-from ..protocol.jobs import JobRecord
+from ..protocol.jobs import JobRecord, SubJobRecord
 from ..protocol.sqlite_store import SqliteDb
 
 
 @dataclass
-class SubJob:
-    sub_job_id: str
-    role: str
-    index: int
-    model_name: str
-    dtype: str
-    seed: int
-    config: dict[str, Any]
+class SubJob(SubJobRecord):
+    dtype: str = "float32"
+    seed: int = 0
     n_gpus: int = 1
     state: str = "pending"
     reason: str = ""
     weight_version: int = 0
     # The worker's record (supervisor.py): backend, address, authkey, pid, log, spec, info.
     worker: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def max_seq_len(self) -> int:
-        return int(self.config.get("max_seq_len") or 0)
 
     @property
     def vocab_size(self) -> int:

@@ -49,9 +49,6 @@ class OnpremBase(JobControl[Job]):
 
     # ------------------------------------------------------------------ helpers
 
-    def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
-        """Semantic checks before a data-plane call is accepted: `OnpremServicer` has them."""
-
     async def _begin(
         self, ctx: CallContext, method: MethodInfo | None = None
     ) -> tuple[Job, SubJob]:

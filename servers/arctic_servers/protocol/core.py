@@ -199,9 +199,7 @@ class ProtocolCore(Durable, Polls):
             kind, identity = "key", str(ctx.idempotency_key)
             body_hash = _hash_json(method.name, body)
         self._validate(method, body)
-        check = getattr(self.servicer, "check_request", None)
-        if check is not None:  # the servicer's semantic checks: refused (4xx), never run
-            check(ctx, body)
+        self.servicer.check_request(ctx, body)  # semantic checks: refused (4xx), never run
         if method.response_type == "":
             return Outcome(200, method, raw=await self._invoke(method, ctx, body))
         if self.requests.durable and ctx_frame is None:

@@ -128,9 +128,7 @@ class CoreBase:
         return input_limits.check_seq(raw)
 
     async def _authorize_job(self, ctx: CallContext, *, running: bool) -> None:
-        hook = getattr(self.servicer, "authorize_job", None)
-        if hook is not None:
-            await hook(ctx, running=running)
+        await self.servicer.authorize_job(ctx, running=running)
 
     # ------------------------------------------------------------------ capabilities
 
@@ -143,6 +141,8 @@ class CoreBase:
             mine = getattr(type(self.servicer), m.python_name, None)
             if mine is not None and mine is not getattr(ServicerBase, m.python_name, None):
                 out.append(m)
+            elif m.engine and type(self.servicer).run_on_engine is not ServicerBase.run_on_engine:
+                out.append(m)  # forwarded to the engine by the server's one `run_on_engine`
         return out
 
     def capabilities(self) -> dict[str, Any]:
@@ -151,7 +151,7 @@ class CoreBase:
             "spec_version": "arctic.v1",
             "wire_formats": ["DSSST1"],
             "routes": [m.name for m in self.implemented()],
-            "operation_types": list(getattr(self.servicer, "operation_types", ())),
+            "operation_types": list(self.servicer.operation_types),
             "features": {
                 "idempotency": c.idempotency,
                 "sequencing": c.sequencing,
@@ -187,9 +187,9 @@ class CoreBase:
             "server": c.server,
             "server_version": c.server_version,
             # the sub-job config keys accepted: the standard ones and the server's extensions
-            "config_keys": getattr(self.servicer, "config_keys", None) or config_keys_json(),
+            "config_keys": self.servicer.config_keys or config_keys_json(),
             # LoRA support (jobs.proto `LoraSupport`; absent: no LoRA jobs)
-            **({"lora": lora} if (lora := getattr(self.servicer, "lora_support", None)) else {}),
+            **({"lora": lora} if (lora := self.servicer.lora_support) else {}),
         }
 
     # ------------------------------------------------------------------ bodies

@@ -28,7 +28,7 @@ class Durable(Execution):
         for job_id, seqs in self.requests.executed_seqs().items():
             seq.restore(job_id, seqs)
         counts = {"pending": 0, "running": 0, "failed": 0}
-        recovers = bool(getattr(self.servicer, "recovers_running", False))
+        recovers = self.servicer.recovers_running
         for rec in self.requests.unfinished():
             method = M.BY_NAME.get(rec.op)
             running = rec.status != "pending"

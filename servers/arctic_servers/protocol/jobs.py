@@ -107,6 +107,21 @@ class SubJobLike(Protocol):
 S = TypeVar("S", bound=SubJobLike)
 
 
+@dataclass
+class SubJobRecord:
+    """What every server records of a sub-job; each server's sub-job adds its own fields."""
+
+    sub_job_id: str
+    role: str  # training, sampling or log_prob
+    index: int  # its position among the job's sub-jobs of its role
+    model_name: str
+    config: dict[str, Any]  # its training_config / inference_config, checked
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.config.get("max_seq_len") or 0)
+
+
 def sub_job_json(
     sub_job_id: str, role: str, state: str, reason: str, model_name: str
 ) -> dict[str, Any]:

@@ -47,12 +47,11 @@ class Polls(CoreBase):
             key = (rec.job_id, rec.request_id)
             task = self._tasks.get(key)
             event = self._done.get(key)
-            hook = getattr(self.servicer, "cancel_running", None)
             # A servicer whose `cancel_running` answers True ends a running request itself, at
             # its engine's next safe point (completed if it finished first); else the task stops.
             handled = False
-            if key in self._started and hook is not None:
-                handled = bool(await hook(ctx, rec.request_id))
+            if key in self._started:
+                handled = bool(await self.servicer.cancel_running(ctx, rec.request_id))
             if task is not None and not handled:
                 task.cancel()
             if event is not None and handled:  # a running engine call may take a while

@@ -9,10 +9,13 @@ Unknown keys are the caller's to collect (all of them in one `unsupported_option
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .lora_config import LoraSupport, check_lora
+from .errors import ProtocolError
+from .jobs import role_of
+from .lora_config import LoraSupport, check_job_lora, check_lora
 from .sub_jobs import field_error, refuse_unknown_keys
 
 OPTIMIZER_KEYS = frozenset({"name", "type", "lr", "betas", "eps", "weight_decay", "momentum"})
@@ -104,3 +107,71 @@ def check_standard_keys(
     else:
         _object(conf, "vllm_config", path, "vLLM engine arguments")
     return n_gpus
+
+
+@dataclass(frozen=True)
+class SubJobConfig:
+    """One `sub_job_configs` entry whose common rules passed (`walk_sub_job_configs`)."""
+
+    path: str  # "sub_job_configs[i]"
+    role: str  # training, sampling or log_prob
+    source: Mapping[str, Any]  # the entry as sent
+    dtype: str
+    config_path: str  # "sub_job_configs[i].training_config" (or inference_config)
+    config: dict[str, Any]  # a copy of that config, which the engine's checks may normalise
+    n_gpus: int
+
+
+def walk_sub_job_configs(
+    body: Mapping[str, Any],
+    *,
+    known_keys: Mapping[str, frozenset[str]],
+    dtypes: Sequence[str],
+    default_dtype: str,
+    lora: LoraSupport,
+    require_model_name: bool = False,
+) -> Iterator[SubJobConfig]:
+    """The rules of CreateJob's `sub_job_configs` that every engine shares, one entry at a time:
+    at least one entry, a known `job_type`, a known `dtype`, only the role's own config object,
+    the standard keys (`check_standard_keys`). The caller runs its engine's own checks on each
+    entry it is handed; once it has seen them all, every key not in `known_keys[role]` is
+    refused in one `unsupported_option`, then the job-level LoRA rules are checked."""
+    configs = body.get("sub_job_configs") or []
+    if not configs:
+        raise field_error(
+            "sub_job_configs", "at least one sub-job config is required", code="missing_field"
+        )
+    unsupported: list[str] = []
+    checked: list[tuple[str, str, dict[str, Any]]] = []
+    for i, cfg in enumerate(configs):
+        path = f"sub_job_configs[{i}]"
+        role = role_of(cfg.get("job_type"))
+        if role is None:
+            raise field_error(
+                f"{path}.job_type", "is required: training, sampling or log_prob", "missing_field"
+            )
+        if require_model_name and not cfg.get("model_name"):
+            raise field_error(f"{path}.model_name", "is required", "missing_field")
+        dtype = cfg.get("dtype") or default_dtype
+        if dtype not in dtypes:
+            named = [d for d in dtypes if d]
+            raise field_error(f"{path}.dtype", f"{dtype!r} is not one of {named}", expected=named)
+        own, other = ("training_config", "inference_config")
+        if role != "training":
+            own, other = other, own
+        if cfg.get(other):
+            raise field_error(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
+        conf: dict[str, Any] = dict(cfg.get(own) or {})
+        cpath = f"{path}.{own}"
+        unsupported += [f"{cpath}.{k}" for k in conf if k not in known_keys[role]]
+        n_gpus = check_standard_keys(conf, role, cpath, lora)
+        checked.append((role, cpath, conf))
+        yield SubJobConfig(path, role, cfg, str(dtype), cpath, conf, n_gpus)
+    if unsupported:
+        raise ProtocolError(
+            "unsupported_option",
+            f"config key(s) this server cannot honour: {', '.join(unsupported)}",
+            options=unsupported,
+            field=unsupported[0],
+        )
+    check_job_lora(checked, lora)

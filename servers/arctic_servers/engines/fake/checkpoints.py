@@ -79,8 +79,8 @@ def save(job: Job, train: SubJob, body: Mapping[str, Any]) -> dict[str, Any]:
         checkpoint_type=str(body.get("checkpoint_type") or "resumable"),
         global_step=job.global_step,
         model_step=train.model_step,
-        lr=job.lr,
-        avg_loss=job.last_loss,
+        lr=job.trainer.lr,
+        avg_loss=job.trainer.last_loss,
         created_at=time.time(),
         model_name=train.model_name,
     )
@@ -112,13 +112,12 @@ def load(jobs: Jobs, job: Job, token: str | None, body: Mapping[str, Any]) -> di
                 job_id=job.job_id,
             )
     assert target is not None
-    target.model_step = ckpt.model_step
+    resumable = ckpt.checkpoint_type == "resumable"
+    target.engine.restore(ckpt.model_step, ckpt.global_step, ckpt.lr, resumable)
     if target.role != "training":  # a sampler's weights changed: generates say so
         job.weight_version += 1
-    if target.role == "training" and ckpt.checkpoint_type == "resumable":
-        job.global_step, job.lr = ckpt.global_step, ckpt.lr
-        job.grad.clear()
-        job.accum_loss, job.accum_tokens = 0.0, 0
+    if target.role == "training" and resumable:
+        job.global_step = ckpt.global_step
     return {"checkpoint": to_json(ckpt)}
 
 

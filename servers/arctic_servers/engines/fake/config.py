@@ -11,8 +11,8 @@ from typing import Any
 
 from ...protocol import lora_config
 from ...protocol.errors import ProtocolError
-from ...protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, config_keys_json, role_of
-from ...protocol.sub_job_config import check_standard_keys
+from ...protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, config_keys_json
+from ...protocol.sub_job_config import walk_sub_job_configs
 from .state import SubJob
 
 DTYPES = ("", "float32", "bfloat16", "float16")
@@ -29,57 +29,24 @@ def bad(path: str, message: str, code: str = "invalid_argument", **details: Any)
 
 
 def sub_jobs_of(body: Mapping[str, Any], max_total_gpus: int) -> list[SubJob]:
-    """Check `sub_job_configs` and build the sub-jobs (the server gives the ids)."""
-    configs = body.get("sub_job_configs") or []
-    if not configs:
-        raise bad(
-            "sub_job_configs", "at least one sub-job config is required", code="missing_field"
-        )
+    """Check `sub_job_configs` (the rules every engine shares, `walk_sub_job_configs`) and build
+    the sub-jobs (the server gives the ids)."""
+    known = {"training": FAKE_TRAINING_KEYS, "sampling": INFERENCE_KEYS, "log_prob": INFERENCE_KEYS}
     out: list[SubJob] = []
-    unsupported: list[str] = []
-    checked: list[tuple[str, str, dict[str, Any]]] = []
-    for i, cfg in enumerate(configs):
-        path = f"sub_job_configs[{i}]"
-        role = role_of(cfg.get("job_type"))
-        if role is None:
+    for c in walk_sub_job_configs(
+        body,
+        known_keys=known,
+        dtypes=DTYPES,
+        default_dtype="",
+        lora=lora_config.SUPPORT,
+        require_model_name=True,
+    ):
+        if c.n_gpus > max_total_gpus:
             raise bad(
-                f"{path}.job_type",
-                "is required: training, sampling or log_prob",
-                code="missing_field",
-            )
-        model = cfg.get("model_name") or ""
-        if not model:
-            raise bad(f"{path}.model_name", "is required", code="missing_field")
-        dtype = cfg.get("dtype") or ""
-        if dtype not in DTYPES:
-            raise bad(
-                f"{path}.dtype",
-                f"{dtype!r} is not one of {list(DTYPES[1:])}",
-                expected=list(DTYPES[1:]),
-            )
-        own, other = ("training_config", "inference_config")
-        if role != "training":
-            own, other = other, own
-        if cfg.get(other):
-            raise bad(f"{path}.{other}", f"is not used by a {role} sub-job; use {own}")
-        conf: dict[str, Any] = dict(cfg.get(own) or {})
-        known = FAKE_TRAINING_KEYS if role == "training" else INFERENCE_KEYS
-        unsupported += [f"{path}.{own}.{k}" for k in conf if k not in known]
-        n_gpus = check_standard_keys(conf, role, f"{path}.{own}", lora_config.SUPPORT)
-        checked.append((role, f"{path}.{own}", conf))
-        if n_gpus > max_total_gpus:
-            raise bad(
-                f"{path}.{own}.n_gpus",
-                f"{n_gpus} exceeds the server's max_total_gpus {max_total_gpus}",
+                f"{c.config_path}.n_gpus",
+                f"{c.n_gpus} exceeds the server's max_total_gpus {max_total_gpus}",
                 expected=f"<= {max_total_gpus}",
             )
-        out.append(SubJob("", role, 0, str(model), n_gpus, conf))
-    if unsupported:
-        raise ProtocolError(
-            "unsupported_option",
-            f"unknown config key(s): {', '.join(unsupported)}",
-            options=unsupported,
-            field=unsupported[0],
-        )
-    lora_config.check_job_lora(checked)
+        model = str(c.source.get("model_name"))
+        out.append(SubJob("", c.role, 0, model, c.config, n_gpus=c.n_gpus))
     return out

@@ -1,32 +1,52 @@
-"""The fake engine's state: a job's sub-jobs, its fake training state and its checkpoints.
+"""The fake gateway's state: a job's sub-jobs, each with its fake engine, and its checkpoints.
 
-The fake gateway (`conformance/fake`) keeps one `Job` per job; the deterministic numerics
-(NUMERICS.md §2, §4, §6) read and advance it.
+The fake gateway (`conformance/fake`) keeps one `Job` per job. Each sub-job runs a `FakeEngine`
+in process (the engine that gateway workers run in a worker process), which holds the model
+step and, for the trainer, the gradients and optimizer counters (NUMERICS.md §2, §4, §6); the
+job keeps what spans sub-jobs: the global step, the weight version and the checkpoints.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...protocol import jobs as pj
-from ...protocol.jobs import JobRecord
+from ...protocol.jobs import JobRecord, SubJobRecord
+
+if TYPE_CHECKING:
+    from .engine import FakeEngine
 
 
 @dataclass
-class SubJob:
-    sub_job_id: str
-    role: str
-    index: int
-    model_name: str
-    n_gpus: int
-    config: dict[str, Any]
-    # NUMERICS.md §2: the step whose weights this sub-job serves (training: its own steps).
-    model_step: int = 0
+class SubJob(SubJobRecord):
+    n_gpus: int = 1
+    # the sub-job's engine, started with its job (`start_engine`)
+    engine: FakeEngine = field(init=False, repr=False)
+
+    def start_engine(self, vocab_size: int) -> None:
+        from .engine import FakeEngine
+
+        self.engine = FakeEngine(
+            {
+                "role": self.role,
+                "sub_job_id": self.sub_job_id,
+                "engine_spec": {
+                    "config": self.config,
+                    "model_name": self.model_name,
+                    "vocab_size": vocab_size,
+                },
+            }
+        )
 
     @property
-    def max_seq_len(self) -> int:
-        return int(self.config.get("max_seq_len") or 0)
+    def model_step(self) -> int:
+        """NUMERICS.md §2: the step whose weights this sub-job serves (its engine's)."""
+        return self.engine.model_step
+
+    @model_step.setter
+    def model_step(self, step: int) -> None:
+        self.engine.model_step = step
 
 
 @dataclass
@@ -43,14 +63,22 @@ class Checkpoint:
 
 @dataclass
 class Job(JobRecord[SubJob]):
-    # Training state (NUMERICS.md §4).
-    applied_steps: int = 0
-    lr: float = 1e-5
-    grad: dict[int, float] = field(default_factory=dict)
-    accum_loss: float = 0.0
-    accum_tokens: int = 0
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
     execution_log: list[dict[str, Any]] = field(default_factory=list)
+
+    def start_engines(self, vocab_size: int) -> None:
+        for s in self.sub_jobs:
+            s.start_engine(vocab_size)
+
+    @property
+    def trainer(self) -> FakeEngine:
+        """The training sub-job's engine: the optimizer's state (NUMERICS.md §4)."""
+        train = self.sub_job("training")
+        if train is None:  # a job without a trainer: its (idle) defaults
+            from .engine import FakeEngine
+
+            return FakeEngine({})
+        return train.engine
 
     @property
     def n_gpus(self) -> int:

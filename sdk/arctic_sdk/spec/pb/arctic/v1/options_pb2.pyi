@@ -166,6 +166,7 @@ class OpOptions(_message.Message):
     INLINE_PREFERRED_FIELD_NUMBER: _builtins.int
     PROTOCOL_FIELD_NUMBER: _builtins.int
     CONCURRENT_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Canonical op name, kebab-case; the last path segment of the route for data-plane ops."""
     http_method: _builtins.str
@@ -196,6 +197,13 @@ class OpOptions(_message.Message):
     sequenced calls of such ops with consecutive numbers run at once (PROTOCOL.md §7.2), so the
     sampling calls of many agents share the engine's continuous batch.
     """
+    engine: _builtins.bool
+    """True when the op runs on one sub-job's engine as the engine command named by the op's Python
+    name (`forward_backward`), with the validated body as its `body` argument, and the server
+    adds only the job's `global_step` to the result's metrics (`Metrics.global_step`): the generated
+    servicer forwards it (`ServicerBase.run_on_engine`), so a server needs no method of its own
+    and a new such op is the proto plus one command per engine that runs it.
+    """
     @_builtins.property
     def aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Legacy method names framework adapters call; client-side aliases only."""
@@ -217,10 +225,11 @@ class OpOptions(_message.Message):
         inline_preferred: _builtins.bool = ...,
         protocol: _builtins.bool = ...,
         concurrent: _builtins.bool = ...,
+        engine: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "body", b"body", "concurrent", b"concurrent", "fallback", b"fallback", "http_method", b"http_method", "http_path", b"http_path", "idempotency", b"idempotency", "inline_preferred", b"inline_preferred", "name", b"name", "operation_type", b"operation_type", "protocol", b"protocol", "request_type", b"request_type", "response_type", b"response_type", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "body", b"body", "concurrent", b"concurrent", "engine", b"engine", "fallback", b"fallback", "http_method", b"http_method", "http_path", b"http_path", "idempotency", b"idempotency", "inline_preferred", b"inline_preferred", "name", b"name", "operation_type", b"operation_type", "protocol", b"protocol", "request_type", b"request_type", "response_type", b"response_type", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -377,6 +377,9 @@ class Metrics(_message.Message):
     num_sequences: _builtins.int
     """Rows in the call."""
     global_step: _builtins.int
+    """The job's optimizer steps so far, whichever sub-job ran the call (a reference model's
+    log-probs report the job's step, not their own).
+    """
     rank_tokens_max: _builtins.int
     """forward-backward: real (attention_mask) tokens of the busiest and of the least busy
     data-parallel rank in this call; both equal the call's real tokens on a single-rank trainer.
