@@ -52,6 +52,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from common.vllm_direct import Direct, prompts_of
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "servers"), str(ROOT / "sdk"), str(ROOT)]
 
@@ -74,92 +76,8 @@ def uptime() -> str:
         return "?"
 
 
-def prompts_of(n: int, length: int) -> list[list[int]]:
-    return [[(17 * i + 31 * j) % 400 + 10 for j in range(length)] for i in range(n)]
-
-
 def greedy(max_tokens: int) -> dict[str, Any]:
     return {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
-
-
-# --------------------------------------------------------------------------- vLLM direct
-
-
-def direct(spec: dict[str, Any]) -> None:
-    """The `--direct` process: one `vllm.LLM`; each line N on stdin -> the seconds of one
-    `generate` of the N prompts (so its runs interleave with the servers' batched calls)."""
-    import torch
-
-    torch.set_num_threads(spec["threads"])
-    from arctic_servers.engines.vllm.sampling import EXT_CLS, set_vllm_env
-
-    set_vllm_env(cuda=False)
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = LLM(
-        model=spec["model_dir"],
-        tokenizer=spec["model_dir"],
-        dtype="float32",
-        seed=0,
-        worker_extension_cls=EXT_CLS,
-        enable_prefix_caching=True,
-        max_num_seqs=64,
-        enforce_eager=True,
-    )
-    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
-    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], params, use_tqdm=False)  # warm-up
-    print("READY", flush=True)
-    for line in sys.stdin:
-        n = int(line)
-        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts_of(n, spec["prompt_len"])]
-        llm.reset_prefix_cache()
-        t = time.perf_counter()
-        llm.generate(inputs, params, use_tqdm=False)
-        print(f"DIRECT {time.perf_counter() - t}", flush=True)
-
-
-class Direct:
-    """The `--direct` process, from this side: `run(n)` -> seconds."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:3])}
-        n = str(spec["threads"])
-        env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, TOKENIZERS_PARALLELISM="false")
-        argv = [sys.executable, __file__, "--direct", json.dumps(spec)]
-        self.proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self.ready = False
-
-    def _line(self, prefix: str) -> str:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-        raise RuntimeError(f"vLLM direct ended ({self.proc.wait()})")
-
-    def wait_ready(self) -> None:
-        if not self.ready:
-            self._line("READY")
-            self.ready = True
-
-    def run(self, n: int) -> float:
-        self.wait_ready()
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{n}\n")
-        self.proc.stdin.flush()
-        return float(self._line("DIRECT "))
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(60)
 
 
 # --------------------------------------------------------------------------- servers
@@ -431,11 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, help="tokens per prompt (default: the run's own)")
     ap.add_argument("--reps", type=int, help="repetitions per row (default: the run's own)")
     ap.add_argument("--json", type=Path, help="write the rows here")
-    ap.add_argument("--direct", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.direct:
-        direct(json.loads(args.direct))
-        return 0
     from arctic_servers.engines.tiny_model import build_tiny_model
     from arctic_servers.onprem.settings import default_cache_dir
 

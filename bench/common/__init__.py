@@ -1,0 +1,1 @@
+"""What the benchmarks share (not benchmarks themselves: `tools/test.sh` runs `bench/*.py`)."""
