@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from aiohttp import web
 
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
 from arctic_servers.protocol.core import ProtocolCore
-from arctic_servers.protocol.serve import RunningServer, start_server
+from arctic_servers.protocol.serve import ServerHandle, start_server
 
 from . import behaviour
 from .admin import Admin
@@ -39,32 +39,10 @@ VERSION = "0.1.0"
 
 
 @dataclass
-class RunningFake:
-    server: RunningServer
-    servicer: FakeServicer
-    faults: FaultRegistry
-    admin: bool
-
-    @property
-    def core(self) -> ProtocolCore:
-        return self.server.core
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def prefix_url(self) -> str:
-        """`{base}/api/v2/databases/fake_db/schemas/fake_schema/cortex-training`."""
-        return self.server.base_url + DEFAULT_PATH
-
-    @property
-    def admin_url(self) -> str:
-        return self.server.base_url + "/_admin"
-
-    @property
-    def grpc_target(self) -> str:
-        return self.server.grpc_target
+class RunningFake(ServerHandle):
+    servicer: FakeServicer = field(kw_only=True)
+    faults: FaultRegistry = field(kw_only=True)
+    prefix_path: ClassVar[str] = DEFAULT_PATH  # `{base}/api/v2/databases/fake_db/...`
 
     async def close(self) -> None:
         await self.server.close(grace=0.2)
@@ -135,7 +113,7 @@ async def start_fake(
         configure_app=configure,
         grpc_interceptors=[FaultInterceptor(registry)] if admin else [],
     )
-    return RunningFake(server, servicer, registry, admin)
+    return RunningFake(server, admin, servicer=servicer, faults=registry)
 
 
 class BackgroundFake:

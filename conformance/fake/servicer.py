@@ -13,6 +13,7 @@ executed data-plane call is appended to its job's execution log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,6 @@ from arctic_servers.engines.fake import numerics as nx
 from arctic_servers.engines.fake import operations, sampling, training
 from arctic_servers.engines.fake.config import FAKE_CONFIG_KEYS
 from arctic_servers.engines.fake.state import Job, SubJob
-from arctic_servers.protocol import checkpoint_ids
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
@@ -94,15 +94,9 @@ class FakeServicer(JobControl[Job]):
         elif m is M.GENERATE:
             sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
             check_adapter(body, _lora_job(job))
-        elif m is M.SAVE_CHECKPOINT:
-            ck.check_save(body)
-        elif m is M.LOAD_CHECKPOINT:
-            operations.check_simple(job, m, body)
-            checkpoint_ids.check_source_job(
-                body, job.job_id, lambda s: self.jobs.visible(s, self._owner(ctx))
-            )
         else:
-            operations.check_simple(job, m, body)
+            visible = functools.partial(self.jobs.visible, owner=self._owner(ctx))
+            operations.check_simple(job, m, body, visible)
 
     # ------------------------------------------------------------------ helpers
 

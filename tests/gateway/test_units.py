@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arctic_servers.engines.worker.engine_base import EngineBase
 from arctic_servers.gateway.settings import load_tokens, parse_tokens
 from arctic_servers.gateway.worker_host import WorkerHost
 from arctic_servers.gateway.worker_process import Channel
@@ -38,7 +39,7 @@ class Recorder:
         self.sent.append(msg)
 
 
-class Engine:
+class Engine(EngineBase):
     def __init__(self) -> None:
         self.runs: list[int] = []
         self.gate = threading.Event()

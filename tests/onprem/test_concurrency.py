@@ -56,6 +56,21 @@ BUSY = re.compile(
 )
 
 
+async def _settled_log_length(client: Any, quiet_s: float = 1.0, limit_s: float = 60.0) -> int:
+    """The sampler log's length once it has not grown for `quiet_s` (the worker writes a busy
+    period's line after the period's last answer has gone out)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit_s
+    n = len(await _logs(client))
+    while loop.time() < end:
+        await asyncio.sleep(quiet_s)
+        m = len(await _logs(client))
+        if m == n:
+            return n
+        n = m
+    return n
+
+
 async def _logs(client: Any) -> list[str]:
     lines: list[str] = []
     while True:
@@ -161,7 +176,9 @@ async def test_every_path_shares_the_batch_and_a_sync_never_mixes_versions(
             )
             scored = np.asarray(alone["outputs"]["logprobs_shifted"])
             assert scored.shape == (1, 8) and (scored[0, :7] < 0).all()
-            seen = len(await _logs(client))
+            # the warm-up calls' busy-period lines reach the log after their answers: wait for
+            # them, so that they are not counted with the 14 calls below
+            seen = await _settled_log_length(client)
 
             # 1. protocol, OpenAI completions, chat, streams, sampler scoring: 14 calls at once
             await _every_path_at_once(client, oai, job, scored)

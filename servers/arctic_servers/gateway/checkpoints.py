@@ -6,10 +6,7 @@ are `protocol/checkpoint_files.py`, shared with the on-prem server."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,34 +28,17 @@ class Checkpoints(GatewayBase):
 
     async def save_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = self.begin(ctx)
-        ckpt = str(body.get("checkpoint_id") or f"step-{job.global_step}")
-        ctype = str(body.get("checkpoint_type") or "resumable")
-        root = self.ckpts.path(job.job_id, ckpt)
-        if root.exists() and not ctx.recovered:
-            await asyncio.to_thread(shutil.rmtree, root, True)
-        now = time.time()
-        args = cf.save_args(root, job.job_id, ckpt, ctype, now)
-        # the engine command (op_save, DeepSpeed's save_checkpoint), not the op's name
-        res = await self.call(ctx, sub, "save", **args)  # not-an-op
-        meta = {
-            **cf.new_meta(job, ckpt, ctype, res, now),
-            "model_dir": str((sub.worker.get("info") or {}).get("model_dir") or ""),
-            "dtype": sub.dtype,
-            **({"lora": job_lora} if (job_lora := lora.lora_of(job)) else {}),
-        }
-        self.ckpts.write_meta(job.job_id, ckpt, meta)
+        save = functools.partial(self.call, ctx, sub)
+        _, meta = await self.ckpts.save(job, body, save, fresh=not ctx.recovered)
+        meta["model_dir"] = str((sub.worker.get("info") or {}).get("model_dir") or "")
+        meta["dtype"] = sub.dtype
+        if job_lora := lora.lora_of(job):
+            meta["lora"] = job_lora
+        self.ckpts.write_meta(job.job_id, meta["checkpoint_id"], meta)
         return {"checkpoint": cf.public(meta)}
 
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job = self.job(ctx)
-        self.require_running(job, ctx.method)
-        sub, ckpt, source = forwarding.load_source(
-            job,
-            ctx,
-            body,
-            lambda: self.target(job, ctx),
-            lambda s: self.jobs.visible(s, self.owner(ctx)),
-        )
+        job, sub, ckpt, source = self.load_source(ctx, body)
         meta = self.ckpts.meta(source, ckpt)
         root = self.ckpts.path(source, ckpt)
         await forwarding.load_checkpoint(

@@ -8,12 +8,12 @@ each run on a sub-job's worker (`dataplane.py`, `checkpoints.py`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from arctic_sdk.spec.model import GrpcShape
 from arctic_sdk.spec.tables import methods as M
 
-from ..protocol import checkpoint_ids
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.operation_types import OP_TAIL_LOGS, OP_WEIGHT_SYNC, OPERATION_TYPES
@@ -57,7 +57,6 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
         bounds are the spec's, checked by the protocol layer (`tables.request_rules`)."""
-        from ..engines.fake import checkpoints as fake_ckpt
         from ..engines.fake import operations
 
         job = self.job(ctx)
@@ -77,15 +76,9 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             self.profile.check(m, body, sub)
             if m is M.GENERATE:
                 lora.check_adapter(body, lora.adapter_job(job))
-        elif m is M.SAVE_CHECKPOINT:
-            fake_ckpt.check_save(body)
-        elif m is M.LOAD_CHECKPOINT:
-            operations.check_simple(fake_job, m, body)
-            checkpoint_ids.check_source_job(
-                body, job.job_id, lambda s: self.jobs.visible(s, self.owner(ctx))
-            )
         else:
-            operations.check_simple(fake_job, m, body)
+            visible = functools.partial(self.jobs.visible, owner=self.owner(ctx))
+            operations.check_simple(fake_job, m, body, visible)
             if m is M.SYNC_WEIGHTS:
                 lora.check_sync(job, body, "")
 

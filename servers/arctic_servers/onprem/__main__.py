@@ -95,7 +95,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from .server import DEFAULT_PATH, job_body, start_onprem
+    from ..protocol.http_app import DEFAULT_PATH
+    from .server import job_body, start_onprem
     from .settings import ServerSettings, ThreadPlan, default_cache_dir
 
     settings = ServerSettings(

@@ -6,9 +6,8 @@ The directory layout and answers are `protocol/checkpoint_files.py`, shared with
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import shutil
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,21 +35,11 @@ class Checkpoints(OnpremBase):
 
     async def save_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = await self._begin(ctx)
-        ckpt = str(body.get("checkpoint_id") or f"step-{job.global_step}")
-        ctype = str(body.get("checkpoint_type") or "resumable")
-        root = self._ckpts.path(job.job_id, ckpt)
-        if root.exists():
-            await asyncio.to_thread(shutil.rmtree, root, True)
-        now = time.time()
-        args = cf.save_args(root, job.job_id, ckpt, ctype, now)
-        # the engine command (op_save, DeepSpeed's save_checkpoint), not the op's name
-        res = await self._call(sub, "save", **args)  # not-an-op
-        meta = {
-            **cf.new_meta(job, ckpt, ctype, res, now),
-            "model_dir": str(sub.model_dir or ""),
-            "dtype": sub.spec.dtype,
-            "zero_stage": (sub.worker.info if sub.worker else {}).get("zero_stage"),
-        }
+        root, meta = await self._ckpts.save(job, body, functools.partial(self._call, sub))
+        ckpt = str(meta["checkpoint_id"])
+        meta["model_dir"] = str(sub.model_dir or "")
+        meta["dtype"] = sub.spec.dtype
+        meta["zero_stage"] = (sub.worker.info if sub.worker else {}).get("zero_stage")
         self._ckpts.write_meta(job.job_id, ckpt, meta)
         keep = sub.spec.config.get("checkpoint_path")
         if keep:  # train_options.py: also kept where a later sub-job resumes from
@@ -59,15 +48,7 @@ class Checkpoints(OnpremBase):
         return {"checkpoint": cf.public(meta)}
 
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job = self._job(ctx)
-        self._require_running(job, ctx.method)
-        sub, ckpt, source = forwarding.load_source(
-            job,
-            ctx,
-            body,
-            lambda: self.target(job, ctx),
-            lambda s: self.jobs.visible(s, self._owner(ctx)),
-        )
+        job, sub, ckpt, source = self.load_source(ctx, body)
         meta = self._ckpts.meta(source, ckpt)
         await forwarding.load_checkpoint(
             job,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -16,8 +16,7 @@ from ..protocol.config import ProtocolConfig, ProtocolLimits
 from ..protocol.context import CallContext
 from ..protocol.core import ProtocolCore
 from ..protocol.errors import ProtocolError
-from ..protocol.http_app import DEFAULT_PATH
-from ..protocol.serve import RunningServer, start_server
+from ..protocol.serve import ServerHandle, start_server
 from .servicer import OnpremServicer
 from .settings import ServerSettings
 
@@ -25,26 +24,8 @@ log = logging.getLogger("arctic_servers.onprem")
 
 
 @dataclass
-class RunningOnprem:
-    server: RunningServer
-    servicer: OnpremServicer
-    admin: bool
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def prefix_url(self) -> str:
-        return self.server.base_url + DEFAULT_PATH
-
-    @property
-    def grpc_target(self) -> str:
-        return self.server.grpc_target
-
-    @property
-    def admin_url(self) -> str:
-        return self.server.base_url + "/_admin"
+class RunningOnprem(ServerHandle):
+    servicer: OnpremServicer = field(kw_only=True)
 
     async def close(self) -> None:
         await self.servicer.jobs.shutdown()
@@ -133,7 +114,7 @@ async def start_onprem(
     )
     servicer.core = running.core
     servicer.jobs.refill_pool()
-    out = RunningOnprem(running, servicer, admin)
+    out = RunningOnprem(running, admin, servicer=servicer)
     job_ids = []
     for body in create_jobs:
         ctx = CallContext(method=M.CREATE_JOB, token=next(iter(toks), None))

@@ -17,7 +17,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,28 @@ class CheckpointDirs:
                 checkpoint_id=ckpt,
                 job_id=job_id,
             ) from None
+
+    async def save(
+        self,
+        job: JobRecord[Any],
+        body: Mapping[str, Any],
+        save: Callable[..., Awaitable[Any]],
+        *,
+        fresh: bool = True,
+    ) -> tuple[Path, dict[str, Any]]:
+        """SaveCheckpoint on the trainer: `save` runs the engine command `save` (not the op's
+        name: DeepSpeed's save_checkpoint) into the checkpoint's directory, which a re-save of
+        the same id first empties (`fresh`; a gateway's recovered call keeps what its engine
+        wrote). Answers the directory and the new `meta.json`, to which the server adds what
+        its export needs before `write_meta`."""
+        ckpt = str(body.get("checkpoint_id") or f"step-{job.global_step}")
+        ctype = str(body.get("checkpoint_type") or "resumable")
+        root = self.path(job.job_id, ckpt)
+        if root.exists() and fresh:
+            await asyncio.to_thread(shutil.rmtree, root, True)
+        now = time.time()
+        res = await save("save", **save_args(root, job.job_id, ckpt, ctype, now))  # not-an-op
+        return root, new_meta(job, ckpt, ctype, res, now)
 
     def write_meta(self, job_id: str, ckpt: str, meta: Mapping[str, Any]) -> None:
         directory = self.path(job_id, ckpt)

@@ -64,13 +64,6 @@ def hit(name: str) -> None:
         os._exit(137)
 
 
-def arm(spec: str) -> None:
-    """Arm points in-process (tests); `""` disarms all."""
-    _ARMED.clear()
-    _ARMED.update(_parse(spec))
-    _COUNTS.clear()
-
-
 # ---------------------------------------------------------------------- the core's hooks
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from arctic_sdk.spec.model import GrpcShape, MethodInfo
 
 from .._generated.servicer import ServicerBase
+from . import forwarding
 from .context import CallContext
 from .errors import ProtocolError
 from .job_queue import JobQueue
@@ -54,6 +55,20 @@ class JobControl(ServicerBase, Generic[J]):
     def target(self, job: JobRecord[S], ctx: CallContext, method: MethodInfo | None = None) -> S:
         """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""
         return target(job, method or ctx.method, ctx.sub_job_id)
+
+    def load_source(self, ctx: CallContext, body: dict[str, Any]) -> tuple[J, Any, str, str]:
+        """LoadCheckpoint's job (running), target sub-job, checkpoint id and source job
+        (`forwarding.load_source`: another job's only when the caller's token sees it)."""
+        job = self._job(ctx)
+        self._require_running(job, ctx.method)
+        sub, ckpt, source = forwarding.load_source(
+            job,
+            ctx,
+            body,
+            lambda: self.target(job, ctx),
+            lambda s: self.jobs.visible(s, self._owner(ctx)),
+        )
+        return job, sub, ckpt, source
 
     # ------------------------------------------------------------------ control plane
 

@@ -8,7 +8,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 from aiohttp import web
@@ -17,7 +17,7 @@ from .._generated.servicer import ServicerBase
 from .config import ProtocolConfig
 from .core import ProtocolCore
 from .grpc_app import start_grpc_server
-from .http_app import make_app
+from .http_app import DEFAULT_PATH, make_app
 from .http_server import make_runner
 from .stores import ChunkStore, RequestStore
 
@@ -50,6 +50,36 @@ class RunningServer:
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace)
         await self.runner.cleanup()
+
+
+@dataclass
+class ServerHandle:
+    """A started server as its starters hand it out (the fake gateway's, the on-prem server's):
+    its `RunningServer`, its URLs under `prefix_path`, and whether the admin routes are on."""
+
+    server: RunningServer
+    admin: bool
+    prefix_path: ClassVar[str] = DEFAULT_PATH
+
+    @property
+    def core(self) -> ProtocolCore:
+        return self.server.core
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def prefix_url(self) -> str:
+        return self.server.base_url + self.prefix_path
+
+    @property
+    def admin_url(self) -> str:
+        return self.server.base_url + "/_admin"
+
+    @property
+    def grpc_target(self) -> str:
+        return self.server.grpc_target
 
 
 async def start_server(

@@ -153,14 +153,6 @@ class SqliteRequestStore:
     def find_seq(self, job_id: str, seq: int) -> RequestRecord | None:
         return self._one("job_id = ? AND seq = ?", (job_id, seq))
 
-    def job_requests(self, job_id: str) -> list[RequestRecord]:
-        with self._db.lock:
-            rows = self._db.conn.execute(
-                f"SELECT {_REQ_COLS} FROM requests WHERE job_id = ? ORDER BY created_at",
-                (job_id,),
-            ).fetchall()
-        return [_row_to_request(r) for r in rows]
-
     def delete_job(self, job_id: str) -> None:
         with self._db.lock:
             self._db.conn.execute("DELETE FROM requests WHERE job_id = ?", (job_id,))

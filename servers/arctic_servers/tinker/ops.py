@@ -16,8 +16,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from ..protocol.lora_config import ATTENTION_MODULES, MLP_MODULES
 from . import losses, wire
 from .backend import Backend
@@ -336,7 +334,3 @@ def sampling_params(req: Any) -> dict[str, Any]:
     if req.prompt_logprobs:
         out["prompt_logprobs"] = 0
     return out
-
-
-def as_list(a: Any) -> list[float]:
-    return [float(x) for x in np.asarray(a).ravel()]

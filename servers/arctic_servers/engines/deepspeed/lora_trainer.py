@@ -64,10 +64,6 @@ def wrap(model: Any, lora: Mapping[str, Any]) -> Any:
     return peft_model
 
 
-def is_peft(module: Any) -> bool:
-    return hasattr(module, "peft_config")
-
-
 @contextlib.contextmanager
 def gathered(module: Any, stage: int) -> Iterator[None]:
     """Every parameter whole (ZeRO-3 partitions them), read-only."""

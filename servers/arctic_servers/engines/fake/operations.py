@@ -5,7 +5,7 @@ the same bodies with the same codes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from arctic_sdk.spec.model import MethodInfo
@@ -37,10 +37,15 @@ def _one_of(body: Mapping[str, Any], name: str, allowed: tuple[str, ...], path: 
         )
 
 
-def check_simple(job: Job, m: MethodInfo, body: Mapping[str, Any]) -> None:
+def check_simple(
+    job: Job, m: MethodInfo, body: Mapping[str, Any], visible: Callable[[str], object]
+) -> None:
     """Checks of the JSON-bodied and body-less data-plane ops (the fields' values and bounds
-    are the spec's, checked on arrival by the protocol layer)."""
-    if m is M.SYNC_WEIGHTS:
+    are the spec's, checked on arrival by the protocol layer); `visible(job_id)` answers a job
+    the caller may load a checkpoint from, or raises."""
+    if m is M.SAVE_CHECKPOINT:
+        ck.check_save(body)
+    elif m is M.SYNC_WEIGHTS:
         check_sync(job, body, "")
     elif m in (M.EXPORT_CHECKPOINT, M.DELETE_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE):
         ck.check_id(body.get("checkpoint_id"))  # the spec's rule: a name, never a path
@@ -51,6 +56,7 @@ def check_simple(job: Job, m: MethodInfo, body: Mapping[str, Any]) -> None:
         target = body.get("target_sub_job_id")
         if target:
             sub_job_by_id(job, target)
+        checkpoint_ids.check_source_job(body, job.job_id, visible)
 
 
 def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:

@@ -2,10 +2,10 @@
 
 The prompt log-probs come from vLLM (`prompt_logprobs=0`, one request of one token per row),
 added to the engine's continuous batch like every other sampling command (`engine_batch.py`:
-each `_batch_<cmd>` returns the requests and the `finish` that turns their outputs into the
-result); a forward's loss is then computed from them by the trainer's own loss code
-(`losses.py`), so a vLLM sub-job answers the same loss and metrics as a trainer would for the
-same log-probs.
+each batched command, listed in `SamplingEngine.batched_commands`, returns the requests and the
+`finish` that turns their outputs into the result); a forward's loss is then computed from them
+by the trainer's own loss code (`engines/losses/`), so a vLLM sub-job answers the same loss and
+metrics as a trainer would for the same log-probs.
 """
 
 from __future__ import annotations
