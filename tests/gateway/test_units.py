@@ -160,3 +160,44 @@ def test_the_worker_host_batches_generates_and_pauses_them_for_a_weight_load() -
         assert after["weight_version"] == 1 and set(after["tokens"]) == {1}
     assert engine.peak >= 4  # the first four ran together
     assert by_id[30]["error"]["code"] == "request_cancelled" and not engine.reqs
+
+
+async def test_an_unreadable_answer_reconnects_and_collects_the_call_by_key() -> None:
+    """A worker answer the gateway cannot unpickle is a lost answer: the client drops that
+    connection, reconnects and collects the call by its key (the worker host's journal keeps the
+    answer), so the caller gets its result instead of waiting forever."""
+    import asyncio
+    from multiprocessing.connection import Listener
+
+    from arctic_servers.gateway.workers import WorkerClient
+
+    authkey = b"k" * 16
+    listener = Listener(("127.0.0.1", 0), authkey=authkey)
+    seen: list[dict[str, Any]] = []
+
+    def host() -> None:
+        first = listener.accept()
+        call = first.recv()
+        seen.append(call)
+        first.send_bytes(b"not a pickle")  # the answer, garbled on the way
+        second = listener.accept()  # the client's reconnect
+        collect = second.recv()
+        seen.append(collect)
+        second.send({"id": collect["id"], "ok": True, "result": {"sum": 3}})
+        time.sleep(0.5)
+        first.close()
+        second.close()
+
+    t = threading.Thread(target=host, daemon=True)
+    t.start()
+    client = WorkerClient("j:training:0", listener.address, authkey, alive=lambda: None)
+    try:
+        await client.connect()
+        got = await asyncio.wait_for(client.call("add", {"x": 1}, key="req-1"), 20)
+    finally:
+        client.close()
+        listener.close()
+    t.join(5)
+    assert got == {"sum": 3}
+    assert seen[0]["op"] == "call" and seen[0]["key"] == "req-1"
+    assert seen[1] == {"op": "collect", "id": seen[0]["id"], "key": "req-1"}

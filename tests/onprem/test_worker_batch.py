@@ -25,6 +25,7 @@ import pytest
 from arctic_servers.engines.worker.engine_base import EngineBase
 from arctic_servers.engines.worker.procs import WorkerHandle
 from arctic_servers.engines.worker.worker import STREAM_CMD, WorkerError, serve
+from arctic_servers.protocol.errors import ProtocolError
 
 STEP_S = 0.002
 
@@ -273,3 +274,26 @@ def test_every_engine_build_uses_this_interpreters_op_cache(
     with pytest.raises(WorkerError):
         build_engine("training", {"engine": "no-such-engine"})
     assert os.environ["TORCH_EXTENSIONS_DIR"] == torch_extensions_dir()
+
+
+async def test_an_unreadable_reply_fails_every_call_in_flight() -> None:
+    """A reply that cannot be unpickled is a lost answer: the on-prem client fails the calls in
+    flight with the reason (they would wait forever otherwise) and reads no further."""
+    parent, child = Pipe()
+    h = WorkerHandle("sampling", "vllm", python="python", threads=1)
+    h.sub_job_id = "s-garbled"
+    h._loop = asyncio.get_running_loop()
+    h._conn = parent
+    reader = threading.Thread(target=h._read_replies, daemon=True)
+    reader.start()
+    task = asyncio.create_task(h.call("echo", n=1))
+    request = await asyncio.to_thread(child.recv)
+    assert request["cmd"] == "echo"
+    child.send_bytes(b"not a pickle")
+    with pytest.raises(ProtocolError) as err:
+        await asyncio.wait_for(task, 10)
+    assert err.value.code == "sub_job_failed" and "unreadable reply" in str(err.value)
+    reader.join(5)
+    assert not reader.is_alive()
+    child.close()
+    parent.close()

@@ -23,7 +23,6 @@ from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from ..engines.worker.replies import Replies, reply_error
-from ..engines.worker.worker import unbatch
 from ..protocol import faultpoints
 from ..protocol.errors import ProtocolError
 
@@ -79,15 +78,11 @@ class WorkerClient(Replies):
         raise self.error()
 
     def _read(self, conn: Connection) -> None:
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                break
-            except Exception as exc:
-                log.warning("worker %s sent an unreadable answer: %s", self.sub_job_id, exc)
-                continue
-            self._post(self._deliver_all, unbatch(msg))
+        exc = self._read_replies_from(conn)
+        if exc is not None:  # an answer is lost: reconnect and collect the calls by key
+            log.warning("worker %s sent an unreadable answer: %s", self.sub_job_id, exc)
+            with contextlib.suppress(OSError):
+                conn.close()
         self._post(self._lost, conn)
 
     def _error_of(self, msg: Mapping[str, Any]) -> BaseException:

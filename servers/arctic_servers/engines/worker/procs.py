@@ -38,7 +38,7 @@ from ...protocol.errors import ProtocolError
 from ..config import worker_env
 from ..deepspeed.ranks import describe_exit
 from .replies import Replies
-from .worker import ABORT_CMD, unbatch
+from .worker import ABORT_CMD
 
 log = logging.getLogger("arctic_servers.onprem")
 LOG_LINES = 2000
@@ -166,17 +166,10 @@ class WorkerHandle(Replies):
     def _read_replies(self) -> None:
         conn = self._conn
         assert conn is not None
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                break
-            except Exception as exc:
-                self._post(
-                    self._fail_all, f"sent an unreadable reply ({type(exc).__name__}: {exc})"
-                )
-                break
-            self._post(self._deliver_all, unbatch(msg))
+        exc = self._read_replies_from(conn)
+        if exc is not None:
+            self._post(self._fail_all, f"sent an unreadable reply ({type(exc).__name__}: {exc})")
+            return
         # EOF: the worker died or closed its end; give the OS a moment to report the exit status
         proc = self.proc
         if proc is not None:

@@ -16,10 +16,11 @@ import contextlib
 import itertools
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ...protocol.errors import ProtocolError
-from .worker import merge_stream
+from .worker import merge_stream, unbatch
 
 
 def reply_error(err: Mapping[str, Any], fallback_prefix: str = "") -> ProtocolError:
@@ -51,6 +52,20 @@ class Replies:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing
                 loop.call_soon_threadsafe(fn, *args)
+
+    def _read_replies_from(self, conn: Connection) -> BaseException | None:
+        """The reader thread's loop: each pipe message's replies go to `_deliver` on the event
+        loop, until the worker closes the connection (None) or a message cannot be read (the
+        exception: a reply is lost, so the caller ends the connection — the on-prem client
+        fails every call in flight, the gateway's reconnects and collects its calls by key)."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return None
+            except Exception as exc:
+                return exc
+            self._post(self._deliver_all, unbatch(msg))
 
     def _deliver_all(self, msgs: list[dict[str, Any]]) -> None:
         for msg in msgs:
