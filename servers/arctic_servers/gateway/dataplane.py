@@ -15,12 +15,10 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
 from ..protocol import forwarding
 from ..protocol.context import CallContext
-from ..protocol.fields import learning_rate
 from ..protocol.operation_types import (
     OP_CANCEL,
     OP_RESET,
@@ -34,32 +32,24 @@ from ..protocol.operation_types import (
 from ..protocol.sub_jobs import sync_sub_jobs
 from . import lora
 from .base import GatewayBase
-from .model import Job
+from .model import Job, SubJob
 
 CPU_LIFECYCLE_REASON = "nothing is colocated on a GPU here, so there is nothing to offload"
 
 
-class DataPlane(GatewayBase):
+class DataPlane(forwarding.WorkerForwarding, GatewayBase):
+    """Forward-backward, forward, log-probs and step: `forwarding.WorkerForwarding`."""
+
     # ------------------------------------------------------------------ training
 
-    async def run_on_engine(
-        self, ctx: CallContext, method: MethodInfo, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Every `engine` op of the method table (forward-backward, forward, log-probs): the
-        target sub-job's worker runs the command of the op's name on the body."""
-        job, sub = self.begin(ctx)
-        res = dict(await self.call(ctx, sub, method.python_name, body=body))
-        res.setdefault("metrics", {})["global_step"] = job.global_step
-        return res
+    async def begin_on_worker(self, ctx: CallContext) -> tuple[Job, SubJob]:
+        return self.begin(ctx)
 
-    async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job, sub = self.begin(ctx)
-        res = dict(await self.call(ctx, sub, M.STEP.python_name, learning_rate=learning_rate(body)))
-        metrics = res.get("metrics") or {}
-        job.global_step = int(metrics.get("global_step", job.global_step))
-        job.last_loss = float(metrics.get("loss") or 0.0)
+    def worker_call(self, ctx: CallContext) -> forwarding.Call:
+        return functools.partial(self.call, ctx)
+
+    def job_stepped(self, job: Job) -> None:
         self.jobs.save(job)
-        return res
 
     # ------------------------------------------------------------------ sampling
 

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
 from ..engines import checks
@@ -21,7 +20,6 @@ from ..engines.vllm.weight_sync import pick_method
 from ..protocol import forwarding
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
-from ..protocol.fields import learning_rate
 from ..protocol.lora_config import adapter_sync, check_adapter, check_weight_format
 from ..protocol.lora_sync import check_lora_sync, lora_method
 from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
@@ -31,27 +29,16 @@ from .jobs import Job, SubJob
 CPU_LIFECYCLE_REASON = "CPU server: nothing is colocated on a GPU, so there is nothing to offload"
 
 
-class DataPlane(OnpremBase):
+class DataPlane(forwarding.WorkerForwarding, OnpremBase):
+    """Forward-backward, forward, log-probs and step: `forwarding.WorkerForwarding`."""
+
     # ------------------------------------------------------------------ training
 
-    async def run_on_engine(
-        self, ctx: CallContext, method: MethodInfo, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Every `engine` op of the method table (forward-backward, forward, log-probs): the
-        target sub-job's worker runs the command of the op's name on the body."""
-        job, sub = await self._begin(ctx)
-        res = dict(await self._call(sub, method.python_name, body=body))
-        res.setdefault("metrics", {})["global_step"] = job.global_step
-        return res
+    async def begin_on_worker(self, ctx: CallContext) -> tuple[Job, SubJob]:
+        return await self._begin(ctx)
 
-    async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
-        job, sub = await self._begin(ctx)
-        lr = learning_rate(body)
-        res = dict(await self._call(sub, M.STEP.python_name, learning_rate=lr))
-        metrics = res.get("metrics") or {}
-        job.global_step = int(metrics.get("global_step", job.global_step))
-        job.last_loss = float(metrics.get("loss") or 0.0)
-        return res
+    def worker_call(self, ctx: CallContext) -> forwarding.Call:
+        return self._call
 
     # ------------------------------------------------------------------ sampling
 

@@ -18,9 +18,11 @@ from typing import Any, Protocol, TypeVar
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
+from .._generated.servicer import ServicerBase
 from . import checkpoint_files as cf
 from . import checkpoint_ids
 from .context import CallContext
+from .fields import learning_rate
 from .jobs import JobRecord, sub_job_by_id
 from .lora_sync import adapter_load_args
 
@@ -41,9 +43,40 @@ class JobLike(Protocol):
     weight_version: int
 
 
+class TrainingJobLike(Protocol):
+    """What a step moves on a job."""
+
+    global_step: int
+    last_loss: float
+
+
 S = TypeVar("S", bound=SubJobLike)
 Call = Callable[..., Awaitable[Any]]  # call(sub, command, **args) -> the worker's answer
 Args = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+async def run_on_engine(
+    job: JobLike, sub: Any, method: MethodInfo, body: Mapping[str, Any], call: Call
+) -> dict[str, Any]:
+    """An `engine` op (the method table's `engine`): the sub-job's engine command named by the
+    op runs the body; the result's metrics carry the job's global step (`Metrics.global_step`:
+    a reference model or a sampler does not know it)."""
+    res = dict(await call(sub, method.python_name, body=body))
+    res.setdefault("metrics", {})["global_step"] = job.global_step
+    return res
+
+
+async def step(
+    job: TrainingJobLike, sub: Any, body: Mapping[str, Any], call: Call
+) -> dict[str, Any]:
+    """Step on the trainer (`learning_rate`: None = the schedule's); the job's global step and
+    last loss follow the trainer's answer."""
+    res = dict(await call(sub, M.STEP.python_name, learning_rate=learning_rate(body)))
+    metrics = res.get("metrics") or {}
+    job.global_step = int(metrics.get("global_step", job.global_step))
+    job.last_loss = float(metrics.get("loss") or 0.0)
+    return res
+
 
 #: op name -> (engine command, roles it reaches when the call names no sub-job, its arguments)
 LIFECYCLE: Mapping[str, tuple[str, tuple[str, ...], Args]] = {
@@ -142,3 +175,31 @@ async def load_checkpoint(
     else:
         job.weight_version += 1
         sub.weight_version = job.weight_version
+
+
+class WorkerForwarding(ServicerBase):
+    """The ops a server with engine workers forwards as they come (the on-prem server and the
+    gateway): every `engine` op and step, written once here. A server says how a call finds its
+    job and target sub-job (`begin_on_worker`: running, or refused) and how it reaches that
+    sub-job's worker (`worker_call`); `job_stepped` lets it persist the moved step."""
+
+    async def begin_on_worker(self, ctx: CallContext) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def worker_call(self, ctx: CallContext) -> Call:
+        raise NotImplementedError
+
+    def job_stepped(self, job: Any) -> None:
+        """After a step moved the job's global step and last loss (default: nothing)."""
+
+    async def run_on_engine(
+        self, ctx: CallContext, method: MethodInfo, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        job, sub = await self.begin_on_worker(ctx)
+        return await run_on_engine(job, sub, method, body, self.worker_call(ctx))
+
+    async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
+        job, sub = await self.begin_on_worker(ctx)
+        res = await step(job, sub, body, self.worker_call(ctx))
+        self.job_stepped(job)
+        return res
