@@ -392,15 +392,22 @@ def test_real_sampler_streams_token_by_token(real_gw: dict[str, Any]) -> None:
     )  # fmt: skip
     arrivals: dict[int, list[float]] = {0: [], 1: []}
     ids: dict[int, list[int]] = {0: [], 1: []}
-    generated: list[float] = []
+    made: dict[int, list[float]] = {0: [], 1: []}  # when each chunk's last token was generated
     for c in stream:
         for ch in c.choices:
             if ch.model_extra.get("token_ids"):
                 arrivals[ch.index].append(time.time())
                 ids[ch.index] += ch.model_extra["token_ids"]
-                generated.append(c.model_extra["arctic_generated_at"])
+                made[ch.index].append(c.model_extra["arctic_generated_at"])
+    generated = made[0] + made[1]
     for k in (0, 1):
-        assert len(ids[k]) == n and len(arrivals[k]) >= n / 2  # ~1 token a chunk
+        # Incremental, not one chunk at the end: each choice arrives in several chunks, the
+        # first before its last token existed. Not one chunk per token: a client that falls
+        # behind the engine gets what piled up as one chunk (`merge_stream`), so the count
+        # depends on the machine (32 tokens came in 10-16 chunks on a fast 2-core one).
+        assert len(ids[k]) == n and len(arrivals[k]) >= 4
+        assert arrivals[k][0] < made[k][-1]
+        assert made[k] == sorted(made[k])
     assert ids[0] != ids[1]
     first = min(arrivals[0][0], arrivals[1][0])
     assert first < max(generated)  # the first chunk arrived before the last token existed
