@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common.vllm_direct import direct_llm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "servers"))
@@ -84,25 +85,10 @@ TRAINING_CONFIG = {
 
 
 def direct_generate(spec: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(spec["threads"])
-    from arctic_servers.engines.vllm.sampling import EXT_CLS, set_vllm_env
-
-    set_vllm_env(cuda=False)
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model=spec["model_dir"],
-        tokenizer=spec["model_dir"],
-        dtype="float32",
-        seed=0,
-        worker_extension_cls=EXT_CLS,
-        enable_prefix_caching=True,
-        max_num_seqs=64,
-        enforce_eager=True,
-    )
+    llm = direct_llm(spec["model_dir"], spec["threads"])
     sp = spec["params"]
     params = SamplingParams(
         n=sp["n"], max_tokens=sp["max_tokens"], ignore_eos=True, seed=sp["seed"], temperature=1.0

@@ -20,21 +20,20 @@ def prompts_of(n: int, length: int) -> list[list[int]]:
     return [[(17 * i + 31 * j) % 400 + 10 for j in range(length)] for i in range(n)]
 
 
-def direct(spec: dict[str, Any]) -> None:
-    """The `--direct` process: one `vllm.LLM`; each line N on stdin -> the seconds of one
-    `generate` of the N prompts (so its runs interleave with the servers' batched calls)."""
+def direct_llm(model_dir: str, threads: int) -> Any:
+    """`vllm.LLM` with the servers' sampling-worker engine arguments, on `threads` threads (the
+    benchmarks' vLLM-alone reference: `bench/concurrency.py`, `bench/server.py`)."""
     import torch
 
-    torch.set_num_threads(spec["threads"])
+    torch.set_num_threads(threads)
     from arctic_servers.engines.vllm.sampling import EXT_CLS, set_vllm_env
 
     set_vllm_env(cuda=False)
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
-    llm = LLM(
-        model=spec["model_dir"],
-        tokenizer=spec["model_dir"],
+    return LLM(
+        model=model_dir,
+        tokenizer=model_dir,
         dtype="float32",
         seed=0,
         worker_extension_cls=EXT_CLS,
@@ -42,6 +41,15 @@ def direct(spec: dict[str, Any]) -> None:
         max_num_seqs=64,
         enforce_eager=True,
     )
+
+
+def direct(spec: dict[str, Any]) -> None:
+    """The `--direct` process: one `vllm.LLM`; each line N on stdin -> the seconds of one
+    `generate` of the N prompts (so its runs interleave with the servers' batched calls)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = direct_llm(spec["model_dir"], spec["threads"])
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], params, use_tqdm=False)  # warm-up
     print("READY", flush=True)

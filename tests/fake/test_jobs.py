@@ -258,3 +258,24 @@ async def test_create_job_bad_bodies(http: Http) -> None:
 
 
 TRAIN = ({"job_type": "training", "model_name": "m"},)
+
+
+def test_an_engine_command_the_fake_engine_lacks_is_unimplemented() -> None:
+    """The fake gateway forwards `engine` ops to the sub-job's fake engine by the op's name; an
+    op whose command the engine has no method for is `unimplemented` naming the command."""
+    from arctic_servers.engines.fake.config import sub_jobs_of
+    from arctic_servers.engines.fake.state import Job
+    from arctic_servers.protocol.errors import ProtocolError
+    from conformance.fake.servicer import engine_command
+
+    subs = sub_jobs_of({"sub_job_configs": [{"job_type": "training", "model_name": "m"}]}, 8)
+    job = Job("job-1", None, subs, {}, "", "", 0)
+    job.start_engines(512)
+    with pytest.raises(ProtocolError) as err:
+        engine_command(job, subs[0], "toy_count", body={})
+    assert err.value.code == "unimplemented" and "toy_count" in str(err.value)
+    import numpy as np
+
+    ids = np.array([[1, 2, 3]], np.int64)
+    fwd = engine_command(job, subs[0], "forward", body={"kwargs": {"input_ids": ids}})
+    assert fwd["metrics"]["global_step"] == 0

@@ -107,6 +107,17 @@ def test_cancel_drops_a_queued_call_and_flags_a_running_one() -> None:
     assert engine.runs == [] and rec.sent[-1] == {"id": 2, "ok": True, "result": "done"}
 
 
+def test_a_command_the_engine_lacks_answers_unimplemented() -> None:
+    """An `engine` op whose command this worker's engine does not have (a new op, an older
+    engine) is `unimplemented` naming the command, as an on-prem worker answers, not `internal`."""
+    host, chan, rec = host_with(Engine())
+    call(host, chan, 1, "r1/toy", "toy_count", body={})
+    drain(host)
+    err = rec.sent[0]["error"]
+    assert rec.sent[0]["ok"] is False and err["code"] == "unimplemented"
+    assert "toy_count" in err["message"]
+
+
 def test_the_journal_keeps_the_newest_finished_calls() -> None:
     engine = Engine()
     host, chan, _ = host_with(engine)
