@@ -285,6 +285,9 @@ class _Walker:
         elif fd.is_repeated:
             if not isinstance(value, list | tuple):
                 raise BodyError("invalid_argument", path, f"expected a list, got {_kind(value)}")
+            plain = fd.message_type is None and fd.enum_type is None
+            if plain and value_rules.repeated_scalars_fit(fd, _field_opts(fd), value):
+                return  # token ids: one pass over the list, not a check per item
             for i, item in enumerate(value):
                 self.single(fd, item, f"{path}[{i}]")
         else:
@@ -404,13 +407,11 @@ class _Walker:
 
         `Prompt` accepts "text" or [1, 2, 3]; `TokenIds` accepts [1, 2, 3].
         """
-        members = list(desc.fields)
+        members = desc.fields
         if len(members) == 1 and members[0].is_repeated:
             fd = members[0]
             if fd.message_type is None and isinstance(value, list | tuple):
-                _Walker(options_apart=self.options_apart, synonyms=self.synonyms).field(
-                    fd, list(value), desc.name
-                )
+                self.field(fd, value, desc.name)  # a scalar list: no state of the walk changes
                 return True
             if fd.message_type is None and _is_array(value) and getattr(value, "ndim", 0) == 1:
                 return True

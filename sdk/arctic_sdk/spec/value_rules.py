@@ -9,7 +9,7 @@ import functools
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -63,6 +63,39 @@ def range_error(fd: FieldDescriptor, value: Any) -> tuple[str, str] | None:
         shown = str(n) if abs(n) < 10**30 else f"a {len(str(abs(n)))}-digit integer"
         return f"{shown} is outside {name}", f"{name}: {lo} <= n <= {hi}"
     return None
+
+
+def plain_ints_within(items: Sequence[Any], lo: float, hi: float) -> bool:
+    """Whether every item is a plain `int` (not a bool, not a numpy scalar) in [lo, hi], in one
+    pass: the common large list (a prompt's token ids) without a check per item. False says
+    nothing about which item is wrong; the caller then checks item by item for its error."""
+    if not items:
+        return True
+    return all(type(v) is int for v in items) and lo <= min(items) and max(items) <= hi
+
+
+def plain_floats_finite(items: Sequence[Any]) -> bool:
+    """Whether every item is a plain finite `float`, in one pass (see `plain_ints_within`)."""
+    return all(type(v) is float for v in items) and all(map(math.isfinite, items))
+
+
+def repeated_scalars_fit(
+    fd: FieldDescriptor, opts: options_pb2.FieldOptions, items: Sequence[Any]
+) -> bool:
+    """Whether every item of the repeated scalar field `fd` passes the checks a single value of it
+    gets (type, the proto type's range, finiteness), in one pass; only for fields without a value
+    list or string rules. False: check item by item, which names the first bad one."""
+    if opts.values or opts.pattern or opts.max_length:
+        return False
+    t = fd.type
+    rng = _INT_RANGES.get(t)
+    if rng is not None:
+        return plain_ints_within(items, rng[0], rng[1])
+    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return plain_floats_finite(items)
+    if t == FieldDescriptor.TYPE_STRING:
+        return all(type(v) is str for v in items)
+    return False
 
 
 def bound_error(

@@ -8,6 +8,7 @@ runs), sampling parameters, checkpoint ids, sync methods.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -180,9 +181,18 @@ def prompts(body: Mapping[str, Any], vocab: int) -> list[str | list[int]]:
         if isinstance(p, np.ndarray):
             p = p.tolist()
         if (
+            isinstance(p, list | tuple)
+            and p
+            and value_rules.plain_ints_within(p, 0, vocab - 1 if vocab > 0 else math.inf)
+        ):
+            out.append(
+                list(p)
+            )  # the common case, in one pass; else the checks below name the fault
+            continue
+        if (
             not isinstance(p, list | tuple)
             or not p
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+            or not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in p)
         ):
             raise bad(
                 path,

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from arctic_sdk.spec.value_rules import plain_floats_finite, plain_ints_within
+
 from .errors import ProtocolError
 
 __all__ = [
@@ -145,6 +147,8 @@ def check_value(
         elif isinstance(node, list | tuple):
             if depth >= max_depth:
                 raise _depth_error(path, max_depth, depth_code)
+            if plain_ints_within(node, INT_MIN, INT_MAX) or plain_floats_finite(node):
+                continue  # token ids and the like: one pass, not a check per item
             for i, child in enumerate(node):
                 _visit(stack, child, f"{path}[{i}]", depth)
         else:
