@@ -212,3 +212,70 @@ async def test_an_unreadable_answer_reconnects_and_collects_the_call_by_key() ->
     assert got == {"sum": 3}
     assert seen[0]["op"] == "call" and seen[0]["key"] == "req-1"
     assert seen[1] == {"op": "collect", "id": seen[0]["id"], "key": "req-1"}
+
+
+def _tcp_nodelay_by_port(port: int) -> list[int]:
+    """TCP_NODELAY of every connected TCP socket of this process with `port` at either end."""
+    import os
+    import socket
+
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            s = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            if s.family != socket.AF_INET or s.type != socket.SOCK_STREAM:
+                continue
+            try:
+                ends = (s.getsockname()[1], s.getpeername()[1])
+            except OSError:
+                continue  # not connected: the listener
+            if port in ends:
+                found.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        finally:
+            s.close()
+    return found
+
+
+async def test_the_worker_link_sends_small_messages_at_once() -> None:
+    """Both ends of the gateway's TCP link to a worker host turn Nagle's algorithm off: with it on,
+    concurrent generates sent one behind another waited for the worker's delayed ACK (they joined
+    the engine only when the first call's answer went back) and a step's answers sat 40 ms in
+    the worker's socket (measured: 8 single-prompt calls of 8 tokens took 93 ms against 26 ms
+    for one call of the 8 prompts; 46 ms with Nagle off)."""
+    import asyncio
+    from multiprocessing.connection import Listener
+
+    from arctic_servers.gateway.workers import WorkerClient
+
+    authkey = b"k" * 16
+    listener = Listener(("127.0.0.1", 0), authkey=authkey)
+    host = WorkerHost({"sub_job_id": "j:training:0"})
+    host.engine = Engine()
+    threading.Thread(target=host.serve_connections, args=(listener,), daemon=True).start()
+    threading.Thread(target=host.run, daemon=True).start()
+    client = WorkerClient("j:training:0", listener.address, authkey, alive=lambda: None)
+    try:
+        await client.connect()
+        got = await asyncio.wait_for(
+            asyncio.gather(*(client.call("add", {"x": i}, key=f"k{i}") for i in range(4))), 20
+        )
+        assert got == [1, 2, 3, 4]
+        assert _tcp_nodelay_by_port(listener.address[1]) == [1, 1]  # the client's end, the host's
+    finally:
+        client.close()
+        listener.close()
+        host.queue.put(None)
+
+
+def test_no_delay_leaves_pipes_alone() -> None:
+    from multiprocessing import Pipe
+
+    from arctic_servers.engines.worker.replies import no_delay
+
+    a, b = Pipe()
+    assert no_delay(a) is a
+    a.send({"x": 1})
+    assert b.recv() == {"x": 1}

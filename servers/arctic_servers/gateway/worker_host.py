@@ -51,6 +51,7 @@ from typing import Any
 
 from ..engines.worker.commands import lookup
 from ..engines.worker.engine_base import EngineBase
+from ..engines.worker.replies import no_delay
 from ..engines.worker.worker import BATCH_KIND, WorkerError, busy, placement, submits
 from ..protocol.states import WORKER_CALL, WORKER_HOST
 from .worker_process import (
@@ -89,7 +90,7 @@ class WorkerHost:
     def serve_connections(self, listener: Listener) -> None:
         while True:
             try:
-                conn = listener.accept()
+                conn = no_delay(listener.accept())
             except Exception:
                 continue
             # A new gateway: let the readers of the old connections (closed when the old gateway

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from ..engines.worker.replies import Replies, reply_error
+from ..engines.worker.replies import Replies, no_delay, reply_error
 from ..protocol import faultpoints
 from ..protocol.errors import ProtocolError
 
@@ -61,7 +61,7 @@ class WorkerClient(Replies):
         last: Exception | None = None
         for _ in range(attempts):
             try:
-                conn = await asyncio.to_thread(Client, self.address, authkey=self.authkey)
+                conn = no_delay(await asyncio.to_thread(Client, self.address, authkey=self.authkey))
             except (OSError, EOFError) as exc:
                 last = exc
                 gone = self.alive()

@@ -18,6 +18,7 @@ import time
 import traceback
 from multiprocessing.connection import Client
 
+from ..worker.replies import no_delay
 from ..worker.worker import error_body, set_threads
 from .ranks import CONNECT_TIMEOUT_S, FOLLOWER_MODULE, SPEC_ENV, dist_env, remove_shm_buffers
 
@@ -43,7 +44,7 @@ def follower_main() -> int:
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
         try:
-            conn = Client(address, authkey=bytes.fromhex(spec["authkey"]))
+            conn = no_delay(Client(address, authkey=bytes.fromhex(spec["authkey"])))
             break
         except (OSError, EOFError):
             if time.monotonic() > deadline:

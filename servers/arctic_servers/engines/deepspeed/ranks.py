@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from ..worker.replies import no_delay
 from ..worker.worker import WorkerError
 
 SPEC_ENV = "ARCTIC_RANK_SPEC"
@@ -233,7 +234,7 @@ class RankGroup:
         pending = len(self.followers)
         while pending:
             try:
-                conn = self.listener.accept()
+                conn = no_delay(self.listener.accept())
                 hello = conn.recv()
             except Exception:  # a stray or unauthenticated connection
                 continue

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import socket
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from multiprocessing.connection import Connection
@@ -21,6 +23,22 @@ from typing import Any
 
 from ...protocol.errors import ProtocolError
 from .worker import merge_stream, unbatch
+
+
+def no_delay(conn: Connection) -> Connection:
+    """Nagle's algorithm off on a TCP `multiprocessing.connection` (a pipe or a Unix socket is left
+    as it is). Its users pipeline small messages — calls in flight, one reply each — and with Nagle
+    on, a small write behind an unacknowledged one waits for the peer's delayed ACK (40 ms on
+    Linux): the gateway's worker link held concurrent generates back until an answer went the
+    other way, and the answers of a step's finished requests for 40 ms."""
+    with contextlib.suppress(OSError, ValueError):
+        s = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        finally:
+            s.close()
+    return conn
 
 
 def reply_error(err: Mapping[str, Any], fallback_prefix: str = "") -> ProtocolError:
