@@ -14,9 +14,12 @@ In one run, on the tiny embedded model with the same token-id prompts and greedy
 - `batched`: one protocol `generate` of the N prompts through the server (HTTP, `AsyncClient`);
 - each path with N single-prompt calls at once: protocol `generate` over HTTP (the job's own
   client: its calls are sequenced), gRPC and in-process (`AsyncClient`), and the OpenAI routes
-  (`/v1/completions`, `/v1/chat/completions`, streamed `/v1/completions`; the `openai` client).
-  Chat prompts are the chat template's rendering of short messages; their batched reference is
-  one generate of exactly those token ids (`/tokenize`).
+  (`/v1/completions`, `/v1/chat/completions`, streamed `/v1/completions`; the `openai` client),
+  and the same completions routes read by bare aiohttp (`bare-completions`, `bare-stream`: the
+  JSON, or one `json.loads` per SSE event), which shows the server apart from the `openai`
+  client's own per-event CPU on the same cores. Chat prompts are the chat template's rendering
+  of short messages; their batched reference is one generate of exactly those token ids
+  (`/tokenize`).
 
 Servers: the on-prem server, an in-process on-prem servicer (`transport="inproc"`), and the
 gateway with on-prem workers (`--answer-mode inline`: the deployed polled mode adds the SDK's
@@ -62,7 +65,9 @@ FULL: dict[str, Any] = {"levels": [1, 8, 32, 64], "max_tokens": 64, "prompt_len"
 FULL["servers"] = ["onprem", "inproc", "gateway"]
 SMOKE = {"levels": [1, 4], "max_tokens": 8, "prompt_len": 8, "reps": 1, "servers": ["onprem"]}
 PROTOCOL = ["protocol-http", "protocol-grpc"]
-SERVER_PATHS = [*PROTOCOL, "openai-completions", "openai-chat", "openai-stream"]
+OPENAI = ["openai-completions", "openai-chat", "openai-stream"]
+BARE = ["bare-completions", "bare-stream"]  # the same routes read by bare aiohttp, no `openai`
+SERVER_PATHS = [*PROTOCOL, *OPENAI, *BARE]
 PATHS = {"onprem": SERVER_PATHS, "inproc": ["protocol-inproc"], "gateway": SERVER_PATHS}
 SMOKE_PATHS = ["protocol-http", "openai-completions", "openai-stream"]
 TARGETS = {8: 1.5, 32: 1.5, 64: 2.0}
@@ -154,6 +159,24 @@ class Paths:
 
     def __init__(self, client: Any, others: dict[str, Any], oai: Any, job: str, tokens: int):
         self.client, self.others, self.oai, self.job, self.tokens = client, others, oai, job, tokens
+        self.bare: Any = None  # an aiohttp session for the bare-* paths
+
+    async def _bare(self, prompt: list[int], stream: bool) -> int:
+        """`/v1/completions` read by aiohttp: the JSON, or each SSE event's `json.loads` (what
+        any client must do at least), so the row shows the server without the `openai` client's
+        own per-event cost."""
+        body = {"model": self.job, "prompt": prompt, "max_tokens": self.tokens}
+        body.update(temperature=0.0, ignore_eos=True, stream=stream)
+        async with self.bare.post("/v1/completions", json=body) as r:
+            r.raise_for_status()
+            if not stream:
+                return len((await r.json())["choices"][0]["token_ids"])
+            n = 0
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    for c in json.loads(line[6:])["choices"]:
+                        n += len(c.get("token_ids") or [])
+            return n
 
     async def batched(self, prompts: list[list[int]]) -> int:
         res = await self.client.generate(prompts=prompts, sampling_params=greedy(self.tokens))
@@ -185,9 +208,11 @@ class Paths:
                     n += len(c.choices[0].model_extra.get("token_ids") or [])
             return n
 
-        return {"openai-completions": completion, "openai-chat": chat, "openai-stream": stream}.get(
-            path, protocol
-        )
+        async def bare() -> int:
+            return await self._bare(prompt, path == "bare-stream")
+
+        table = {"openai-completions": completion, "openai-chat": chat, "openai-stream": stream}
+        return table.get(path, bare if path in BARE else protocol)
 
 
 async def chat_ids(base_url: str, job: str, texts: list[str]) -> list[list[int]]:
@@ -269,6 +294,11 @@ async def measure(
         base = info.get("base_url", "")
         oai = openai.AsyncOpenAI(base_url=base + "/v1", api_key=TOKEN, max_retries=0, timeout=900)
         p = Paths(client, others, oai, job, tokens)
+        if any(path in BARE for path in paths):
+            import aiohttp
+
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            p.bare = aiohttp.ClientSession(base, headers=auth)
         texts = [f"Tell me about item {i}." for i in range(max(sizes["levels"]))]
         chat = await chat_ids(base, job, texts) if "openai-chat" in paths else []
         await p.batched(prompts_of(2, 4))  # warm: engine, chat template, tokenizer
@@ -312,6 +342,8 @@ async def measure(
                 rows.append({**row, "uptime": uptime()})
                 print(_row(rows[-1]), flush=True)
         await oai.close()
+        if p.bare is not None:
+            await p.bare.close()
         if "protocol-grpc" in others:
             await others["protocol-grpc"].close()
         await client.cancel_job()
