@@ -114,6 +114,29 @@ def test_stream_is_token_by_token(onprem: dict[str, Any]) -> None:
     assert s["generated"] == sorted(s["generated"])
 
 
+def test_stream_interval_with_the_openai_client(onprem: dict[str, Any]) -> None:
+    """vLLM's `stream_interval` through the unmodified `openai` client (`extra_body`): the first
+    token at once, then chunks of at least k tokens (more when the client fell behind the
+    engine), the same tokens as a plain stream of the same greedy request."""
+    client = openai.OpenAI(base_url=onprem["v1"], api_key=KEY, max_retries=0)
+    kw: dict[str, Any] = {"model": onprem["job"], "prompt": [5, 6, 7], "max_tokens": 32}
+    kw["temperature"] = 0.0
+
+    def chunks(**extra: Any) -> list[list[int]]:
+        body = {"ignore_eos": True, **extra}
+        out = []
+        for c in client.completions.create(stream=True, extra_body=body, **kw):
+            if c.choices and c.choices[0].model_extra.get("token_ids"):
+                out.append(list(c.choices[0].model_extra["token_ids"]))
+        return out
+
+    k8, plain = chunks(stream_interval=8), chunks()
+    assert [t for c in k8 for t in c] == [t for c in plain for t in c]
+    assert len(k8[0]) == 1 and all(len(c) >= 8 for c in k8[1:-1]) and len(k8) <= 5
+    assert len(plain) > len(k8)
+    client.close()
+
+
 def test_stream_with_penalties_and_min_tokens_is_incremental(onprem: dict[str, Any]) -> None:
     """The engine sees the whole completion: penalties and min_tokens stream token by token."""
     n = 24

@@ -257,6 +257,76 @@ def test_min_p_and_include_stop_str_streamed_and_not(openai_server: OpenAIServer
     assert bad.status_code == 400 and "min_p" in bad.text
 
 
+def _chunk_tokens(events: list[tuple[float, Any]], choice: int = 0) -> list[list[int]]:
+    """The token ids of each chunk of one choice, in arrival order."""
+    return [
+        c["choices"][0]["token_ids"]
+        for _, c in events
+        if c != "[DONE]" and c["choices"] and c["choices"][0]["index"] == choice
+        and c["choices"][0].get("token_ids")
+    ]  # fmt: skip
+
+
+def _flat(chunks: list[list[int]]) -> list[int]:
+    return [t for c in chunks for t in c]
+
+
+def test_stream_interval_sends_a_chunk_per_k_tokens(openai_server: OpenAIServer) -> None:
+    """vLLM's `stream_interval`: the first token at once, then a chunk per k tokens, the rest
+    with the finish; the same tokens, text and log-probs as without it."""
+    body = {
+        "model": "fake-tiny",
+        "messages": CHAT,
+        "max_tokens": 40,
+        "seed": 5,
+        "stream": True,
+        "logprobs": True,
+    }
+    with post(openai_server, "/chat/completions", {**body, "stream_interval": 8}, stream=True) as r:
+        events = sse(r)
+    sizes = [len(ids) for ids in _chunk_tokens(events)]
+    assert sizes == [1, 8, 8, 8, 8, 7]
+    with post(openai_server, "/chat/completions", body, stream=True) as r:
+        plain = sse(r)
+    assert [len(ids) for ids in _chunk_tokens(plain)] == [1] * 40
+    content = [c for _, c in events if c != "[DONE]" and c["choices"]]
+    assert _flat(_chunk_tokens(events)) == _flat(_chunk_tokens(plain))
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in content)
+    full = post(openai_server, "/chat/completions", {**body, "stream": False}).json()
+    assert text == full["choices"][0]["message"]["content"]
+    lps = [x for c in content[1:] for x in c["choices"][0]["logprobs"]["content"]]
+    assert len(lps) == 40
+    assert content[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stream_interval_per_choice_with_a_stop(openai_server: OpenAIServer) -> None:
+    body = {"model": "fake-tiny", "prompt": "abc", "max_tokens": 30, "seed": 9, "n": 2}
+    ref = post(openai_server, "/completions", body).json()
+    stop = ref["choices"][1]["text"][10:12]
+    body.update(stop=[stop], stream=True, stream_interval=5)
+    with post(openai_server, "/completions", body, stream=True) as r:
+        events = sse(r)
+    whole = post(openai_server, "/completions", {**body, "stream": False}).json()
+    for k in (0, 1):
+        chunks = _chunk_tokens(events, k)
+        assert len(chunks[0]) == 1 and all(len(c) == 5 for c in chunks[1:-1])
+        assert 1 <= len(chunks[-1]) <= 5
+        assert _flat(chunks) == whole["choices"][k]["token_ids"]
+        text = "".join(
+            c["choices"][0]["text"]
+            for _, c in events
+            if c != "[DONE]" and c["choices"] and c["choices"][0]["index"] == k
+        )
+        assert text == whole["choices"][k]["text"]
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, "8", True])
+def test_stream_interval_refuses_bad_values(openai_server: OpenAIServer, bad: Any) -> None:
+    body = {"model": "fake-tiny", "prompt": "abc", "max_tokens": 4, "stream": True}
+    r = post(openai_server, "/completions", {**body, "stream_interval": bad})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_interval"
+
+
 def test_tokenize_and_detokenize(openai_server: OpenAIServer) -> None:
     r = requests.post(
         openai_server.base_url + "/tokenize",

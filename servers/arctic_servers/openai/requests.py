@@ -29,6 +29,7 @@ class Request:
     echo_text: list[str]  # completions with echo: the prompt text per prompt (else empty)
     timing: bool
     raw: Mapping[str, Any]
+    stream_interval: int = 1  # vLLM's: a streamed chunk per this many tokens (first, last at once)
 
 
 def _bad(param: str, message: str) -> OpenAIError:
@@ -129,6 +130,13 @@ def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return bool(body.get("stream")), bool(isinstance(opts, Mapping) and opts.get("include_usage"))
 
 
+def _stream_interval(body: Mapping[str, Any]) -> int:
+    """vLLM's `stream_interval` (its OpenAI server's request field): tokens per streamed chunk,
+    the first and the last chunk sent at once; it changes only how a stream is cut (vLLM, too,
+    ignores it without `stream`)."""
+    return int(_num(body, "stream_interval", lo=1, integer=True) or 1)
+
+
 def _model(body: Mapping[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -162,6 +170,7 @@ def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
         echo_text=[],
         timing=bool(body.get("arctic_timing")),
         raw=body,
+        stream_interval=_stream_interval(body),
     )
 
 
@@ -205,6 +214,7 @@ def completion_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
         else [],
         timing=bool(body.get("arctic_timing")),
         raw=body,
+        stream_interval=_stream_interval(body),
     )
 
 

@@ -6,7 +6,8 @@ completions; completions also per choice) and per-choice `token_ids`, plus `weig
 (the weights that produced the sample). `stream: true` answers Server-Sent Events, one chunk per
 group of tokens the sampler produced since the last chunk, then `data: [DONE]`; with
 `stream_options.include_usage` a final usage chunk. With `n > 1` the samples stream
-concurrently, each chunk naming its choice `index`.
+concurrently, each chunk naming its choice `index`. vLLM's `stream_interval` k holds a choice's
+tokens back until k have piled up (its first tokens and its finish go out at once).
 
 Every completion, streamed or not, holds one of its job's sampling slots while it runs
 (`Sampler.admit`: the server's `limits.max_sampling_requests_per_job`, shared with protocol
@@ -34,7 +35,7 @@ from aiohttp import web
 from ..protocol import limits as input_limits
 from ..protocol.errors import ProtocolError
 from .requests import Request, chat_request, completion_request, token_strings
-from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back
+from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back, merge_events
 
 __all__ = ["add_openai_routes"]
 
@@ -327,6 +328,8 @@ class OpenAIRoutes:
         tasks = [asyncio.create_task(pump(c, pi, k)) for c, (pi, k) in enumerate(jobs)]
         stops = list(params.get("stop") or [])
         sent = {c: "" for c in range(len(jobs))}
+        held: dict[int, list[StreamEvent]] = {}  # stream_interval: each choice's unsent events
+        started: set[int] = set()  # the choices whose first tokens went out
         done, total = 0, 0
         try:
             for c, (pi, _) in enumerate(jobs):
@@ -338,10 +341,14 @@ class OpenAIRoutes:
                 await send({**env, "choices": [first], "prompt_token_ids": req.prompts[pi]})
             while done < len(jobs):
                 c, pi, ev = await queue.get()
-                if ev is None:
+                flushed = False
+                if ev is None:  # that choice's stream has ended (its held tokens go out now)
                     done += 1
-                    continue
+                    if c not in held:
+                        continue
+                    ev, flushed = merge_events(held.pop(c)), True
                 if isinstance(ev, BaseException):
+                    held.pop(c, None)
                     err = (
                         ev
                         if isinstance(ev, OpenAIError)
@@ -349,6 +356,14 @@ class OpenAIRoutes:
                     )
                     await send(err.body())
                     continue
+                if req.stream_interval > 1 and not flushed:
+                    pending = held.setdefault(c, [])
+                    pending.append(ev)
+                    count = sum(len(e.token_ids) for e in pending)
+                    if c in started and not ev.finished and count < req.stream_interval:
+                        continue
+                    ev = merge_events(held.pop(c))
+                    started.add(c)
                 total += len(ev.token_ids)
                 text = (
                     ev.text if ev.finished else ev.text[: len(ev.text) - hold_back(ev.text, stops)]

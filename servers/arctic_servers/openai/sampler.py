@@ -107,6 +107,24 @@ class StreamEvent:
     stop_reason: str | int | None = None
 
 
+def merge_events(events: Sequence[StreamEvent]) -> StreamEvent:
+    """Consecutive events of one sample as one: all their tokens (and log-probs), the last one's
+    text, time and finish (`stream_interval`: a chunk per k tokens, not per engine step)."""
+    last = events[-1]
+    if len(events) == 1:
+        return last
+    lps = [e.logprobs for e in events]
+    return StreamEvent(
+        [t for e in events for t in e.token_ids],
+        None if any(lp is None for lp in lps) else [x for lp in lps for x in lp or []],
+        last.text,
+        last.generated_at,
+        last.finished,
+        last.finish_reason,
+        last.stop_reason,
+    )
+
+
 class Sampler(Protocol):
     """One model's sampling engine, as the routes use it."""
 
