@@ -320,6 +320,26 @@ def test_stream_interval_per_choice_with_a_stop(openai_server: OpenAIServer) -> 
         assert text == whole["choices"][k]["text"]
 
 
+def test_stream_interval_sends_held_tokens_of_a_stream_that_ends_unfinished(
+    openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampler stream that stops without a finished event (not one the shipped samplers
+    produce): the tokens held for `stream_interval` still go out, none is lost."""
+    from arctic_servers.openai.sampler import StreamEvent
+
+    async def cut_short(prompt: Any, params: Any, index: int = 0) -> Any:
+        for j in range(6):
+            yield StreamEvent([100 + j], None, "x" * (j + 1), time.time())
+
+    monkeypatch.setattr(openai_server.base, "stream", cut_short)
+    body = {"model": "fake-base", "prompt": "abc", "max_tokens": 9, "stream": True}
+    with post(openai_server, "/completions", {**body, "stream_interval": 4}, stream=True) as r:
+        events = sse(r)
+    assert _chunk_tokens(events) == [[100], [101, 102, 103, 104], [105]]  # the last: flushed
+    text = "".join(c["choices"][0]["text"] for _, c in events[1:] if c != "[DONE]")
+    assert text == "xxxxxx" and events[-1][1] == "[DONE]"
+
+
 @pytest.mark.parametrize("bad", [0, -3, 1.5, "8", True])
 def test_stream_interval_refuses_bad_values(openai_server: OpenAIServer, bad: Any) -> None:
     body = {"model": "fake-tiny", "prompt": "abc", "max_tokens": 4, "stream": True}

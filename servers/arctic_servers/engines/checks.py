@@ -180,14 +180,9 @@ def prompts(body: Mapping[str, Any], vocab: int) -> list[str | list[int]]:
             continue
         if isinstance(p, np.ndarray):
             p = p.tolist()
-        if (
-            isinstance(p, list | tuple)
-            and p
-            and value_rules.plain_ints_within(p, 0, vocab - 1 if vocab > 0 else math.inf)
-        ):
-            out.append(
-                list(p)
-            )  # the common case, in one pass; else the checks below name the fault
+        top = vocab - 1 if vocab > 0 else math.inf
+        if isinstance(p, list | tuple) and p and value_rules.plain_ints_within(p, 0, top):
+            out.append(list(p))  # the common case, in one pass; else the checks below say why
             continue
         if (
             not isinstance(p, list | tuple)
