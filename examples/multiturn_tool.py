@@ -102,9 +102,9 @@ class Agent:
         if ended not in self._glue:
             text = ("" if ended else EOS_TEXT) + "\n<|im_start|>tool\n" + TOOL_OUTPUT
             text += EOS_TEXT + "\n<|im_start|>assistant\n"
-            async with self.http.post(
-                self.base_url + "/tokenize", json={"model": self.model, "prompt": text}
-            ) as r:
+            # mid-transcript text: no BOS (vLLM's /tokenize adds special tokens by default)
+            body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+            async with self.http.post(self.base_url + "/tokenize", json=body) as r:
                 r.raise_for_status()
                 self._glue[ended] = list((await r.json())["tokens"])
         return self._glue[ended]

@@ -1,7 +1,7 @@
 """OpenAI request bodies to sampler inputs: prompts as token ids and vLLM sampling params.
 
-Unknown fields are accepted and ignored (OpenAI clients and agent frameworks send many);
-known fields with a bad value answer 400 naming the field.
+Each field is used, refused by name, or named as ignored (`request_fields.py`); a used field
+with a bad value answers 400 naming the field.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import request_fields
 from .sampler import OpenAIError, Sampler
 
 __all__ = ["Request", "chat_request", "completion_request"]
@@ -30,6 +31,7 @@ class Request:
     timing: bool
     raw: Mapping[str, Any]
     stream_interval: int = 1  # vLLM's: a streamed chunk per this many tokens (first, last at once)
+    ignored: tuple[str, ...] = ()  # unknown fields, named in the reply (request_fields.py)
 
 
 def _bad(param: str, message: str) -> OpenAIError:
@@ -137,6 +139,17 @@ def _stream_interval(body: Mapping[str, Any]) -> int:
     return int(_num(body, "stream_interval", lo=1, integer=True) or 1)
 
 
+def special_tokens(body: Mapping[str, Any], default: bool) -> bool:
+    """vLLM's `add_special_tokens` for a text prompt: the tokenizer's BOS and the like (vLLM's
+    defaults: true for completions, false for chat, whose template writes them)."""
+    v = body.get("add_special_tokens")
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad("add_special_tokens", f"{v!r} is not a boolean")
+    return v
+
+
 def _model(body: Mapping[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -145,6 +158,7 @@ def _model(body: Mapping[str, Any]) -> str:
 
 
 def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
+    ignored = request_fields.check(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "expected a non-empty list of messages")
@@ -161,7 +175,7 @@ def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
     stream, usage = _stream_flags(body)
     return Request(
         model=_model(body),
-        prompts=[sampler.encode(text)],
+        prompts=[sampler.encode(text, add_special_tokens=special_tokens(body, False))],
         params=sampling_params(body, chat=True),
         stream=stream,
         include_usage=usage,
@@ -171,10 +185,12 @@ def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
         timing=bool(body.get("arctic_timing")),
         raw=body,
         stream_interval=_stream_interval(body),
+        ignored=tuple(ignored),
     )
 
 
 def completion_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
+    ignored = request_fields.check(body, chat=False)
     prompt = body.get("prompt")
     prompts: list[list[int]]
     texts: list[str]
@@ -195,7 +211,8 @@ def completion_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
             "list of token-id lists (none empty)",
         )
     if texts:
-        prompts = [sampler.encode(t) for t in texts]
+        special = special_tokens(body, True)
+        prompts = [sampler.encode(t, add_special_tokens=special) for t in texts]
         if not all(prompts):
             raise _bad("prompt", "a prompt encodes to no tokens")
     echo = bool(body.get("echo"))
@@ -215,6 +232,7 @@ def completion_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
         timing=bool(body.get("arctic_timing")),
         raw=body,
         stream_interval=_stream_interval(body),
+        ignored=tuple(ignored),
     )
 
 

@@ -34,7 +34,8 @@ from aiohttp import web
 
 from ..protocol import limits as input_limits
 from ..protocol.errors import ProtocolError
-from .requests import Request, chat_request, completion_request, token_strings
+from .request_fields import IGNORED_HEADER
+from .requests import Request, chat_request, completion_request, special_tokens, token_strings
 from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back, merge_events
 
 __all__ = ["add_openai_routes"]
@@ -42,6 +43,17 @@ __all__ = ["add_openai_routes"]
 log = logging.getLogger("arctic_servers.openai")
 FINISH = {"stop": "stop", "length": "length", "abort": "content_filter"}
 Handler = Callable[[web.Request], Any]
+
+
+def _ignored(request: web.Request | None, req: Request) -> dict[str, str]:
+    """The reply's header naming the request's unknown fields (none: no header), logged once
+    per request as vLLM's server logs them (`request` None: already logged)."""
+    if not req.ignored:
+        return {}
+    names = ", ".join(req.ignored)
+    if request is not None:
+        log.warning("%s: request fields ignored (unknown here): %s", request.path, names)
+    return {IGNORED_HEADER: names}
 
 
 def _finish(reason: str | None) -> str:
@@ -181,6 +193,7 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = chat_request(body, sampler)
+        headers = _ignored(request, req)
         with sampler.admit():
             if req.stream:
                 return await self._stream(request, sampler, req, chat=True)
@@ -202,13 +215,14 @@ class OpenAIRoutes:
         out["choices"] = choices
         out["usage"] = _usage(req.prompts, sum(len(s.token_ids) for s in samples))
         out["prompt_token_ids"] = req.prompts[0]
-        return web.json_response(out)
+        return web.json_response(out, headers=headers)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         token = self._token(request)
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = completion_request(body, sampler)
+        headers = _ignored(request, req)
         with sampler.admit():
             if req.stream:
                 return await self._stream(request, sampler, req, chat=False)
@@ -236,7 +250,7 @@ class OpenAIRoutes:
         out["choices"] = choices
         out["usage"] = _usage(req.prompts, n_tokens)
         out["prompt_token_ids"] = req.prompts[0]
-        return web.json_response(out)
+        return web.json_response(out, headers=headers)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's `/tokenize`: `{model, prompt}` or `{model, messages}` → `{tokens, count}`."""
@@ -247,7 +261,7 @@ class OpenAIRoutes:
             req = chat_request({**body, "max_tokens": 1}, sampler)
             ids = req.prompts[0]
         elif isinstance(body.get("prompt"), str):
-            ids = sampler.encode(body["prompt"])
+            ids = sampler.encode(body["prompt"], add_special_tokens=special_tokens(body, True))
         else:
             raise OpenAIError(400, "prompt: expected a string (or messages)", param="prompt")
         return web.json_response(
@@ -305,7 +319,11 @@ class OpenAIRoutes:
         )
         env.pop("weight_version")
         resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                **_ignored(None, req),
+            }
         )
         await resp.prepare(request)
 

@@ -131,7 +131,9 @@ class Sampler(Protocol):
     model_id: str
     max_model_len: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; `add_special_tokens`: with the tokenizer's BOS and the like."""
+        ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 

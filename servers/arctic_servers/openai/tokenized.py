@@ -144,8 +144,8 @@ class TokenizedSampler:
         except TypeError:
             return 0
 
-    def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self.tok.encode(text, add_special_tokens=False)]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [int(t) for t in self.tok.encode(text, add_special_tokens=add_special_tokens)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=True))
