@@ -16,9 +16,11 @@ import itertools
 import os
 import signal
 import time
+from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
 from arctic_sdk.spec.tables import methods as M
 
@@ -116,3 +118,68 @@ async def test_killing_the_sampler_mid_generate_fails_fast(http: Http, onprem: S
     assert t_next < 30
     assert state["state"] == "failed"
     assert sub["state"] == "failed" and "SIGKILL" in sub["reason"], sub
+
+
+def _wait_terminal(onprem: ServerInfo, job: str, within: float) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while True:
+        state = requests.get(f"{onprem.prefix_url}/{job}", timeout=30).json()["job"]
+        if state["state"] in ("failed", "cancelled", "terminated", "running"):
+            return dict(state)
+        assert time.monotonic() < deadline, f"job still {state['state']}: {onprem.log_tail()}"
+        time.sleep(0.1)
+
+
+def test_a_sampler_that_fails_to_start_fails_its_job_by_name(onprem: ServerInfo) -> None:
+    """A sub-job whose engine cannot start (an engine argument vLLM refuses) next to a trainer:
+    the job ends `failed` naming the sub-job and vLLM's error."""
+    bad = {"no_such_engine_argument": 1}
+    body = {
+        "sub_job_configs": [
+            {
+                "job_type": "training",
+                "dtype": "float32",
+                "training_config": {"zero_stage": 1, "optimizer": {"name": "adamw", "lr": 1e-3}},
+            },
+            {"job_type": "sampling", "dtype": "float32", "inference_config": {"vllm_config": bad}},
+        ]
+    }
+    r = requests.post(onprem.prefix_url + "/", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    job = str(r.json()["job_id"])
+    state = _wait_terminal(onprem, job, 240)
+    assert state["state"] == "failed", state
+    assert f"{job}:sampling:0" in state["reason"], state["reason"]
+    assert "no_such_engine_argument" in state["reason"], state["reason"]
+    subs = {s["sub_job_id"]: s for s in state["sub_jobs"]}
+    assert subs[f"{job}:sampling:0"]["state"] == "failed"
+    assert "no_such_engine_argument" in subs[f"{job}:sampling:0"]["reason"]
+    assert subs[f"{job}:training:0"]["state"] in ("terminated", "failed")
+
+
+def test_a_sampler_killed_while_starting_fails_its_job(onprem: ServerInfo) -> None:
+    """The sampler's worker is killed while its engine starts: the job ends `failed` at once
+    (SIGKILL named), not left `initializing`. (The worker's exit marked the sub-job failed,
+    then the job's start moved it to failed again, which raised inside the start task: the job
+    stayed `initializing` for good and the server logged an unretrieved task exception.)"""
+    r = requests.post(
+        onprem.prefix_url + "/", json={"sub_job_configs": [{"job_type": "sampling"}]}, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    job = str(r.json()["job_id"])
+    deadline = time.monotonic() + 120
+    pid = None
+    while pid is None:
+        assert time.monotonic() < deadline, onprem.log_tail()
+        info = onprem.admin(job)
+        assert info["state"] in ("pending", "placing", "initializing"), "started before the kill"
+        pid = next((w.get("pid") for w in info.get("workers", []) if w.get("pid")), None)
+        time.sleep(0.02)
+    os.kill(int(pid), signal.SIGKILL)
+    t0 = time.monotonic()
+    state = _wait_terminal(onprem, job, 60)
+    print(f"\nkilled while starting: job {state['state']} after {time.monotonic() - t0:.2f} s")
+    assert state["state"] == "failed", state
+    assert "SIGKILL" in state["reason"], state["reason"]
+    assert state["sub_jobs"][0]["state"] == "failed"
+    assert "Task exception was never retrieved" not in onprem.log_tail(2000)

@@ -192,6 +192,8 @@ class JobManager(JobQueue[Job]):
             return
         if failed:
             for s, r in failed:
+                if s.state == "failed":  # its worker's exit said so first (_worker_exited)
+                    continue
                 move_sub_job(s, "failed", getattr(r, "message", None) or f"{type(r).__name__}: {r}")
             first, _err = failed[0]
             self.end(job, "failed", f"sub-job {first.sub_job_id} failed to start: {first.reason}")
@@ -217,7 +219,8 @@ class JobManager(JobQueue[Job]):
                 s.resumed = await resume(s, Path(str(cp)))
             except Exception as exc:
                 what = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-                move_sub_job(s, "failed", f"resume from checkpoint_path {cp}: {what}")
+                if s.state != "failed":
+                    move_sub_job(s, "failed", f"resume from checkpoint_path {cp}: {what}")
                 self.end(job, "failed", f"sub-job {s.sub_job_id}: {s.reason}")
                 return False
             if s.resumed:
@@ -266,7 +269,8 @@ class JobManager(JobQueue[Job]):
             return
         if sub.state in ("running", "initializing"):
             move_sub_job(sub, "failed", reason)
-        if job.state == "running":
+        if job.state in ("running", "initializing"):
+            # while starting, too: the job fails now, not once its other engines have started
             self.end(job, "failed", f"sub-job {sub.sub_job_id} failed: {reason}")
 
     async def _stop_workers(self, job: Job, reason: str) -> None:

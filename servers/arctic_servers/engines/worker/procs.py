@@ -144,6 +144,10 @@ class WorkerHandle(Replies):
                     self.call("init", spec=dict(spec, num_threads=self.threads)), timeout
                 )
             )
+        except ProtocolError as exc:
+            if self.failure is None:  # the worker exits next: its exit names this, not a status
+                self.failure = f"{self.role} engine start failed: {exc.message}"
+            raise
         except TimeoutError:
             await self.stop(reason=f"did not start within {timeout:.0f} s")
             raise ProtocolError(
