@@ -248,3 +248,29 @@ def test_tokenize_route_takes_add_special_tokens() -> None:
             assert (await r.json())["prompt_token_ids"] == [1, 100, 101]
 
     asyncio.run(run())
+
+
+def test_skyrls_remote_vllm_payload_is_taken_whole(openai_server: OpenAIServer) -> None:
+    """SkyRL's `RemoteInferenceEngine` (vLLM backend) posts its vLLM sampling params, as
+    `get_vllm_sampling_params` builds them, with `model` and a batch of token-id prompts to
+    `/v1/completions`: every field is one this server uses (nothing refused or ignored)."""
+    payload = {
+        "min_tokens": 1,
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": True,
+        "max_tokens": 5,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "logprobs": None,
+        "stop": None,
+        "model": "fake-tiny",
+        "prompt": [[5, 6, 7], [8, 9]],
+    }
+    r = _post(openai_server, "/completions", payload)
+    assert r.status_code == 200, r.text
+    assert F.IGNORED_HEADER not in r.headers
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert all(1 <= len(c["token_ids"]) <= 5 for c in choices)
