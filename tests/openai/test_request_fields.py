@@ -274,3 +274,22 @@ def test_skyrls_remote_vllm_payload_is_taken_whole(openai_server: OpenAIServer) 
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1]
     assert all(1 <= len(c["token_ids"]) <= 5 for c in choices)
+
+
+def test_tokenize_fields(openai_server: OpenAIServer) -> None:
+    """vLLM's `/tokenize`: `return_token_strs` (token strings) is refused by name, an unknown
+    field is named; the messages form goes through the chat rules."""
+
+    def tok(body: dict[str, Any]) -> requests.Response:
+        return requests.post(openai_server.base_url + "/tokenize", json=body, headers=H, timeout=30)
+
+    base = {"model": "fake-tiny", "prompt": "hi"}
+    r = tok({**base, "return_token_strs": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_strs", r.text
+    r = tok({**base, "return_token_strs": False, "odd": 1})
+    assert r.status_code == 200 and r.headers[F.IGNORED_HEADER] == "odd", r.text
+    chat = {"model": "fake-tiny", "messages": [{"role": "user", "content": "hi"}]}
+    r = tok({**chat, "chat_template": "{{ x }}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template", r.text
+    r = tok(chat)
+    assert r.status_code == 200 and F.IGNORED_HEADER not in r.headers

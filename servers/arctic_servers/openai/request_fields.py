@@ -105,6 +105,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "return_prompt_text": ((False,), _REPLY),
     "return_mm_kwargs": ((False,), _REPLY),
     "routed_experts_prompt_start": ((0,), _REPLY),
+    "return_token_strs": ((False,), _REPLY),  # vLLM's /tokenize
     "priority": ((0,), "requests are served first come, first served"),
     "kv_transfer_params": (({},), _VLLM),
     "ec_transfer_params": (({},), _VLLM),

@@ -34,6 +34,7 @@ from aiohttp import web
 
 from ..protocol import limits as input_limits
 from ..protocol.errors import ProtocolError
+from . import request_fields
 from .request_fields import IGNORED_HEADER
 from .requests import Request, chat_request, completion_request, special_tokens, token_strings
 from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back, merge_events
@@ -259,13 +260,16 @@ class OpenAIRoutes:
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         if "messages" in body:
             req = chat_request({**body, "max_tokens": 1}, sampler)
-            ids = req.prompts[0]
+            ids, ignored = req.prompts[0], req.ignored
         elif isinstance(body.get("prompt"), str):
+            ignored = tuple(request_fields.check(body, chat=False))
             ids = sampler.encode(body["prompt"], add_special_tokens=special_tokens(body, True))
         else:
             raise OpenAIError(400, "prompt: expected a string (or messages)", param="prompt")
+        headers = {request_fields.IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
         return web.json_response(
-            {"tokens": ids, "count": len(ids), "max_model_len": sampler.max_model_len}
+            {"tokens": ids, "count": len(ids), "max_model_len": sampler.max_model_len},
+            headers=headers,
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
