@@ -16,7 +16,7 @@ vLLM 0.32) and OpenAI's. A field is one of:
   sends vLLM's defaults is not refused);
 - **unknown**: any other field (clients and agent frameworks send vendor fields). It is accepted,
   as vLLM's server accepts it, and named: the reply's `X-Arctic-Ignored-Fields` header and a
-  warning in the server's log, as vLLM logs it.
+  warning in the server's log, as vLLM logs it (once per route and set of names).
 
 `tests/openai/test_request_fields.py` checks that every field of the installed vLLM's request
 models is classified here, so a vLLM upgrade that adds one fails there, not silently here.

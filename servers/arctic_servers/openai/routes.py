@@ -35,7 +35,6 @@ from aiohttp import web
 from ..protocol import limits as input_limits
 from ..protocol.errors import ProtocolError
 from . import request_fields
-from .request_fields import IGNORED_HEADER
 from .requests import Request, chat_request, completion_request, special_tokens, token_strings
 from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back, merge_events
 
@@ -46,15 +45,20 @@ FINISH = {"stop": "stop", "length": "length", "abort": "content_filter"}
 Handler = Callable[[web.Request], Any]
 
 
+_LOGGED: set[tuple[str, str]] = set()  # (route, names) already warned about
+
+
 def _ignored(request: web.Request | None, req: Request) -> dict[str, str]:
-    """The reply's header naming the request's unknown fields (none: no header), logged once
-    per request as vLLM's server logs them (`request` None: already logged)."""
+    """The reply's header naming the request's unknown fields (none: no header), and a warning
+    in the server's log the first time a route sees that set of names (a client sends the same
+    vendor fields on every request; `request` None: not logged)."""
     if not req.ignored:
         return {}
     names = ", ".join(req.ignored)
-    if request is not None:
+    if request is not None and (request.path, names) not in _LOGGED and len(_LOGGED) < 1024:
+        _LOGGED.add((request.path, names))
         log.warning("%s: request fields ignored (unknown here): %s", request.path, names)
-    return {IGNORED_HEADER: names}
+    return {request_fields.IGNORED_HEADER: names}
 
 
 def _finish(reason: str | None) -> str:
