@@ -259,12 +259,17 @@ async def engine() -> int:
             async with AsyncClient(base_url, **kw) as client:  # type: ignore[arg-type]
                 assert "toy-count" in (await client.get_capabilities())["routes"]
                 await client.create_job(job)
-                await client.wait_until_running(timeout=120)
-                result = await client.toy_count(input_ids=ids)
-                assert result == {"count": 6, "metrics": {"model_step": 0, "global_step": 0}}, (
-                    transport,
-                    result,
-                )
+                try:
+                    await client.wait_until_running(timeout=120)
+                    result = await client.toy_count(input_ids=ids)
+                    assert result == {
+                        "count": 6,
+                        "metrics": {"model_step": 0, "global_step": 0},
+                    }, (transport, result)
+                finally:
+                    # the gateway's worker hosts outlive the gateway (a restart reattaches):
+                    # the job's end is what stops them
+                    await client.cancel_job()
 
     fake = await start_fake()
     try:
