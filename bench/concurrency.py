@@ -2,7 +2,7 @@
 """Concurrent sampling benchmark: N single-prompt calls at once against one call of N prompts.
 
     python bench/concurrency.py            # N = 1, 8, 32, 64 on every path and server
-    python bench/concurrency.py --smoke    # N = 1, 4, three paths, on-prem only (~75 s)
+    python bench/concurrency.py --smoke    # N = 1, 4: three paths on-prem, two on vllm serve
     python bench/concurrency.py --levels 1,8,32,64 --max-tokens 32 --reps 1   # a smaller run
 
 In one run, on the tiny embedded model with the same token-id prompts and greedy sampling
@@ -68,8 +68,8 @@ sys.path[:0] = [str(ROOT / "servers"), str(ROOT / "sdk"), str(ROOT)]
 
 FULL: dict[str, Any] = {"levels": [1, 8, 32, 64], "max_tokens": 64, "prompt_len": 16, "reps": 3}
 FULL.update(servers=["onprem", "inproc", "gateway", "vllm-serve"], pair_reps=7)
-SMOKE = {"levels": [1, 4], "max_tokens": 8, "prompt_len": 8, "reps": 1, "servers": ["onprem"]}
-SMOKE["pair_reps"] = 1
+SMOKE = {"levels": [1, 4], "max_tokens": 8, "prompt_len": 8, "reps": 1, "pair_reps": 1}
+SMOKE["servers"] = ["onprem", "vllm-serve"]  # the reference server's path runs in CI too
 PROTOCOL = ["protocol-http", "protocol-grpc"]
 OPENAI = ["openai-completions", "openai-chat", "openai-stream"]
 SERVER_PATHS = [*PROTOCOL, *OPENAI, *BARE]
@@ -247,7 +247,9 @@ async def measure_levels(
     return rows
 
 
-async def measure_vllm_serve(serve: VllmServe, sizes: dict[str, Any], vllm: Direct) -> Any:
+async def measure_vllm_serve(
+    serve: VllmServe, sizes: dict[str, Any], vllm: Direct, paths: list[str]
+) -> Any:
     """The OpenAI paths against vLLM's own server (`return_token_ids`: its chunks then carry
     the token ids, as ours always do); batched = one `/v1/completions` of the N prompts."""
     import aiohttp
@@ -263,11 +265,9 @@ async def measure_vllm_serve(serve: VllmServe, sizes: dict[str, Any], vllm: Dire
     texts = [f"Tell me about item {i}." for i in range(max(sizes["levels"]))]
     try:
         await p.batched(prompts_of(2, 4))  # warm
-        for path in PATHS["vllm-serve"]:
+        for path in paths:
             await p.single(path, [1, 2, 3], "hi")()
-        return await measure_levels(
-            "vllm-serve", p, PATHS["vllm-serve"], sizes, vllm, texts, [], None
-        )
+        return await measure_levels("vllm-serve", p, paths, sizes, vllm, texts, [], None)
     finally:
         await oai.close()
         await p.bare.close()
@@ -359,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--smoke", action="store_true", help="N = 1, 4; three paths; on-prem only")
+    ap.add_argument(
+        "--smoke", action="store_true", help="N = 1, 4; on-prem (three paths), vllm serve (two)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="threads of each vLLM engine")
     ap.add_argument("--servers", default="", help="comma-separated subset of onprem,inproc,gateway")
     ap.add_argument(
@@ -405,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
             if server == "vllm-serve":
                 serve = VllmServe(model_dir, args.threads, Path(tmp) / "vllm-serve.log")
                 try:
-                    rows += asyncio.run(measure_vllm_serve(serve, sizes, vllm))
+                    paths = PATHS[server]
+                    if args.smoke:
+                        paths = [path for path in paths if path in SMOKE_PATHS]
+                    rows += asyncio.run(measure_vllm_serve(serve, sizes, vllm, paths))
                 finally:
                     serve.close()
                 continue
