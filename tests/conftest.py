@@ -3,6 +3,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,15 @@ ENGINE_PROCESSES = (
     "arctic_servers.engines.worker.worker",
     "vllm.entrypoints.openai.api_server",
 )
-_BEFORE: set[int] = set()
+# Marks the processes this session starts (inherited through every server and worker it spawns),
+# so a pytest run beside this one on the same machine is never counted, nor killed.
+SESSION_MARK = "ARCTIC_TEST_SESSION"
+_SESSION = uuid.uuid4().hex
 
 
 def _engine_processes() -> dict[int, str]:
-    """Engine processes started from a pytest run (their environment has PYTEST_CURRENT_TEST,
-    inherited from the test that started them): pid -> command line."""
+    """Engine processes this session started (their environment carries its mark, inherited
+    from the test that started them): pid -> command line."""
     out: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -33,7 +37,7 @@ def _engine_processes() -> dict[int, str]:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             if not any(p in cmd for p in ENGINE_PROCESSES):
                 continue
-            if b"PYTEST_CURRENT_TEST=" not in (entry / "environ").read_bytes():
+            if f"{SESSION_MARK}={_SESSION}".encode() not in (entry / "environ").read_bytes():
                 continue
         except OSError:
             continue
@@ -42,18 +46,17 @@ def _engine_processes() -> dict[int, str]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if sys.platform.startswith("linux"):
-        _BEFORE.update(_engine_processes())
+    os.environ[SESSION_MARK] = _SESSION
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not sys.platform.startswith("linux"):
         return
     deadline = time.monotonic() + 20  # servers stopped by fixtures take seconds to reap workers
-    left = {p: c for p, c in _engine_processes().items() if p not in _BEFORE}
+    left = _engine_processes()
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = {p: c for p, c in _engine_processes().items() if p not in _BEFORE}
+        left = _engine_processes()
     if not left:
         return
     print(f"\n{len(left)} engine process(es) started by this session are still running:")

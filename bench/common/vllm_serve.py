@@ -35,11 +35,8 @@ class VllmServe:
         port = _free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         self.model = model_dir  # the model id vLLM serves under
-        saved = dict(os.environ)
-        set_vllm_env(cuda=False)  # the CPU settings the workers get (KV cache, no thread binding)
         env = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(saved)
+        set_vllm_env(False, env)  # the CPU settings the workers get (KV cache, no thread binding)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: the engine core apart
         n = str(threads)
         env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n)

@@ -169,6 +169,14 @@ def test_unknown_fields_are_named_in_a_header_and_logged(
     assert plain.status_code == 200 and F.IGNORED_HEADER not in plain.headers
 
 
+def test_a_huge_refused_value_is_cut_in_the_message(openai_server: OpenAIServer) -> None:
+    bias = {str(i): 1.0 for i in range(20000)}
+    r = _post(openai_server, "/chat/completions", {**CHAT, "logit_bias": bias})
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["param"] == "logit_bias" and len(err["message"]) < 250, err
+
+
 def test_hostile_field_names_do_not_reach_the_header(openai_server: OpenAIServer) -> None:
     body: dict[str, Any] = {**COMP, "a\r\nX-Injected: 1": 1, "ümlaut": 2, "x" * 500: 3}
     body.update({f"k{i:05d}": i for i in range(5000)})

@@ -48,13 +48,13 @@ Handler = Callable[[web.Request], Any]
 _LOGGED: set[tuple[str, str]] = set()  # (route, names) already warned about
 
 
-def _ignored(request: web.Request | None, req: Request) -> dict[str, str]:
+def _ignored(request: web.Request | None, ignored: Sequence[str]) -> dict[str, str]:
     """The reply's header naming the request's unknown fields (none: no header), and a warning
     in the server's log the first time a route sees that set of names (a client sends the same
     vendor fields on every request; `request` None: not logged)."""
-    if not req.ignored:
+    if not ignored:
         return {}
-    names = ", ".join(req.ignored)
+    names = ", ".join(ignored)
     if request is not None and (request.path, names) not in _LOGGED and len(_LOGGED) < 1024:
         _LOGGED.add((request.path, names))
         log.warning("%s: request fields ignored (unknown here): %s", request.path, names)
@@ -198,7 +198,7 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = chat_request(body, sampler)
-        headers = _ignored(request, req)
+        headers = _ignored(request, req.ignored)
         with sampler.admit():
             if req.stream:
                 return await self._stream(request, sampler, req, chat=True)
@@ -227,7 +227,7 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = completion_request(body, sampler)
-        headers = _ignored(request, req)
+        headers = _ignored(request, req.ignored)
         with sampler.admit():
             if req.stream:
                 return await self._stream(request, sampler, req, chat=False)
@@ -270,10 +270,9 @@ class OpenAIRoutes:
             ids = sampler.encode(body["prompt"], add_special_tokens=special_tokens(body, True))
         else:
             raise OpenAIError(400, "prompt: expected a string (or messages)", param="prompt")
-        headers = {request_fields.IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
         return web.json_response(
             {"tokens": ids, "count": len(ids), "max_model_len": sampler.max_model_len},
-            headers=headers,
+            headers=_ignored(request, ignored),
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
@@ -330,7 +329,7 @@ class OpenAIRoutes:
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
-                **_ignored(None, req),
+                **_ignored(None, req.ignored),
             }
         )
         await resp.prepare(request)

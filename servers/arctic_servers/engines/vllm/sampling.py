@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
@@ -38,18 +38,20 @@ MAX_LOGPROBS = 20
 BatchedCommand = Callable[..., tuple[list[Any], list[Any], Finish | None]]
 
 
-def set_vllm_env(cuda: bool) -> None:
-    """Set before `import vllm` (setdefault: an operator's explicit value wins)."""
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def set_vllm_env(cuda: bool, env: MutableMapping[str, str] | None = None) -> None:
+    """Set before `import vllm` (setdefault: an operator's explicit value wins); `env`: the
+    environment to fill (default this process's)."""
+    e = os.environ if env is None else env
+    e.setdefault("VLLM_NO_USAGE_STATS", "1")
+    e.setdefault("DO_NOT_TRACK", "1")
+    e.setdefault("HF_HUB_OFFLINE", "1")
+    e.setdefault("TRANSFORMERS_OFFLINE", "1")
+    e.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not cuda:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        e.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        e.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        e.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def _cuda() -> bool:
