@@ -4,6 +4,7 @@
     python bench/concurrency.py            # N = 1, 8, 32, 64 on every path and server
     python bench/concurrency.py --smoke    # N = 1, 4: three paths on-prem, two on vllm serve
     python bench/concurrency.py --levels 1,8,32,64 --max-tokens 32 --reps 1   # a smaller run
+    python bench/concurrency.py --servers onprem --paths openai-stream,bare-stream --levels 64
 
 In one run, on the tiny embedded model with the same token-id prompts and greedy sampling
 (`ignore_eos`, `max_tokens` tokens per prompt), for each N:
@@ -38,7 +39,9 @@ worker's busy-period lines, read with tail-logs: N and about `max_tokens` when t
 the batch, 1 and N x `max_tokens` when they run one after another; the largest over the reps);
 batched tokens/s through the server over vLLM direct; `client cpu s`: the CPU time of this
 process while the N calls ran (the SDK / `openai` clients; for `inproc` the server too), which
-shares the machine's cores with the engine. Targets (printed, not asserted): ratio
+shares the machine's cores with the engine; `server cpu s` / `engine cpu s`: the same for the
+server's own process and for its workers and engine processes (`common/proc_cpu.py`; `-` for
+`inproc`), so a row shows which side a miss comes from. Targets (printed, not asserted): ratio
 <= 1.5 at N = 8 and 32, <= 2 at N = 64; batched throughput >= 0.95x direct. `uptime` is
 recorded beside the numbers: the machine is shared. Measured runs: bench/README.md.
 """
@@ -59,6 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.proc_cpu import MARK_VAR, ServerCpu, new_mark
 from common.sampling_paths import BARE, TOKEN, Paths, chat_ids, timed
 from common.vllm_direct import Direct, prompts_of
 from common.vllm_serve import VllmServe
@@ -90,12 +94,15 @@ def uptime() -> str:
 # --------------------------------------------------------------------------- servers
 
 
-def _start(argv: list[str], tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def _start(
+    argv: list[str], tmp: Path, name: str, mark: str
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     ready = tmp / f"{name}.ready.json"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(sys.path[:3]),
         "ARCTIC_GATEWAY_TOKENS": TOKEN,
+        MARK_VAR: mark,  # its workers inherit it: their CPU is read by it (proc_cpu.py)
     }
     env.pop("PYTHONWARNINGS", None)
     with (tmp / f"{name}.log").open("wb") as log:
@@ -115,7 +122,7 @@ def _start(argv: list[str], tmp: Path, name: str) -> tuple[subprocess.Popen[byte
 
 
 def start(
-    server: str, tmp: Path, threads: int, db_dir: Path | None = None
+    server: str, tmp: Path, threads: int, db_dir: Path | None = None, mark: str = ""
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     if server == "onprem":
         args = f"arctic_servers.onprem serve --threads {threads} --prewarm= --data-dir {tmp}/d"
@@ -125,7 +132,7 @@ def start(
             f"--worker-threads {threads} --answer-mode inline --data-dir {tmp}/gw"
         )
     argv = [sys.executable, "-m", *args.split(), "--port", "0", "--grpc-port", "0"]
-    return _start(argv, tmp, server)
+    return _start(argv, tmp, server, mark or new_mark())
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -202,9 +209,11 @@ async def measure_levels(
     texts: list[str],
     chat: list[list[int]],
     log_client: Any,
+    cpu: ServerCpu | None,
 ) -> list[dict[str, Any]]:
     """Every path's row at every N (and the throughput pairs at each N); `log_client`: the
-    protocol client that reads the sampling worker's busy-period lines (None: not ours)."""
+    protocol client that reads the sampling worker's busy-period lines (None: not ours);
+    `cpu`: the server's processes (None: the server runs in this process)."""
     tokens, rows = sizes["max_tokens"], []
     cursor = (await engine_log(log_client, 0))[1] if log_client is not None else 0
     for n in sizes["levels"]:
@@ -214,6 +223,9 @@ async def measure_levels(
             ref = chat[:n] if path == "openai-chat" else prompts
             walls, bwalls, lats, toks, peak, steps = [], [], [], 0, 0, 0
             cpus: list[float] = []
+            server_cpus: list[tuple[float, float]] = []
+            if cpu is not None:
+                cpu.refresh()
             for _ in range(sizes["reps"]):
                 b0 = time.perf_counter()
                 await p.batched(ref)
@@ -221,9 +233,13 @@ async def measure_levels(
                 if log_client is not None:
                     _, cursor = await engine_log(log_client, cursor)
                 calls = [p.single(path, prompts[i], texts[i]) for i in range(n)]
+                s0 = cpu.sample() if cpu is not None else None
                 c0 = time.process_time()  # this process: the clients (and inproc's server)
                 wall, lat, toks = await timed(calls)
                 cpus.append(time.process_time() - c0)
+                s1 = cpu.sample() if cpu is not None else None
+                if s0 is not None and s1 is not None:
+                    server_cpus.append((s1[0] - s0[0], s1[1] - s0[1]))
                 walls.append(wall)
                 lats += lat
                 if log_client is not None:
@@ -241,7 +257,10 @@ async def measure_levels(
             if path == paths[0]:
                 row.update(pair)
             row.update(engine_peak=peak if log_client else None, engine_steps=steps or None)
-            row.update(client_cpu_s=statistics.median(cpus))
+            row.update(client_cpu_s=statistics.median(cpus), server_cpu_s=None, engine_cpu_s=None)
+            if server_cpus:
+                row["server_cpu_s"] = statistics.median(c for c, _ in server_cpus)
+                row["engine_cpu_s"] = statistics.median(c for _, c in server_cpus)
             rows.append({**row, "uptime": uptime()})
             print(_row(rows[-1]), flush=True)
     return rows
@@ -267,7 +286,8 @@ async def measure_vllm_serve(
         await p.batched(prompts_of(2, 4))  # warm
         for path in paths:
             await p.single(path, [1, 2, 3], "hi")()
-        return await measure_levels("vllm-serve", p, paths, sizes, vllm, texts, [], None)
+        cpu = ServerCpu(serve.mark, serve.proc.pid)
+        return await measure_levels("vllm-serve", p, paths, sizes, vllm, texts, [], None, cpu)
     finally:
         await oai.close()
         await p.bare.close()
@@ -280,6 +300,7 @@ async def measure(
     paths: list[str],
     threads: int,
     vllm: Direct,
+    cpu: ServerCpu | None,
 ) -> list[dict[str, Any]]:
     """The server's rows (its job started here, cancelled at the end)."""
     import openai
@@ -327,7 +348,7 @@ async def measure(
         for path in paths:
             await p.single(path, [1, 2, 3], "hi")()
         print(f"# {server}: warm in {time.perf_counter() - t0:.1f} s", flush=True)
-        rows = await measure_levels(server, p, paths, sizes, vllm, texts, chat, client)
+        rows = await measure_levels(server, p, paths, sizes, vllm, texts, chat, client, cpu)
         await oai.close()
         if p.bare is not None:
             await p.bare.close()
@@ -339,8 +360,12 @@ async def measure(
 
 HEAD = f"{'server':10s} {'path':19s} {'N':>3s} {'N calls s':>9s} {'batched s':>9s} {'ratio':>6s} "
 HEAD += f"{'target':>6s} {'tok/s':>8s} {'p50 s':>7s} {'p99 s':>7s} {'peak':>4s} {'steps':>5s}"
-HEAD += f" {'client cpu s':>12s}"
+HEAD += f" {'client cpu s':>12s} {'server cpu s':>12s} {'engine cpu s':>12s}"
 HEAD += "  load avg"
+
+
+def _cpu(v: float | None) -> str:
+    return f"{v:12.2f}" if v is not None else f"{'-':>12s}"
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -351,7 +376,8 @@ def _row(r: dict[str, Any]) -> str:
         f"{r['server']:10s} {r['path']:19s} {r['n']:3d} {r['wall_s']:9.3f} "
         f"{r['batched_s']:9.3f} {r['ratio']:6.2f} {mark:>6s} {r['tokens_per_s']:8.0f} "
         f"{r['p50_s']:7.3f} {r['p99_s']:7.3f} {peak:>4s} {steps:>5s} "
-        f"{r['client_cpu_s']:12.3f}  {r['uptime']}"
+        f"{r['client_cpu_s']:12.3f} {_cpu(r['server_cpu_s'])} {_cpu(r['engine_cpu_s'])}"
+        f"  {r['uptime']}"
     )
 
 
@@ -368,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway-db-dir", type=Path, help="the gateway's SQLite directory (default: a temp dir)"
     )
     ap.add_argument("--levels", help="comma-separated N to run (default: the run's own)")
+    ap.add_argument("--paths", default="", help="comma-separated subset of the paths to run")
     ap.add_argument("--max-tokens", type=int, help="tokens per prompt (default: the run's own)")
     ap.add_argument("--reps", type=int, help="repetitions per row (default: the run's own)")
     ap.add_argument(
@@ -388,6 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.pair_reps:
         sizes["pair_reps"] = args.pair_reps
     servers = [s for s in args.servers.split(",") if s] or list(sizes["servers"])
+    wanted = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(wanted) - set(SERVER_PATHS) - {"protocol-inproc"})
+    if unknown:
+        ap.error(f"--paths: unknown {', '.join(unknown)} (known: {', '.join(SERVER_PATHS)})")
+
+    def chosen(paths: list[str]) -> list[str]:
+        keep = wanted or (SMOKE_PATHS if args.smoke else paths)
+        return [p for p in paths if p in keep]
+
     model_dir = str(build_tiny_model(default_cache_dir() / "tiny-qwen2-seed0"))
     t0 = time.perf_counter()
     print(
@@ -407,21 +443,21 @@ def main(argv: list[str] | None = None) -> int:
             if server == "vllm-serve":
                 serve = VllmServe(model_dir, args.threads, Path(tmp) / "vllm-serve.log")
                 try:
-                    paths = PATHS[server]
-                    if args.smoke:
-                        paths = [path for path in paths if path in SMOKE_PATHS]
+                    paths = chosen(PATHS[server])
                     rows += asyncio.run(measure_vllm_serve(serve, sizes, vllm, paths))
                 finally:
                     serve.close()
                 continue
-            paths = SMOKE_PATHS if args.smoke else PATHS[server]
+            paths = chosen(PATHS[server])
+            mark = new_mark()
             proc, info = (
-                start(server, Path(tmp), args.threads, args.gateway_db_dir)
+                start(server, Path(tmp), args.threads, args.gateway_db_dir, mark)
                 if server != "inproc"
                 else (None, {})
             )
+            cpu = ServerCpu(mark, proc.pid) if proc is not None else None
             try:
-                rows += asyncio.run(measure(server, info, sizes, paths, args.threads, vllm))
+                rows += asyncio.run(measure(server, info, sizes, paths, args.threads, vllm, cpu))
             finally:
                 t1 = time.perf_counter()
                 if proc is not None:

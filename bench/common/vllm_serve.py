@@ -35,7 +35,10 @@ class VllmServe:
         port = _free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         self.model = model_dir  # the model id vLLM serves under
-        env = dict(os.environ)
+        from .proc_cpu import MARK_VAR, new_mark
+
+        self.mark = new_mark()  # its engine core inherits it (the benchmark reads their CPU)
+        env = {**os.environ, MARK_VAR: self.mark}
         set_vllm_env(False, env)  # the CPU settings the workers get (KV cache, no thread binding)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: the engine core apart
         n = str(threads)
