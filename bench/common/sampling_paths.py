@@ -43,7 +43,7 @@ class Paths:
         self.bare: Any = None  # an aiohttp session for the bare-* paths
         self.extra: dict[str, Any] = {}  # more request fields on the OpenAI routes
 
-    async def _bare(self, prompt: list[int], stream: bool) -> int:
+    async def _bare(self, prompt: list[int] | list[list[int]], stream: bool) -> int:
         """`/v1/completions` read by aiohttp: the JSON, or each SSE event's `json.loads` (what
         any client must do at least), so the row shows the server without the `openai` client's
         own per-event cost."""
@@ -52,7 +52,7 @@ class Paths:
         async with self.bare.post("/v1/completions", json=body) as r:
             r.raise_for_status()
             if not stream:
-                return len((await r.json())["choices"][0]["token_ids"])
+                return sum(len(c["token_ids"]) for c in (await r.json())["choices"])
             n = 0
             async for line in r.content:
                 if line.startswith(b"data: {"):
@@ -71,6 +71,38 @@ class Paths:
                 return sum(len(c["token_ids"]) for c in (await r.json())["choices"])
         res = await self.client.generate(prompts=prompts, sampling_params=greedy(self.tokens))
         return sum(len(r["samples"][0]["token_ids"]) for r in res["results"])
+
+    def path_batched(
+        self, path: str, prompts: list[list[int]]
+    ) -> Callable[[], Awaitable[int]] | None:
+        """One call of all the prompts on `path` itself (None where the path takes one prompt a
+        call: chat): the reference that pays the path's own costs — the client's per-request and
+        per-event work, the route — once for N prompts, where `batched` is a protocol generate."""
+        kw = {"model": self.job, "max_tokens": self.tokens, "temperature": 0.0}
+        kw["extra_body"] = {"ignore_eos": True, **self.extra}
+
+        async def completion() -> int:
+            res = await self.oai.completions.create(prompt=prompts, **kw)
+            return sum(len(c.model_extra["token_ids"]) for c in res.choices)
+
+        async def stream() -> int:
+            n = 0
+            async for c in await self.oai.completions.create(prompt=prompts, stream=True, **kw):
+                n += sum(len(ch.model_extra.get("token_ids") or []) for ch in c.choices)
+            return n
+
+        async def bare() -> int:
+            return await self._bare(prompts, path == "bare-stream")
+
+        async def protocol() -> int:
+            c = self.client if path == "protocol-http" else self.others[path]
+            res = await c.generate(prompts=prompts, sampling_params=greedy(self.tokens))
+            return sum(len(r["samples"][0]["token_ids"]) for r in res["results"])
+
+        if path == "openai-chat":
+            return None
+        table = {"openai-completions": completion, "openai-stream": stream}
+        return table.get(path, bare if path in BARE else protocol)
 
     def single(self, path: str, prompt: list[int], text: str) -> Callable[[], Awaitable[int]]:
         sp, extra = greedy(self.tokens), {"ignore_eos": True, **self.extra}
