@@ -11,7 +11,9 @@
   at once (sequenced). The sync waits for the first 12 (they report the old `weight_version`),
   the last 12 wait for the sync (the new one), and every sample equals the greedy reference of
   the version it reports — so none mixes the two versions' weights (the two references differ
-  for every prompt, which a sample with tokens from both would not match).
+  for every prompt, which a sample with tokens from both would not match). Four OpenAI streams
+  go with them (unsequenced, so before or after the sync): every token chunk of a stream names
+  the same `weight_version`, and the stream's tokens are that version's greedy reference.
 
 One job of its own (a trainer with a high learning rate, so one step changes greedy outputs).
 """
@@ -100,6 +102,22 @@ def _tokens(gen: Any) -> list[list[int]]:
     return [list(r["samples"][0]["token_ids"]) for r in gen["results"]]
 
 
+async def _stream_versions(oai: Any, job: str, prompt: list[int]) -> tuple[list[int], list[int]]:
+    """A greedy OpenAI stream of `prompt`: the `weight_version` of each token chunk, the tokens."""
+    versions: list[int] = []
+    tokens: list[int] = []
+    s = await oai.completions.create(
+        model=job, prompt=prompt, max_tokens=TOKENS, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    async for c in s:
+        ids = c.choices[0].model_extra.get("token_ids") if c.choices else None
+        if ids:
+            tokens += ids
+            versions.append(int(c.model_extra["weight_version"]))
+    return versions, tokens
+
+
 SCORE = {"input_ids": [[3, 14, 15, 92, 65, 35, 89, 79]], "attention_mask": [[1] * 8]}
 
 
@@ -182,7 +200,6 @@ async def test_every_path_shares_the_batch_and_a_sync_never_mixes_versions(
 
             # 1. protocol, OpenAI completions, chat, streams, sampler scoring: 14 calls at once
             await _every_path_at_once(client, oai, job, scored)
-            await oai.close()
             periods = _busy_periods((await _logs(client))[seen:])
             print(f"busy periods (calls, requests, steps, peak): {periods}")
             assert sum(p[0] for p in periods) == 14  # scoring too goes through the batch
@@ -196,12 +213,16 @@ async def test_every_path_shares_the_batch_and_a_sync_never_mixes_versions(
             one = [[p] for p in PROMPTS] * 2
             got = await asyncio.gather(
                 *(client.generate(prompts=p, sampling_params=GREEDY) for p in one),
+                *(_stream_versions(oai, job, p) for p in PROMPTS[:2]),
                 client.sync_weights(),
+                *(_stream_versions(oai, job, p) for p in PROMPTS[2:4]),
                 *(client.generate(prompts=p, sampling_params=GREEDY) for p in one),
             )
-            before, sync, after = got[:12], got[12], got[13:]
+            before, sync, after = got[:12], got[14], got[17:]
+            streams = [*got[12:14], *got[15:17]]  # of PROMPTS[0], [1] and [2], [3]
             ref1 = await client.generate(prompts=PROMPTS, sampling_params=GREEDY)
         finally:
+            await oai.close()
             await client.cancel_job()
     v0 = int(ref0["weight_version"])
     assert int(sync["weight_version"]) == int(ref1["weight_version"]) == v0 + 1
@@ -211,3 +232,10 @@ async def test_every_path_shares_the_batch_and_a_sync_never_mixes_versions(
         for i, r in enumerate(results):
             assert int(r["weight_version"]) == version
             assert _tokens(r) == [ref[i % len(PROMPTS)]], (version, i)
+    # OpenAI streams (unsequenced: before or after the sync): every token chunk of a stream names
+    # one version, and the stream's tokens are that version's greedy reference
+    for i, (versions, tokens) in enumerate(streams):
+        assert versions and len(set(versions)) == 1, (i, versions)
+        version = versions[0]
+        assert version in (v0, v0 + 1), (i, version)
+        assert tokens == (t0 if version == v0 else t1)[i], (i, version)

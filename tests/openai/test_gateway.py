@@ -464,9 +464,13 @@ def test_real_sampler_serves_concurrent_calls_in_one_batch(real_gw: dict[str, An
                 model=job, prompt="Once", max_tokens=tokens, stream=True, extra_body=extra
             )
             async for c in s:
-                if c.choices:
-                    n += len(c.choices[0].model_extra.get("token_ids") or [])
+                ids = c.choices[0].model_extra.get("token_ids") if c.choices else None
+                if ids:
+                    n += len(ids)
+                    versions.add(int(c.model_extra["weight_version"]))  # each token chunk's
             return n
+
+        versions: set[int] = set()
 
         await oai.completions.create(model=job, prompt="Hi", max_tokens=1)  # loads the tokenizer
         async with AsyncClient(real_gw["base"], token=TOKEN, job_id=job, timeout=300) as client:
@@ -486,6 +490,7 @@ def test_real_sampler_serves_concurrent_calls_in_one_batch(real_gw: dict[str, An
         assert all(len(g["results"][0]["samples"][0]["token_ids"]) == tokens for g in out[:4])
         assert all(len(c.choices[0].model_extra["token_ids"]) == tokens for c in out[4:8])
         assert out[8:] == [tokens, tokens]
+        assert versions == {int(out[0]["weight_version"])}  # the weights of the streams' tokens
 
     seen = len(_tail(real_gw))
     asyncio.run(go())

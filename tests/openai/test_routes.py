@@ -182,6 +182,8 @@ def test_chat_stream_is_incremental(openai_server: OpenAIServer) -> None:
     # streamed = unstreamed, token for token and character for character
     full = post(openai_server, "/chat/completions", {**body, "stream": False}).json()
     assert token_ids == full["choices"][0]["token_ids"]
+    # every token chunk names the weights that produced its tokens, as the whole reply does
+    assert {c["weight_version"] for _, c in content} == {full["weight_version"]}
     text = "".join(c["choices"][0]["delta"]["content"] for _, c in content)
     assert text == full["choices"][0]["message"]["content"]
     # the first token chunk reached the client before the server produced the last token

@@ -112,7 +112,8 @@ class FakeSampler(TokenizedSampler):
         seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
         s_seed, s_idx = (0, 0) if p.greedy else (seed, index)
         budget = min(p.max_tokens, self.max_model_len - len(prompt))
-        stream = draws(s_seed, s_idx, self.weight_version, prompt, budget)
+        version = self.weight_version  # the weights this sample is drawn from, start to end
+        stream = draws(s_seed, s_idx, version, prompt, budget)
         tokens: list[int] = []
         for j, z in enumerate(stream):
             if self.token_delay_s:
@@ -124,7 +125,7 @@ class FakeSampler(TokenizedSampler):
             if p.logprobs is not None:
                 lp = [float(token_logprob(t, len(prompt) + j, prev, self.model_step))]
             text = tokenizer.decode(tokens)
-            ev = StreamEvent([t], lp, text, time.time())
+            ev = StreamEvent([t], lp, text, time.time(), weight_version=version)
             if len(tokens) >= p.min_tokens:
                 if t in p.stop_token_ids:
                     ev.text = text if p.include_stop_str else tokenizer.decode(tokens[:-1])

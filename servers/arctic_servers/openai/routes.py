@@ -4,7 +4,8 @@
 Responses carry vLLM's RL extensions unconditionally: top-level `prompt_token_ids` (chat and
 completions; completions also per choice) and per-choice `token_ids`, plus `weight_version`
 (the weights that produced the sample). `stream: true` answers Server-Sent Events, one chunk per
-group of tokens the sampler produced since the last chunk, then `data: [DONE]`; with
+group of tokens the sampler produced since the last chunk (each with the `weight_version` that
+produced its tokens), then `data: [DONE]`; with
 `stream_options.include_usage` a final usage chunk. With `n > 1` the samples stream
 concurrently, each chunk naming its choice `index`. vLLM's `stream_interval` k holds a choice's
 tokens back until k have piled up (its first tokens and its finish go out at once).
@@ -409,6 +410,8 @@ class OpenAIRoutes:
                 if ev.finished:
                     choice["stop_reason"] = ev.stop_reason
                 chunk: dict[str, Any] = {**env, "choices": [choice]}
+                if ev.weight_version is not None:
+                    chunk["weight_version"] = ev.weight_version  # the weights of these tokens
                 if req.timing:
                     chunk["arctic_generated_at"] = ev.generated_at
                     chunk["arctic_sent_at"] = time.time()

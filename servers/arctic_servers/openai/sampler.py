@@ -95,7 +95,8 @@ class StreamEvent:
     """New tokens of a streamed sample; the last event has `finished` set.
 
     `text` is the sample's whole text so far (already cut before a matched stop string);
-    `generated_at` is the server's `time.time()` when the newest token was produced.
+    `generated_at` is the server's `time.time()` when the newest token was produced;
+    `weight_version` the weights that produced the tokens (None: the sampler does not say).
     """
 
     token_ids: list[int]
@@ -105,6 +106,7 @@ class StreamEvent:
     finished: bool = False
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    weight_version: int | None = None
 
 
 def merge_events(events: Sequence[StreamEvent]) -> StreamEvent:
@@ -122,6 +124,7 @@ def merge_events(events: Sequence[StreamEvent]) -> StreamEvent:
         last.finished,
         last.finish_reason,
         last.stop_reason,
+        last.weight_version,
     )
 
 

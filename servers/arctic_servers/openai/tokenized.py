@@ -272,16 +272,18 @@ def stream_body(prompt: Sequence[int], params: Mapping[str, Any], index: int) ->
 
 
 async def stream_events(items: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[StreamEvent]:
-    """A worker's stream messages (new `token_ids`, `logprobs`, `text` delta, `at`; the last
-    has `finished`) as `StreamEvent`s carrying the whole text so far."""
+    """A worker's stream messages (new `token_ids`, `logprobs`, `text` delta, `at`,
+    `weight_version`; the last has `finished`) as `StreamEvent`s carrying the whole text so far."""
     text = ""
     async for item in items:
         text += str(item.get("text") or "")
+        version = item.get("weight_version")
         ev = StreamEvent(
             [int(t) for t in item.get("token_ids") or []],
             item.get("logprobs"),
             text,
             float(item.get("at") or 0.0),
+            weight_version=int(version) if version is not None else None,
         )
         if item.get("finished"):
             ev.finished = True
@@ -302,10 +304,17 @@ async def continuation_stream(
     max_tokens = int(params.get("max_tokens") or 16)
     chunk_tokens = max(1, chunk_tokens)
     if any(params.get(k) for k in NOT_INCREMENTAL):
-        samples, _ = await sampler.generate([prompt], {**params, "n": 1})
+        samples, version = await sampler.generate([prompt], {**params, "n": 1})
         s = samples[0][0]
         yield StreamEvent(
-            s.token_ids, s.logprobs, s.text, time.time(), True, s.finish_reason, s.stop_reason
+            s.token_ids,
+            s.logprobs,
+            s.text,
+            time.time(),
+            True,
+            s.finish_reason,
+            s.stop_reason,
+            weight_version=version,
         )
         return
     stops = list(params.get("stop") or [])
@@ -326,7 +335,9 @@ async def continuation_stream(
         text, hit = cut_at_stop(sampler.decode(ids), stops)
         reason = s.get("finish_reason") or "length"
         done = hit is not None or reason != "length" or len(ids) >= max_tokens or not new
+        version = res.get("weight_version")
         ev = StreamEvent(new, s.get("logprobs"), text, time.time())
+        ev.weight_version = int(version) if version is not None else None
         if done:
             ev.finished = True
             ev.finish_reason = "stop" if hit is not None or reason == "stop" else reason
