@@ -304,7 +304,7 @@ async def continuation_stream(
     max_tokens = int(params.get("max_tokens") or 16)
     chunk_tokens = max(1, chunk_tokens)
     if any(params.get(k) for k in NOT_INCREMENTAL):
-        samples, version = await sampler.generate([prompt], {**params, "n": 1})
+        samples, whole_version = await sampler.generate([prompt], {**params, "n": 1})
         s = samples[0][0]
         yield StreamEvent(
             s.token_ids,
@@ -314,7 +314,7 @@ async def continuation_stream(
             True,
             s.finish_reason,
             s.stop_reason,
-            weight_version=version,
+            weight_version=whole_version,
         )
         return
     stops = list(params.get("stop") or [])
@@ -335,9 +335,9 @@ async def continuation_stream(
         text, hit = cut_at_stop(sampler.decode(ids), stops)
         reason = s.get("finish_reason") or "length"
         done = hit is not None or reason != "length" or len(ids) >= max_tokens or not new
-        version = res.get("weight_version")
+        got = res.get("weight_version")
         ev = StreamEvent(new, s.get("logprobs"), text, time.time())
-        ev.weight_version = int(version) if version is not None else None
+        ev.weight_version = int(got) if got is not None else None
         if done:
             ev.finished = True
             ev.finish_reason = "stop" if hit is not None or reason == "stop" else reason
