@@ -20,7 +20,10 @@ Qwen-style template (their samples' text is that tokenizer's decoding).
 Streaming: on a vLLM sampler, token by token through the servicer's `generate_stream` (the worker
 host's `stream` op: the new tokens of every engine step; a client that disconnects has its
 request aborted in the engine). Fake workers do not stream: there each step of a stream asks
-for up to `chunk_tokens` more tokens (`tokenized.continuation_stream`).
+for up to `chunk_tokens` more tokens (`tokenized.continuation_stream`), each a generate of its
+own, so a weight sync between two of them moves the rest of the sample to the new weights; every
+chunk's `weight_version` says which weights produced its tokens (a vLLM sampler's stream is one
+engine request: one version from its first token to its last).
 """
 
 from __future__ import annotations
