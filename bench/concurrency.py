@@ -55,19 +55,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common.proc_cpu import MARK_VAR, ServerCpu, new_mark
+from common.bench_servers import busy_periods, engine_log, start, stop, uptime
+from common.proc_cpu import ServerCpu, new_mark
 from common.sampling_paths import BARE, TOKEN, Paths, chat_ids, timed
 from common.vllm_direct import Direct, prompts_of
 from common.vllm_serve import VllmServe
@@ -86,94 +83,6 @@ PATHS = {"onprem": SERVER_PATHS, "inproc": ["protocol-inproc"], "gateway": SERVE
 PATHS["vllm-serve"] = ["openai-completions", "openai-stream", *BARE]  # vLLM's own server
 SMOKE_PATHS = ["protocol-http", "openai-completions", "openai-stream"]
 TARGETS = {8: 1.5, 32: 1.5, 64: 2.0}
-
-
-def uptime() -> str:
-    """The load averages (1, 5, 15 min), as `uptime` prints them."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
-# --------------------------------------------------------------------------- servers
-
-
-def _start(
-    argv: list[str], tmp: Path, name: str, mark: str
-) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    ready = tmp / f"{name}.ready.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(sys.path[:3]),
-        "ARCTIC_GATEWAY_TOKENS": TOKEN,
-        MARK_VAR: mark,  # its workers inherit it: their CPU is read by it (proc_cpu.py)
-    }
-    env.pop("PYTHONWARNINGS", None)
-    with (tmp / f"{name}.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [*argv, "--ready-file", str(ready)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 180
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((tmp / f"{name}.log").read_text(errors="replace")[-3000:])
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())
-
-
-def start(
-    server: str, tmp: Path, threads: int, db_dir: Path | None = None, mark: str = ""
-) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    if server == "onprem":
-        args = f"arctic_servers.onprem serve --threads {threads} --prewarm= --data-dir {tmp}/d"
-    else:
-        args = (
-            f"arctic_servers.gateway --db {db_dir or tmp}/gw.sqlite --engine onprem "
-            f"--worker-threads {threads} --answer-mode inline --data-dir {tmp}/gw"
-        )
-    argv = [sys.executable, "-m", *args.split(), "--port", "0", "--grpc-port", "0"]
-    return _start(argv, tmp, server, mark or new_mark())
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, 9)  # workers left in its session
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-async def engine_log(client: Any, cursor: int) -> tuple[list[str], int]:
-    """The sampling worker's log lines from `cursor` (tail-logs), and the next cursor."""
-    lines: list[str] = []
-    while True:
-        res = await client.operation(
-            operation_type="tail-logs",
-            sub_job_type="sampling",
-            payload={"cursor": cursor + len(lines), "limit": 1000},
-        )
-        page = res.get("result", res)
-        lines += [str(e) for e in page["entries"]]
-        if page["eof"] or not page["entries"]:
-            return lines, cursor + len(lines)
-
-
-def busy_periods(lines: list[str]) -> list[tuple[int, int, int]]:
-    """(calls, engine steps, most requests in the engine at once) of each busy-period line."""
-    from arctic_servers.engines.vllm.engine_batch import IDLE_MARK
-
-    pat = re.compile(IDLE_MARK + r" (\d+) calls .* in (\d+) engine steps, .* at most (\d+) ")
-    return [(int(m[1]), int(m[2]), int(m[3])) for ln in lines if (m := pat.search(ln))]
 
 
 async def throughput(

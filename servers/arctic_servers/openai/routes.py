@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
-import time
-import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -36,75 +33,22 @@ from aiohttp import web
 from ..protocol import limits as input_limits
 from ..protocol.errors import ProtocolError
 from . import request_fields
-from .requests import Request, chat_request, completion_request, special_tokens, token_strings
-from .sampler import OpenAIError, Resolver, Sampler, StreamEvent, hold_back, merge_events
+from .reply_parts import (
+    chat_logprobs,
+    envelope,
+    finish_reason,
+    ignored_header,
+    text_logprobs,
+    usage,
+)
+from .requests import chat_request, completion_request, special_tokens
+from .sampler import OpenAIError, Resolver
+from .streaming import stream_reply
 
 __all__ = ["add_openai_routes"]
 
 log = logging.getLogger("arctic_servers.openai")
-FINISH = {"stop": "stop", "length": "length", "abort": "content_filter"}
 Handler = Callable[[web.Request], Any]
-
-
-_LOGGED: set[tuple[str, str]] = set()  # (route, names) already warned about
-
-
-def _ignored(request: web.Request | None, ignored: Sequence[str]) -> dict[str, str]:
-    """The reply's header naming the request's unknown fields (none: no header), and a warning
-    in the server's log the first time a route sees that set of names (a client sends the same
-    vendor fields on every request; `request` None: not logged)."""
-    if not ignored:
-        return {}
-    names = ", ".join(ignored)
-    if request is not None and (request.path, names) not in _LOGGED and len(_LOGGED) < 1024:
-        _LOGGED.add((request.path, names))
-        log.warning("%s: request fields ignored (unknown here): %s", request.path, names)
-    return {request_fields.IGNORED_HEADER: names}
-
-
-def _finish(reason: str | None) -> str:
-    return FINISH.get(reason or "stop", "stop")
-
-
-def _usage(prompts: Sequence[Sequence[int]], completion_tokens: int) -> dict[str, int]:
-    p = sum(len(x) for x in prompts)
-    return {
-        "prompt_tokens": p,
-        "completion_tokens": completion_tokens,
-        "total_tokens": p + completion_tokens,
-    }
-
-
-def _chat_logprobs(
-    sampler: Sampler, req: Request, ids: Sequence[int], lps: Sequence[float] | None
-) -> dict[str, Any] | None:
-    if not req.logprobs or lps is None:
-        return None
-    toks = token_strings(sampler, ids, req.token_id_strings)
-    return {
-        "content": [
-            {"token": t, "logprob": float(v), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-            for t, v in zip(toks, lps, strict=False)
-        ]
-    }
-
-
-def _text_logprobs(
-    sampler: Sampler, req: Request, ids: Sequence[int], lps: Sequence[float] | None, offset: int = 0
-) -> dict[str, Any] | None:
-    if not req.logprobs or lps is None:
-        return None
-    toks = token_strings(sampler, ids, req.token_id_strings)
-    offsets, pos = [], offset
-    for t in toks:
-        offsets.append(pos)
-        pos += len(t)
-    return {
-        "tokens": toks,
-        "token_logprobs": [float(v) for v in lps],
-        "top_logprobs": None,
-        "text_offset": offsets,
-    }
 
 
 class OpenAIRoutes:
@@ -199,10 +143,10 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = chat_request(body, sampler)
-        headers = _ignored(request, req.ignored)
+        headers = ignored_header(request, req.ignored)
         with sampler.admit():
             if req.stream:
-                return await self._stream(request, sampler, req, chat=True)
+                return await stream_reply(request, sampler, req, chat=True)
             results, version = await sampler.generate(req.prompts, req.params)
         samples = results[0]
         choices = []
@@ -211,15 +155,15 @@ class OpenAIRoutes:
                 {
                     "index": i,
                     "message": {"role": "assistant", "content": s.text, "tool_calls": []},
-                    "logprobs": _chat_logprobs(sampler, req, s.token_ids, s.logprobs),
-                    "finish_reason": _finish(s.finish_reason),
+                    "logprobs": chat_logprobs(sampler, req, s.token_ids, s.logprobs),
+                    "finish_reason": finish_reason(s.finish_reason),
                     "stop_reason": s.stop_reason,
                     "token_ids": s.token_ids,
                 }
             )
-        out = self._envelope("chat.completion", "chatcmpl", req, version)
+        out = envelope("chat.completion", "chatcmpl", req, version)
         out["choices"] = choices
-        out["usage"] = _usage(req.prompts, sum(len(s.token_ids) for s in samples))
+        out["usage"] = usage(req.prompts, sum(len(s.token_ids) for s in samples))
         out["prompt_token_ids"] = req.prompts[0]
         return web.json_response(out, headers=headers)
 
@@ -228,10 +172,10 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = completion_request(body, sampler)
-        headers = _ignored(request, req.ignored)
+        headers = ignored_header(request, req.ignored)
         with sampler.admit():
             if req.stream:
-                return await self._stream(request, sampler, req, chat=False)
+                return await stream_reply(request, sampler, req, chat=False)
             results, version = await sampler.generate(req.prompts, req.params)
         choices: list[dict[str, Any]] = []
         n_tokens = 0
@@ -242,19 +186,19 @@ class OpenAIRoutes:
                     {
                         "index": len(choices),
                         "text": prefix + s.text,
-                        "logprobs": _text_logprobs(
+                        "logprobs": text_logprobs(
                             sampler, req, s.token_ids, s.logprobs, len(prefix)
                         ),
-                        "finish_reason": _finish(s.finish_reason),
+                        "finish_reason": finish_reason(s.finish_reason),
                         "stop_reason": s.stop_reason,
                         "token_ids": s.token_ids,
                         "prompt_token_ids": req.prompts[pi],
                     }
                 )
                 n_tokens += len(s.token_ids)
-        out = self._envelope("text_completion", "cmpl", req, version)
+        out = envelope("text_completion", "cmpl", req, version)
         out["choices"] = choices
-        out["usage"] = _usage(req.prompts, n_tokens)
+        out["usage"] = usage(req.prompts, n_tokens)
         out["prompt_token_ids"] = req.prompts[0]
         return web.json_response(out, headers=headers)
 
@@ -273,7 +217,7 @@ class OpenAIRoutes:
             raise OpenAIError(400, "prompt: expected a string (or messages)", param="prompt")
         return web.json_response(
             {"tokens": ids, "count": len(ids), "max_model_len": sampler.max_model_len},
-            headers=_ignored(request, ignored),
+            headers=ignored_header(request, ignored),
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
@@ -296,134 +240,6 @@ class OpenAIRoutes:
                 code="invalid_value",
             )
         return web.json_response({"prompt": sampler.decode(ids)})
-
-    @staticmethod
-    def _envelope(obj: str, prefix: str, req: Request, version: int | None) -> dict[str, Any]:
-        return {
-            "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
-            "object": obj,
-            "created": int(time.time()),
-            "model": req.model,
-            "weight_version": version,
-        }
-
-    # ------------------------------------------------------------------ streaming
-
-    async def _stream(
-        self,
-        request: web.Request,
-        sampler: Sampler,
-        req: Request,
-        *,
-        chat: bool,
-    ) -> web.StreamResponse:
-        n = int(req.params.get("n") or 1)
-        params = {k: v for k, v in req.params.items() if k != "n"}
-        env = self._envelope(
-            "chat.completion.chunk" if chat else "text_completion",
-            "chatcmpl" if chat else "cmpl",
-            req,
-            None,
-        )
-        env.pop("weight_version")
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                **_ignored(None, req.ignored),
-            }
-        )
-        await resp.prepare(request)
-
-        async def send(obj: Any) -> None:
-            data = obj if isinstance(obj, str) else json.dumps(obj)
-            await resp.write(f"data: {data}\n\n".encode())
-
-        queue: asyncio.Queue[tuple[int, int, StreamEvent | BaseException | None]] = asyncio.Queue()
-        jobs = [(pi, k) for pi in range(len(req.prompts)) for k in range(n)]
-
-        async def pump(choice: int, pi: int, k: int) -> None:
-            try:
-                async for ev in sampler.stream(req.prompts[pi], params, index=k):
-                    await queue.put((choice, pi, ev))
-            except BaseException as exc:
-                await queue.put((choice, pi, exc))
-            finally:
-                await queue.put((choice, pi, None))
-
-        tasks = [asyncio.create_task(pump(c, pi, k)) for c, (pi, k) in enumerate(jobs)]
-        stops = list(params.get("stop") or [])
-        sent = {c: "" for c in range(len(jobs))}
-        held: dict[int, list[StreamEvent]] = {}  # stream_interval: each choice's unsent events
-        started: set[int] = set()  # the choices whose first tokens went out
-        done, total = 0, 0
-        try:
-            for c, (pi, _) in enumerate(jobs):
-                first: dict[str, Any] = {"index": c, "logprobs": None, "finish_reason": None}
-                if chat:
-                    first["delta"] = {"role": "assistant", "content": ""}
-                else:
-                    first["text"] = req.echo_text[pi] if req.echo_text else ""
-                await send({**env, "choices": [first], "prompt_token_ids": req.prompts[pi]})
-            while done < len(jobs):
-                c, pi, ev = await queue.get()
-                flushed = False
-                if ev is None:  # that choice's stream has ended (its held tokens go out now)
-                    done += 1
-                    if c not in held:
-                        continue
-                    ev, flushed = merge_events(held.pop(c)), True
-                if isinstance(ev, BaseException):
-                    held.pop(c, None)
-                    err = (
-                        ev
-                        if isinstance(ev, OpenAIError)
-                        else OpenAIError(500, str(ev), type="server_error")
-                    )
-                    await send(err.body())
-                    continue
-                if req.stream_interval > 1 and not flushed:
-                    pending = held.setdefault(c, [])
-                    pending.append(ev)
-                    count = sum(len(e.token_ids) for e in pending)
-                    if c in started and not ev.finished and count < req.stream_interval:
-                        continue
-                    ev = merge_events(held.pop(c))
-                    started.add(c)
-                total += len(ev.token_ids)
-                text = (
-                    ev.text if ev.finished else ev.text[: len(ev.text) - hold_back(ev.text, stops)]
-                )
-                delta = text[len(sent[c]) :] if text.startswith(sent[c]) else ""
-                sent[c] += delta
-                choice: dict[str, Any] = {
-                    "index": c,
-                    "token_ids": ev.token_ids,
-                    "finish_reason": _finish(ev.finish_reason) if ev.finished else None,
-                }
-                if chat:
-                    choice["delta"] = {"content": delta}
-                    choice["logprobs"] = _chat_logprobs(sampler, req, ev.token_ids, ev.logprobs)
-                else:
-                    choice["text"] = delta
-                    choice["logprobs"] = _text_logprobs(sampler, req, ev.token_ids, ev.logprobs)
-                if ev.finished:
-                    choice["stop_reason"] = ev.stop_reason
-                chunk: dict[str, Any] = {**env, "choices": [choice]}
-                if ev.weight_version is not None:
-                    chunk["weight_version"] = ev.weight_version  # the weights of these tokens
-                if req.timing:
-                    chunk["arctic_generated_at"] = ev.generated_at
-                    chunk["arctic_sent_at"] = time.time()
-                await send(chunk)
-            if req.include_usage:
-                await send({**env, "choices": [], "usage": _usage(req.prompts, total)})
-            await send("[DONE]")
-        finally:
-            for t in tasks:
-                t.cancel()
-        await resp.write_eof()
-        return resp
 
 
 def add_openai_routes(

@@ -1,0 +1,91 @@
+"""The pieces of an OpenAI-shaped reply that the whole and the streamed replies share: the
+envelope, `usage`, `finish_reason`, log-prob blocks, and the header naming ignored fields."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from . import request_fields
+from .requests import Request, token_strings
+from .sampler import Sampler
+
+log = logging.getLogger("arctic_servers.openai")
+FINISH = {"stop": "stop", "length": "length", "abort": "content_filter"}
+
+
+_LOGGED: set[tuple[str, str]] = set()  # (route, names) already warned about
+
+
+def ignored_header(request: web.Request | None, ignored: Sequence[str]) -> dict[str, str]:
+    """The reply's header naming the request's unknown fields (none: no header), and a warning
+    in the server's log the first time a route sees that set of names (a client sends the same
+    vendor fields on every request; `request` None: not logged)."""
+    if not ignored:
+        return {}
+    names = ", ".join(ignored)
+    if request is not None and (request.path, names) not in _LOGGED and len(_LOGGED) < 1024:
+        _LOGGED.add((request.path, names))
+        log.warning("%s: request fields ignored (unknown here): %s", request.path, names)
+    return {request_fields.IGNORED_HEADER: names}
+
+
+def finish_reason(reason: str | None) -> str:
+    return FINISH.get(reason or "stop", "stop")
+
+
+def usage(prompts: Sequence[Sequence[int]], completion_tokens: int) -> dict[str, int]:
+    p = sum(len(x) for x in prompts)
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": completion_tokens,
+        "total_tokens": p + completion_tokens,
+    }
+
+
+def chat_logprobs(
+    sampler: Sampler, req: Request, ids: Sequence[int], lps: Sequence[float] | None
+) -> dict[str, Any] | None:
+    if not req.logprobs or lps is None:
+        return None
+    toks = token_strings(sampler, ids, req.token_id_strings)
+    return {
+        "content": [
+            {"token": t, "logprob": float(v), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, v in zip(toks, lps, strict=False)
+        ]
+    }
+
+
+def text_logprobs(
+    sampler: Sampler, req: Request, ids: Sequence[int], lps: Sequence[float] | None, offset: int = 0
+) -> dict[str, Any] | None:
+    if not req.logprobs or lps is None:
+        return None
+    toks = token_strings(sampler, ids, req.token_id_strings)
+    offsets, pos = [], offset
+    for t in toks:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": toks,
+        "token_logprobs": [float(v) for v in lps],
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+def envelope(obj: str, prefix: str, req: Request, version: int | None) -> dict[str, Any]:
+    """A reply's (or a stream chunk's) fields beside its choices."""
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": req.model,
+        "weight_version": version,
+    }
