@@ -48,7 +48,9 @@ shares the machine's cores with the engine; `server cpu s` / `engine cpu s`: the
 server's own process and for its workers and engine processes (`common/proc_cpu.py`; `-` for
 `inproc`), so a row shows which side a miss comes from. Targets (printed, not asserted): `p ratio`
 (`ratio` for chat) <= 1.5 at N = 8 and 32, <= 2 at N = 64; batched throughput >= 0.95x direct.
-`uptime` is recorded beside the numbers: the machine is shared. Measured runs: bench/README.md.
+`uptime` is recorded beside the numbers: the machine is shared. A run stops with an error if the
+N calls or a batched call produce other than N x `max_tokens` tokens (a short reference would
+flatter the ratio). Measured runs: bench/README.md.
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ async def measure_levels(
                 c0 = time.process_time()  # this process: the clients (and inproc's server)
                 wall, lat, toks = await timed(calls)
                 cpus.append(time.process_time() - c0)
+                if toks != n * tokens:
+                    raise RuntimeError(f"{server} {path}: {n} calls gave {toks} tokens, not "
+                                       f"{n * tokens}")  # fmt: skip
                 s1 = cpu.sample() if cpu is not None else None
                 if s0 is not None and s1 is not None:
                     server_cpus.append((s1[0] - s0[0], s1[1] - s0[1]))
@@ -165,7 +170,11 @@ async def measure_levels(
                     steps = max(steps, sum(st for _, st, _ in periods))
                 one_call = p.path_batched(path, ref)  # (its busy period: skipped above)
                 if one_call is not None:
-                    pwalls.append((await timed([one_call]))[0])
+                    pwall, _, got = await timed([one_call])
+                    if got != n * tokens:  # a shorter reference would flatter the ratio
+                        raise RuntimeError(f"{server} {path}: one call of {n} prompts gave {got} "
+                                           f"tokens, not {n * tokens}")  # fmt: skip
+                    pwalls.append(pwall)
             lats.sort()
             w, bw = statistics.median(walls), statistics.median(bwalls)
             p50, p99 = lats[len(lats) // 2], lats[min(len(lats) - 1, int(0.99 * len(lats)))]
