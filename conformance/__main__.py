@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 
 def serve_parser() -> argparse.ArgumentParser:
+    from arctic_servers.protocol.observability_args import add_observability_arguments
+
     p = argparse.ArgumentParser(
         prog="python -m conformance serve",
         description="Run the fake gateway (HTTP and gRPC) until interrupted.",
@@ -37,11 +39,13 @@ def serve_parser() -> argparse.ArgumentParser:
         help="seconds before placing, initializing, running (default 0,0,0)",
     )
     p.add_argument("--max-total-gpus", type=int, default=64)
+    add_observability_arguments(p)
     return p
 
 
 async def _serve(args: argparse.Namespace) -> int:
     from arctic_servers.protocol.entrypoints import stop_signal
+    from arctic_servers.protocol.observability_args import observability_from_args
 
     from .fake import JobDelays, start_fake
     from .fake.server import DEFAULT_PATH
@@ -61,8 +65,11 @@ async def _serve(args: argparse.Namespace) -> int:
         answer_mode=args.answer_mode,
         delays=JobDelays(placing, init, running),
         max_total_gpus=args.max_total_gpus,
+        **observability_from_args(args, "arctic-fake"),
     )
     print(f"fake gateway: http {fake.base_url}", flush=True)
+    if fake.server.metrics is not None:
+        print(f"  metrics {fake.server.metrics.url}", flush=True)
     print(f"  prefix  {fake.base_url}{DEFAULT_PATH}", flush=True)
     if fake.server.grpc_port:
         print(f"  grpc    {fake.grpc_target}", flush=True)

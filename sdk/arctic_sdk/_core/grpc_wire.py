@@ -28,6 +28,7 @@ from .errors_parse import ParsedError, parse_error, retry_after, to_exception
 from .replies import Exchange, Lost, Raw, Refused, Reply, Status, Submitted, Value
 
 ERROR_TRAILER = "x-arctic-error-bin"
+REQUEST_ID_TRAILER = "x-request-id"
 # gRPC status -> HTTP status (the usual gateway mapping), for errors without the trailer.
 _HTTP_OF = {
     "INVALID_ARGUMENT": 400,
@@ -161,6 +162,8 @@ class GrpcWire:
 
     def _error(self, method: MethodInfo, resp: GrpcResponse) -> Reply:
         trailer = resp.trailers.get(ERROR_TRAILER)
+        rid_raw = resp.trailers.get(REQUEST_ID_TRAILER)  # the server's id of this call
+        rid = rid_raw.decode() if isinstance(rid_raw, bytes) else rid_raw
         if trailer is None:
             if resp.code in _TRANSPORT:
                 low = resp.details.lower()
@@ -180,6 +183,7 @@ class GrpcWire:
                     parsed,
                     status=status,
                     op=method.name,
+                    request_id=rid,
                     redact=self._redact,
                     grpc_status=resp.code,
                 )
@@ -193,6 +197,7 @@ class GrpcWire:
                 parsed,
                 status=http,
                 op=method.name,
+                request_id=rid,
                 retry_after_s=retry_after({}, parsed.details),
                 redact=self._redact,
                 grpc_status=resp.code,

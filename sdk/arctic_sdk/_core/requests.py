@@ -118,7 +118,8 @@ class HttpWire:
         if isinstance(resp, ConnectionFailure):
             return Lost(resp)
         method = ex.method
-        rid = resp.headers.get("x-arctic-request-id")
+        # the request's id (a data-plane answer), else the server's id of this exchange
+        rid = resp.headers.get("x-arctic-request-id") or resp.headers.get("x-request-id")
         if resp.status >= 400 or resp.status < 200:
             parsed = parse_error(resp.body, resp.status)
             return Refused(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import dataclasses
 import importlib
 import logging
 import sys
@@ -17,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+from .. import tracing
 from .._client_base import CallOptions
 from .._core.calls import call_flow, prepare
 from .._core.effects import (
@@ -116,8 +119,57 @@ def _log_exchange(request: Request, answer: Answer, started: float) -> None:
     )
 
 
-def run_sync(flow: Flow[T], send: Callable[[Any], Answer], reporter: ProgressReporter) -> T:
-    """Drive `flow` to completion with blocking I/O."""
+def _traced(request: Request) -> Request:
+    """The request carrying the current span's context (W3C `traceparent`), when tracing."""
+    carrier = tracing.current_carrier()
+    if not carrier:
+        return request
+    if isinstance(request, HttpRequest):
+        return dataclasses.replace(request, headers={**request.headers, **carrier})
+    return dataclasses.replace(request, metadata=(*request.metadata, *carrier.items()))
+
+
+def _answered(span: Any, answer: Answer) -> None:
+    """Note the server's request id of an answer on the call's span."""
+    if isinstance(answer, HttpResponse):
+        rid = answer.headers.get("x-arctic-request-id") or answer.headers.get("x-request-id")
+    elif isinstance(answer, ConnectionFailure):
+        return
+    else:
+        raw = answer.trailers.get("x-request-id")
+        rid = raw.decode() if isinstance(raw, bytes) else raw
+    if rid:
+        span.set_attribute("arctic.request_id", rid)
+
+
+def _call_span(method: MethodInfo | None) -> Any:
+    if method is None:
+        return None
+    return tracing.start_span(f"arctic.sdk {method.name}", kind="client",
+                              attributes={"arctic.op": method.name})  # fmt: skip
+
+
+def run_sync(
+    flow: Flow[T],
+    send: Callable[[Any], Answer],
+    reporter: ProgressReporter,
+    method: MethodInfo | None = None,
+) -> T:
+    """Drive `flow` to completion with blocking I/O (in a span of `method`'s, when tracing)."""
+    span = _call_span(method)
+    if span is None:
+        return _run_sync(flow, send, reporter, None)
+    with tracing.use_span(span):
+        try:
+            return _run_sync(flow, send, reporter, span)
+        except Exception as exc:
+            tracing.record_error(span, exc)
+            raise
+
+
+def _run_sync(
+    flow: Flow[T], send: Callable[[Any], Answer], reporter: ProgressReporter, span: Any
+) -> T:
     bars: dict[str, Any] = {}
     value: Any = None
     try:
@@ -129,7 +181,10 @@ def run_sync(flow: Flow[T], send: Callable[[Any], Answer], reporter: ProgressRep
             value = None
             if isinstance(effect, Send):
                 started = time.perf_counter()
-                value = send(effect.request)
+                request = effect.request if span is None else _traced(effect.request)
+                value = send(request)
+                if span is not None:
+                    _answered(span, value)
                 _log_exchange(effect.request, value, started)
             elif isinstance(effect, Sleep):
                 time.sleep(max(0.0, effect.seconds))
@@ -141,9 +196,26 @@ def run_sync(flow: Flow[T], send: Callable[[Any], Answer], reporter: ProgressRep
 
 
 async def run_async(
-    flow: Flow[T], send: Callable[[Any], Awaitable[Answer]], reporter: ProgressReporter
+    flow: Flow[T],
+    send: Callable[[Any], Awaitable[Answer]],
+    reporter: ProgressReporter,
+    method: MethodInfo | None = None,
 ) -> T:
-    """Drive `flow` to completion in the running event loop."""
+    """Drive `flow` to completion in the running event loop (in a span, when tracing)."""
+    span = _call_span(method)
+    if span is None:
+        return await _run_async(flow, send, reporter, None)
+    with tracing.use_span(span):
+        try:
+            return await _run_async(flow, send, reporter, span)
+        except Exception as exc:
+            tracing.record_error(span, exc)
+            raise
+
+
+async def _run_async(
+    flow: Flow[T], send: Callable[[Any], Awaitable[Answer]], reporter: ProgressReporter, span: Any
+) -> T:
     bars: dict[str, Any] = {}
     value: Any = None
     try:
@@ -155,7 +227,10 @@ async def run_async(
             value = None
             if isinstance(effect, Send):
                 started = time.perf_counter()
-                value = await send(effect.request)
+                request = effect.request if span is None else _traced(effect.request)
+                value = await send(request)
+                if span is not None:
+                    _answered(span, value)
                 _log_exchange(effect.request, value, started)
             elif isinstance(effect, Sleep):
                 await asyncio.sleep(max(0.0, effect.seconds))
@@ -179,11 +254,11 @@ class SyncTransport:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def run(self, flow: Flow[T]) -> T:
-        return run_sync(flow, self.io.send, self.reporter)
+    def run(self, flow: Flow[T], method: MethodInfo | None = None) -> T:
+        return run_sync(flow, self.io.send, self.reporter, method)
 
     def call(self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None) -> Any:
-        return self.run(call_flow(self.state, prepare(self.state, method, body, options)))
+        return self.run(call_flow(self.state, prepare(self.state, method, body, options)), method)
 
     def submit(
         self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None
@@ -194,7 +269,8 @@ class SyncTransport:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     self.config.max_in_flight, thread_name_prefix="arctic-call"
                 )
-            return self._pool.submit(self.run, flow)
+            # the caller's context (its current span) goes with the call into the pool
+            return self._pool.submit(contextvars.copy_context().run, self.run, flow, method)
 
     def close(self) -> None:
         with self._lock:
@@ -215,20 +291,21 @@ class AsyncTransport:
         self.state = CoreState(config, wire, seq_start=seq_start)
         self.reporter = ProgressReporter(config.progress)
 
-    async def run(self, flow: Flow[T]) -> T:
-        return await run_async(flow, self.io.send, self.reporter)
+    async def run(self, flow: Flow[T], method: MethodInfo | None = None) -> T:
+        return await run_async(flow, self.io.send, self.reporter, method)
 
     async def call(
         self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None
     ) -> Any:
-        return await self.run(call_flow(self.state, prepare(self.state, method, body, options)))
+        flow = call_flow(self.state, prepare(self.state, method, body, options))
+        return await self.run(flow, method)
 
     def submit(
         self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()  # futures belong to the caller's running loop
         flow = call_flow(self.state, prepare(self.state, method, body, options))
-        return loop.create_task(self.run(flow))
+        return loop.create_task(self.run(flow, method))
 
     async def close(self) -> None:
         await self.io.close()

@@ -90,10 +90,13 @@ class InprocServer:
         )
         try:
             resp = self.binding.render(await self.core.handle(call), call)
-        except ProtocolError as exc:
-            resp = error_response(exc)
         except Exception as exc:  # a servicer bug is an internal error, as over HTTP
-            resp = error_response(ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+            if not isinstance(exc, ProtocolError):
+                exc = ProtocolError("internal", f"{type(exc).__name__}: {exc}")
+            resp = error_response(exc)
+            resp.headers["X-Request-Id"] = call.request_id
+            what = f"in-process {request.op.name}"
+            _servers("metrics_http").log_failed(what, exc.http_status, exc, None, call.request_id)
         out = lower_headers(resp.headers)
         out["content-type"] = resp.content_type
         body = resp.body

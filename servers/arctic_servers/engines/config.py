@@ -79,6 +79,8 @@ def worker_env(threads: int = 0, extra_paths: Sequence[str] = ()) -> dict[str, s
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.pop("PYTHONWARNINGS", None)
     env.pop("ARCTIC_CRASH_AT", None)
+    if env.get("ARCTIC_TRACING"):  # the server traces (--tracing): so do its workers
+        env["OTEL_SERVICE_NAME"] = env.get("OTEL_SERVICE_NAME", "arctic") + "-worker"
     return env
 
 

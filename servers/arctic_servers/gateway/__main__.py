@@ -25,6 +25,7 @@ from pathlib import Path
 from ..protocol.config import ProtocolLimits
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
+from ..protocol.observability_args import add_observability_arguments, observability_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
 MiB = 1024 * 1024
@@ -76,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add_limit_arguments(ap)
     add_tinker_arguments(ap)
+    add_observability_arguments(ap)
     ap.add_argument("command", nargs="*", help="hash-token TOKEN")
     return ap
 
@@ -120,6 +122,7 @@ async def _serve(args: argparse.Namespace) -> int:
         answer_mode=args.answer_mode,
         admin=args.admin,
         tinker=tinker_settings_from_args(args),
+        **observability_from_args(args, "arctic-gateway"),
     )
     info = {
         "base_url": gw.base_url,
@@ -131,6 +134,9 @@ async def _serve(args: argparse.Namespace) -> int:
     print(f"  prefix  {gw.prefix_url}")
     if gw.grpc_port:
         print(f"  grpc    {gw.grpc_target}")
+    if gw.metrics is not None:
+        print(f"  metrics {gw.metrics.url}")
+        info["metrics_url"] = gw.metrics.url
     print(f"  state   {settings.db}  restored {gw.restored}", flush=True)
     write_ready_file(args.ready_file, info)
     await stop_signal()

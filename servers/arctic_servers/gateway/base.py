@@ -77,6 +77,9 @@ class GatewayBase(JobControl[Job]):
     def sync_lock(self, job: Job) -> asyncio.Lock:
         return self._sync_locks.setdefault(job.job_id, asyncio.Lock())
 
+    def engine_link(self, sub: SubJob) -> WorkerClient | None:
+        return self.jobs.supervisor.client(sub)
+
     # ------------------------------------------------------------------ worker calls
 
     async def call(self, ctx: CallContext, sub: SubJob, cmd: str, **args: Any) -> Any:

@@ -198,6 +198,7 @@ class JobManager(JobQueue[Job]):
             for sub in job.sub_jobs:
                 why = self.supervisor.gone(sub) if sub.worker else None
                 if why is not None:
+                    self.supervisor.events["lost"] += 1
                     move_sub_job(sub, "failed", why)
                     self.end(job, "failed", f"sub-job {sub.sub_job_id} failed: {why}")
                     break
@@ -266,8 +267,10 @@ class JobManager(JobQueue[Job]):
                 try:
                     for sub in job.sub_jobs:
                         await self.supervisor.attach(sub)
+                        self.supervisor.events["reattached"] += 1
                     counts["running"] += 1
                 except ProtocolError as exc:
+                    self.supervisor.events["lost"] += 1
                     self.end(job, "failed", f"after a gateway restart: {exc.message}")
                     counts["failed"] += 1
             else:

@@ -24,10 +24,12 @@ from ..protocol.errors import ProtocolError
 from ..protocol.grpc_app import start_grpc_server
 from ..protocol.http_app import DEFAULT_PATH, error_response, make_app
 from ..protocol.http_server import make_runner
+from ..protocol.metrics_http import MetricsListener
 from ..protocol.serve import free_port
 from ..protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
 from ..tinker.mount import mount as mount_tinker
 from .jobs import JobManager
+from .metrics import WorkerHostsCollector
 from .model import JobStore
 from .profiles import make_profile
 from .servicer import GatewayServicer
@@ -49,6 +51,7 @@ class RunningGateway:
     stores: tuple[SqliteRequestStore, SqliteChunkStore, JobStore]
     restored: dict[str, Any] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    metrics: MetricsListener | None = None  # --metrics-port
 
     @property
     def base_url(self) -> str:
@@ -73,6 +76,8 @@ class RunningGateway:
         if self.grpc_server is not None:
             await self.grpc_server.stop(0.5)
         await self.runner.cleanup()
+        if self.metrics is not None:
+            await self.metrics.close()
         await self.servicer.jobs.shutdown()
         for s in self.stores:
             s.close()
@@ -154,9 +159,11 @@ async def start_gateway(
     inline_wait_seconds: float = 2.0,
     admin: bool = False,
     tinker: Any = None,
+    **config_fields: Any,
 ) -> RunningGateway:
     """Serve the gateway on HTTP (and gRPC unless `grpc_port` is None); 0 = a free port.
-    `tinker`: the Tinker surface's `TinkerSettings` (default ones when None)."""
+    `tinker`: the Tinker surface's `TinkerSettings` (default ones when None); other keywords
+    are `ProtocolConfig` fields (the metrics listener and operator tokens)."""
     settings.root.mkdir(parents=True, exist_ok=True)
     settings.db.parent.mkdir(parents=True, exist_ok=True)
     stores = (
@@ -181,11 +188,13 @@ async def start_gateway(
         max_inflight_per_token=settings.max_inflight_per_token,
         limits=limits or ProtocolLimits(),
         openai=True,  # /v1/... on the same listener (arctic_servers.openai.gateway)
+        **config_fields,
     )
     if grpc_port is not None:
         config = dataclasses.replace(config, grpc_port=grpc_port)
     core = ProtocolCore(servicer, config, request_store=stores[0], chunk_store=stores[1])
     servicer.core = core
+    core.metrics.add_collector(WorkerHostsCollector(jobs))  # the gateway's own families
     restored: dict[str, Any] = {"jobs": await jobs.restore()}
     restored["requests"] = await core.restore()
     log.info("restored %s", restored)
@@ -208,5 +217,6 @@ async def start_gateway(
     gw = RunningGateway(
         core, servicer, host, http_port, grpc_port or 0, runner, gserver, stores, restored
     )
+    gw.metrics = await MetricsListener.start(core)
     gw.tasks.append(asyncio.get_running_loop().create_task(_sweep_loop(settings, core, servicer)))
     return gw

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..protocol.config import token_digest
+from ..protocol.config import parse_tokens as parse_tokens  # re-exported: tests, older imports
 
 TOKENS_ENV = "ARCTIC_GATEWAY_TOKENS"
-_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 
 @dataclass(frozen=True)
@@ -49,21 +47,6 @@ class GatewaySettings:
     @property
     def checkpoint_root(self) -> Path:
         return self.root / "checkpoints"
-
-
-def parse_tokens(lines: Iterable[str]) -> frozenset[str]:
-    """Token digests from lines: `sha256:<hex>` (a digest) or a plaintext token (hashed here).
-
-    Blank lines and `#` comments are skipped; a line may end in `# owner` to say whose it is.
-    """
-    out: set[str] = set()
-    for raw in lines:
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = _DIGEST.match(line)
-        out.add(m.group(1) if m else token_digest(line))
-    return frozenset(out)
 
 
 def load_tokens(tokens_file: Path | None, env: Mapping[str, str] | None = None) -> frozenset[str]:

@@ -10,6 +10,7 @@ starts the same worker host on its node. Either way the gateway stores the worke
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -60,6 +61,8 @@ class Supervisor:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.clients: dict[str, WorkerClient] = {}
+        # launched / reattached / reconnected / lost worker hosts (`gateway/metrics.py`)
+        self.events: collections.Counter[str] = collections.Counter()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ray: Any = None
         if settings.ray_address:
@@ -124,6 +127,7 @@ class Supervisor:
             timeout = self.settings.worker_start_timeout_s
             placed = await self.ray.place(sub, spec, worker_env(self.settings), timeout)
             record.update(placed)
+            self.events["launched"] += 1
             return record
         with paths["log"].open("ab") as logf:
             argv = [self.settings.worker_python, "-m", "arctic_servers.gateway.worker_host"]
@@ -150,6 +154,7 @@ class Supervisor:
             await asyncio.sleep(0.02)
         status = json.loads(paths["status"].read_text())
         record.update(pid=int(status["pid"]), address=list(status["address"]))
+        self.events["launched"] += 1
         return record
 
     # ------------------------------------------------------------------ connect and watch
@@ -190,6 +195,7 @@ class Supervisor:
             (str(host), int(port)),
             bytes.fromhex(w["authkey"]),
             alive=lambda: self.gone(sub),
+            events=self.events,
         )
         await client.connect()
         self.clients[sub.sub_job_id] = client

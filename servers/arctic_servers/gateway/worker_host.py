@@ -53,6 +53,7 @@ from ..engines.worker.commands import lookup
 from ..engines.worker.engine_base import EngineBase
 from ..engines.worker.replies import no_delay
 from ..engines.worker.worker import BATCH_KIND, WorkerError, busy, placement, submits
+from ..protocol import tracing
 from ..protocol.states import WORKER_CALL, WORKER_HOST
 from .worker_process import (
     Channel,
@@ -84,6 +85,7 @@ class WorkerHost:
         self.stream_entries: dict[str, Entry] = {}  # stream key -> its entry (until it ends)
         self.submitted: dict[int, Entry] = {}  # engine batch id -> its entry (stream or call)
         self.submit_count = 0
+        self.spans = tracing.WorkerSpans()  # of batched commands, when the gateway traces
 
     # ------------------------------------------------------------------ connections
 
@@ -305,11 +307,13 @@ class WorkerHost:
                 if done is None:
                     WORKER_CALL.move(e, "running")
                     self.submitted[sid] = e
+                    self.spans.start(e.key, _cmd(e), e.meta.get(tracing.TRACE_KEY))
                     return
                 reply = {"ok": True, "result": done}
         self._end(e, reply)
 
     def _end(self, e: Entry, reply: dict[str, Any]) -> None:
+        self.spans.end(e.key, bool(reply.get("ok")))
         with self.lock:
             if e.kind == "stream":
                 self.stream_entries.pop(e.key, None)
@@ -386,7 +390,8 @@ class WorkerHost:
                     "unimplemented", f"{type(self.engine).__name__} has no op {e.cmd!r}"
                 )
             self.engine.note(e.meta, e.cancel)
-            return {"ok": True, "result": fn(**e.args)}
+            with tracing.worker_span(e.cmd, e.meta.get(tracing.TRACE_KEY)):
+                return {"ok": True, "result": fn(**e.args)}
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:

@@ -14,6 +14,7 @@ after a reconnect: it fails with `unavailable`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import threading
@@ -41,9 +42,14 @@ class WorkerClient(Replies):
         authkey: bytes,
         *,
         alive: Callable[[], str | None],
+        events: collections.Counter[str] | None = None,
     ) -> None:
-        """`alive()` answers None while the worker lives, else why it is gone."""
+        """`alive()` answers None while the worker lives, else why it is gone; `events` counts
+        reconnects (the supervisor's, for metrics)."""
         super().__init__()
+        self.events: collections.Counter[str] = (
+            events if events is not None else collections.Counter()
+        )
         self.sub_job_id = sub_job_id
         self.address = address
         self.authkey = authkey
@@ -115,6 +121,7 @@ class WorkerClient(Replies):
             await self.connect(attempts=30, delay=0.2)
         except ProtocolError:
             return
+        self.events["reconnected"] += 1
         for mid, fut in list(self._pending.items()):
             if fut.done():
                 continue
@@ -129,6 +136,10 @@ class WorkerClient(Replies):
                 continue
             with contextlib.suppress(ProtocolError):
                 await self._send({"op": "collect", "id": mid, "key": key})
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
 
     # ------------------------------------------------------------------ failure
 
@@ -213,8 +224,10 @@ class WorkerClient(Replies):
     async def call(
         self, cmd: str, args: dict[str, Any], *, key: str | None = None, meta: Any = None
     ) -> Any:
-        msg = {"op": "call", "key": key, "cmd": cmd, "args": args, "meta": meta or {}}
-        return await self.request(msg, key)
+        meta = dict(meta or {})
+        with self.command(cmd, meta):  # busy time; the span, whose context goes in `meta`
+            msg = {"op": "call", "key": key, "cmd": cmd, "args": args, "meta": meta}
+            return await self.request(msg, key)
 
     async def stream(
         self, args: dict[str, Any], *, meta: Any = None

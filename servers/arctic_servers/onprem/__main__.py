@@ -28,6 +28,7 @@ from pathlib import Path
 from ..engines.install_check import check
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
+from ..protocol.observability_args import add_observability_arguments, observability_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
 
@@ -87,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add_limit_arguments(p)
     add_tinker_arguments(p)
+    add_observability_arguments(p)
     c = sub.add_parser("check", help="check that the engines' Python can run the engines")
     c.add_argument(
         "--worker-python", default=sys.executable, help="interpreter of the engine workers"
@@ -122,6 +124,7 @@ async def _serve(args: argparse.Namespace) -> int:
         create_jobs=create,
         limits=limits_from_args(args),
         tinker=tinker_settings_from_args(args),
+        **observability_from_args(args, "arctic-onprem"),
     )
     info = {
         "base_url": srv.base_url,
@@ -134,6 +137,8 @@ async def _serve(args: argparse.Namespace) -> int:
     print(f"  prefix  {info['prefix_url']}", flush=True)
     if info["grpc_target"]:
         print(f"  grpc    {info['grpc_target']}", flush=True)
+    if srv.server.metrics is not None:
+        print(f"  metrics {srv.server.metrics.url}", flush=True)
     if args.admin:
         print(f"  admin   {srv.admin_url}", flush=True)
     for j in job_ids:

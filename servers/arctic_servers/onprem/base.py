@@ -57,6 +57,9 @@ class OnpremBase(JobControl[Job]):
         sub = self.target(job, ctx, method)
         return job, sub
 
+    def engine_link(self, sub: SubJob) -> Any:
+        return sub.worker
+
     @staticmethod
     async def _call(sub: SubJob, cmd: str, **args: Any) -> Any:
         if sub.worker is None:

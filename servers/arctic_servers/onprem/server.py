@@ -89,8 +89,10 @@ async def start_onprem(
     create_jobs: Sequence[Mapping[str, Any]] = (),
     limits: ProtocolLimits | None = None,
     tinker: Any = None,
+    **config_fields: Any,
 ) -> tuple[RunningOnprem, list[str]]:
-    """Serve on HTTP (and gRPC unless `grpc_port` is None); the server and pre-created job ids."""
+    """Serve on HTTP (and gRPC unless `grpc_port` is None); the server and pre-created job ids.
+    Other keywords are `ProtocolConfig` fields (the metrics listener and operator tokens)."""
     settings = settings or ServerSettings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     toks = frozenset(tokens)
@@ -103,6 +105,7 @@ async def start_onprem(
         lease_default_seconds=settings.lease_default_seconds,
         lease_max_seconds=settings.lease_max_seconds,
         limits=limits or ProtocolLimits(),
+        **config_fields,
     )
     running = await start_server(
         servicer,

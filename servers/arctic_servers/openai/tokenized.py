@@ -236,7 +236,11 @@ class ServicerSampler(TokenizedSampler):
         ctx = self._ctx()
         body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
         self.servicer.check_request(ctx, body)
-        return dict(await self.servicer.generate(ctx, body))
+        res = dict(await self.servicer.generate(ctx, body))
+        core = getattr(self.servicer, "core", None)
+        if core is not None:  # tokens sampled off the protocol path, in the job's metrics
+            core.metrics.sampled(self.job_id, res)
+        return res
 
     @property
     def token_streaming(self) -> bool:
@@ -258,7 +262,10 @@ class ServicerSampler(TokenizedSampler):
     ) -> AsyncIterator[StreamEvent]:
         ctx, body = self._ctx(), stream_body(prompt, params, index)
         self.servicer.check_request(ctx, body)
+        core = getattr(self.servicer, "core", None)
         async for ev in stream_events(self.servicer.generate_stream(ctx, body)):
+            if core is not None and ev.token_ids:
+                core.metrics.job(self.job_id).tokens_sampled += len(ev.token_ids)
             yield ev
 
 

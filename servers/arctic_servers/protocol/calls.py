@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,9 @@ class IncomingCall:
     body: bytes | memoryview | None = None  # JSON text or one DSSST1 frame
     value: Any = None  # an already-decoded body (gRPC unary messages)
     accept_octet: bool = False
+    # The server's id of this call (`X-Request-Id`, logs, spans); a recorded request answers
+    # its own id instead (`Outcome.request_id`).
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass
@@ -36,3 +40,14 @@ class Outcome:
     raw: bytes | None = None  # a raw download
     cursor: int = 0
     max_events: int = 16
+
+    def request_id(self, call: IncomingCall) -> str:
+        """The id an answer names: its request's (a status or a submit), else the call's."""
+        return self.record.request_id if self.record is not None else call.request_id
+
+    def code(self) -> str:
+        """The answer as a metrics `code`: "ok", or the error of a request that ended failed."""
+        rec = self.record
+        if rec is None or not rec.terminal or rec.status == "completed":
+            return "ok"
+        return str((rec.error or {}).get("code") or "internal")

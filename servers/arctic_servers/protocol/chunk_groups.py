@@ -98,6 +98,14 @@ class ChunkGroups:
         payloads, plus their bookkeeping (`GROUP_OVERHEAD`, `CHUNK_OVERHEAD` a received chunk)."""
         return self._total if job_id is None else self._job_bytes.get(job_id, 0)
 
+    def max_job_bytes(self) -> int:
+        """The most bytes one job's incomplete groups hold now (metrics: against its budget)."""
+        return max(self._job_bytes.values(), default=0)
+
+    def open_groups(self) -> int:
+        """Incomplete groups held now."""
+        return len(self._assemblers)
+
     def _set_cost(self, key: tuple[str, str], asm: dssst1.ChunkAssembler | None) -> None:
         new = 0
         if asm is not None:

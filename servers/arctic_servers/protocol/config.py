@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 MiB = 1024 * 1024
@@ -11,6 +13,24 @@ MiB = 1024 * 1024
 def token_digest(token: str) -> str:
     """The sha256 hex digest a server may keep instead of a token (`token_sha256`)."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+def parse_tokens(lines: Iterable[str]) -> frozenset[str]:
+    """Token digests from lines: `sha256:<hex>` (a digest) or a plaintext token (hashed here).
+
+    Blank lines and `#` comments are skipped; a line may end in `# owner` to say whose it is.
+    """
+    out: set[str] = set()
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _DIGEST.match(line)
+        out.add(m.group(1) if m else token_digest(line))
+    return frozenset(out)
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,12 @@ class ProtocolConfig:
     lease_max_seconds: int = 0
     grpc_port: int = 0
     openai: bool = False
+    # /metrics (`metrics_http.py`): with auth on, served only to these operator tokens (sha256
+    # digests); `metrics_port` (0 = a free port) also serves it without auth on a listener of
+    # its own at `metrics_host` (None: no such listener).
+    metrics_token_sha256: frozenset[str] = frozenset()
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.answer_mode not in {"inline", "async", "auto"}:

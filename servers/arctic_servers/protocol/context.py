@@ -19,7 +19,7 @@ class CallContext:
     request_id: str | None = None
     idempotency_key: str | None = None
     seq: int | None = None
-    transport: str = "http"  # "http" or "grpc"
+    transport: str = "http"  # "http", "grpc" or "inproc"
     headers: dict[str, str] = field(default_factory=dict)
     query: dict[str, Any] = field(default_factory=dict)
     # Set by `ProtocolCore.restore` for a request a durable server takes up after a restart

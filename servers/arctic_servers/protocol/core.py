@@ -13,8 +13,10 @@ point and the control and data planes' call handling.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 import uuid
 from typing import Any
 
@@ -24,6 +26,7 @@ from arctic_sdk.spec.tables import methods as M
 from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from . import limits as input_limits
+from . import tracing
 from .calls import IncomingCall, Outcome
 from .chunk_groups import ChunkStep
 from .context import CallContext
@@ -48,6 +51,27 @@ class ProtocolCore(Durable, Polls):
     # ------------------------------------------------------------------ entry point
 
     async def handle(self, call: IncomingCall) -> Outcome:
+        """Answer one call; its metrics (`arctic_calls_total`, latency) and, when tracing, its
+        span (`arctic.server <op>`, the caller's trace continued from its `traceparent`)."""
+        t0 = time.perf_counter()
+        span = tracing.call_span(call)
+        code = "internal"
+        try:
+            with tracing.use_span(span):
+                outcome = await self._handle(call)
+                code = outcome.code()
+                tracing.answered(span, outcome.request_id(call), code)
+            return outcome
+        except ProtocolError as exc:
+            code = exc.code
+            raise
+        except asyncio.CancelledError:
+            code = "request_cancelled"  # the caller went away
+            raise
+        finally:
+            self.metrics.call_done(call.method, call.transport, code, time.perf_counter() - t0)
+
+    async def _handle(self, call: IncomingCall) -> Outcome:
         method = call.method
         try:
             token = self._authenticate(call)

@@ -23,6 +23,8 @@ from .context import CallContext
 from .errors import ProtocolError
 from .faultpoints import CoreHooks
 from .jobs import config_keys_json
+from .metrics import ServerMetrics
+from .metrics_live import LiveCollector
 from .sampling_queue import SamplingQueue
 from .sequencer import Sequencer
 from .stores import (
@@ -82,6 +84,9 @@ class CoreBase:
         self.sampling = SamplingQueue(limits.max_sampling_requests_per_job)
         self._sampling_held: dict[tuple[str, str], float] = {}  # request -> admitted at
         self.draining = False  # refuse new work (503) while a server shuts down
+        # Prometheus families (`metrics.py`), and those read from live state at scrape time
+        self.metrics = ServerMetrics(self.config.server, self.config.server_version)
+        self.metrics.add_collector(LiveCollector(self))
         self._drain_event: asyncio.Event | None = None
         self._handing_off = False
 

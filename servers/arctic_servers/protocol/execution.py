@@ -15,11 +15,12 @@ from typing import Any
 import dssst1
 from arctic_sdk.spec.model import MethodInfo
 
-from . import faultpoints
+from . import faultpoints, tracing
 from .calls import IncomingCall, Outcome
 from .context import CallContext
 from .core_base import CoreBase
 from .errors import ProtocolError
+from .metrics import outcome_code
 from .sampling_queue import counts
 from .states import move_request
 from .stores import RequestRecord
@@ -40,6 +41,7 @@ class Execution(CoreBase):
         result = await self._op(method)(ctx, body)
         if hooks.result is not None:
             result = hooks.result(method, ctx, body, result)
+        self.metrics.result(method, ctx.job_id, body, result)  # tokens, weight syncs
         return result
 
     async def _submit(
@@ -128,6 +130,7 @@ class Execution(CoreBase):
         key = (rec.job_id, rec.request_id)
         self._inflight[rec.token_hash] = self._inflight.get(rec.token_hash, 0) + 1
         self._done[key] = asyncio.Event()
+        self.metrics.request_queued(key, method.name, ctx.transport)
         self._tasks[key] = asyncio.get_running_loop().create_task(self._run(rec, method, ctx, body))
 
     def _admit(self, token_hash: str) -> None:
@@ -152,20 +155,33 @@ class Execution(CoreBase):
     async def _run(
         self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any
     ) -> None:
+        attrs = {"arctic.op": method.name, "arctic.request_id": rec.request_id,
+                 "arctic.job_id": rec.job_id}  # fmt: skip
+        with tracing.span(f"arctic.request {method.name}", attributes=attrs) as span:
+            await self._run_request(rec, method, ctx, body)
+            if span is not None and rec.terminal:
+                tracing.answered(span, rec.request_id, outcome_code(rec.error, rec.status))
+
+    async def _run_request(
+        self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any
+    ) -> None:
         key = (rec.job_id, rec.request_id)
         seq = self._sequencer()
         t0 = time.monotonic()
         try:
-            if rec.seq is not None and not ctx.recovered:
-                await seq.wait_turn(rec.job_id, rec.seq, method.concurrent)
-            elif rec.seq is not None:
-                await seq.mark_started(rec.job_id, rec.seq, method.concurrent)
+            with tracing.span("arctic.queue"):
+                if rec.seq is not None and not ctx.recovered:
+                    await seq.wait_turn(rec.job_id, rec.seq, method.concurrent)
+                elif rec.seq is not None:
+                    await seq.mark_started(rec.job_id, rec.seq, method.concurrent)
             self._started.add(key)
+            self.metrics.request_started(key)
             if rec.status != "running":
                 move_request(rec, "running")
                 self.requests.update(rec)
                 faultpoints.hit("request_started")
-            result = await self._invoke(method, ctx, body)
+            with tracing.span("arctic.execute"):
+                result = await self._invoke(method, ctx, body)
             faultpoints.hit("request_executed")
             rec.result_frame = dssst1.dumps(result)
             move_request(rec, "completed")
@@ -176,6 +192,7 @@ class Execution(CoreBase):
             if self._handing_off:  # shutting down: the record stays pending/running for a restart
                 self._tasks.pop(key, None)
                 self._started.discard(key)
+                self.metrics.request_ended(key, None)
                 raise
             move_request(rec, "cancelled")
             rec.error = ProtocolError(
@@ -195,6 +212,18 @@ class Execution(CoreBase):
             ).body()["error"]
         if not rec.terminal:  # handed off (re-raised above)
             return
+        code = outcome_code(rec.error, rec.status)
+        self.metrics.request_ended(key, code)
+        if code != "ok":  # the log line of a failed request names it
+            log.warning(
+                "request %s (%s, job %s) %s: [%s] %s",
+                rec.request_id,
+                method.name,
+                rec.job_id,
+                rec.status,
+                code,
+                (rec.error or {}).get("message", ""),
+            )
         rec.body_frame = None
         self.requests.update(rec)
         self._started.discard(key)

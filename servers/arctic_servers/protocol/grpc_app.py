@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -27,11 +28,13 @@ from arctic_sdk.spec.proto_json import json_to_message, message_to_json
 from .._generated.grpc_services import generic_handlers
 from .core import IncomingCall, Outcome, ProtocolCore
 from .errors import ProtocolError
+from .metrics_http import log_failed
 from .results import status_value
 
 log = logging.getLogger("arctic_servers.grpc")
 
 ERROR_TRAILER = "x-arctic-error-bin"
+REQUEST_ID_TRAILER = "x-request-id"  # the server's id of the call (the request's, if recorded)
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -51,9 +54,27 @@ class GrpcBridge:
     def _max_chunk(self) -> int:
         return self.core.config.limits.max_grpc_message_bytes - 1024
 
-    async def _abort(self, context: grpc.aio.ServicerContext, exc: ProtocolError) -> None:
-        context.set_trailing_metadata(((ERROR_TRAILER, json.dumps(exc.body()).encode()),))
+    async def _abort(
+        self,
+        context: grpc.aio.ServicerContext,
+        exc: ProtocolError,
+        method: MethodInfo,
+        request_id: str,
+    ) -> None:
+        """End the call with `exc`: the table's status, the error body and the server's id of
+        the call (`x-request-id`) in the trailers, and its log line."""
+        log_failed(f"gRPC {method.name}", exc.http_status, exc, None, request_id)
+        context.set_trailing_metadata(
+            (
+                (ERROR_TRAILER, json.dumps(exc.body()).encode()),
+                (REQUEST_ID_TRAILER, request_id),
+            )
+        )
         await context.abort(grpc.StatusCode[exc.grpc_status], exc.message)
+
+    @staticmethod
+    def _answered(context: grpc.aio.ServicerContext, request_id: str) -> None:
+        context.set_trailing_metadata(((REQUEST_ID_TRAILER, request_id),))
 
     def _frames_of(self, outcome: Outcome) -> list[dssst1_pb2.Frame]:
         value = status_value(outcome) if outcome.record is not None else outcome.value
@@ -72,6 +93,7 @@ class GrpcBridge:
         headers = _metadata(context)
         params = {"job_id": headers.get("x-arctic-job-id", "")}
         cached: dict[str, Any] | None = None
+        rid = uuid.uuid4().hex  # the call's id; each frame's handling names its own
         try:
             async for msg in requests:
                 call = IncomingCall(
@@ -80,6 +102,7 @@ class GrpcBridge:
                     headers=headers,
                     path_params=params,
                     body=msg.dssst1,
+                    request_id=rid,
                 )
                 outcome = await self.core.handle(call)
                 if (
@@ -89,6 +112,7 @@ class GrpcBridge:
                 ):
                     cached = outcome.value
                     continue
+                self._answered(context, outcome.request_id(call))
                 for frame in self._frames_of(outcome):
                     yield frame
                 await _drain(requests)
@@ -100,10 +124,11 @@ class GrpcBridge:
             )
         except ProtocolError as exc:
             await _drain(requests)
-            await self._abort(context, exc)
+            await self._abort(context, exc, method, rid)
         except Exception as exc:
-            log.exception("gRPC %s failed", method.name)
-            await self._abort(context, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+            log.exception("gRPC %s failed (request %s)", method.name, rid)
+            internal = ProtocolError("internal", f"{type(exc).__name__}: {exc}")
+            await self._abort(context, internal, method, rid)
 
     def _missing_chunks(self, job_id: str, cached: dict[str, Any]) -> ProtocolError:
         gid = str(cached.get("chunk_group_id", ""))
@@ -126,38 +151,42 @@ class GrpcBridge:
     async def unary_frames(
         self, method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[dssst1_pb2.Frame]:
+        call = self._unary_call(method, request, context)
         try:
-            outcome = await self._unary_outcome(method, request, context)
+            outcome = await self.core.handle(call)
+            self._answered(context, outcome.request_id(call))
             for frame in self._frames_of(outcome):
                 yield frame
         except ProtocolError as exc:
-            await self._abort(context, exc)
+            await self._abort(context, exc, method, call.request_id)
 
     async def unary(
         self, method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
     ) -> Message:
+        call = self._unary_call(method, request, context)
         try:
-            outcome = await self._unary_outcome(method, request, context)
+            outcome = await self.core.handle(call)
             cls = message_factory.GetMessageClass(
                 self._pool.FindMessageTypeByName(method.response_type)
             )
+            self._answered(context, outcome.request_id(call))
             return json_to_message(_plain(outcome.value), cls)
         except ProtocolError as exc:
-            await self._abort(context, exc)
+            await self._abort(context, exc, method, call.request_id)
             raise AssertionError("unreachable") from exc
 
-    async def _unary_outcome(
-        self, method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
-    ) -> Outcome:
+    @staticmethod
+    def _unary_call(
+        method: MethodInfo, request: Message, context: grpc.aio.ServicerContext
+    ) -> IncomingCall:
         headers = _metadata(context)
         body = message_to_json(request)
         params = {p: str(body.pop(p)) for p in method.path_params if p in body}
         if "job_id" not in params and headers.get("x-arctic-job-id"):
             params["job_id"] = headers["x-arctic-job-id"]
-        call = IncomingCall(
+        return IncomingCall(
             method=method, transport="grpc", headers=headers, path_params=params, value=body
         )
-        return await self.core.handle(call)
 
 
 async def _drain(requests: AsyncIterator[dssst1_pb2.Frame]) -> None:

@@ -21,8 +21,10 @@ from arctic_sdk.spec.model import BodyKind, MethodInfo
 from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from .._generated.http_routes import add_routes
+from . import metrics_http
 from .core import IncomingCall, Outcome, ProtocolCore
 from .errors import ProtocolError
+from .metrics_http import REQUEST_ID_HEADER, note_error, request_id_of
 from .results import status_json, status_value, submit_json
 
 log = logging.getLogger("arctic_servers.http")
@@ -81,30 +83,42 @@ async def _answer_errors(
     try:
         return await handler(request)
     except ProtocolError as exc:
+        note_error(request, exc)  # for the failed call's log line
         return error_response(exc)
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(
-            ProtocolError("body_too_large", f"request body exceeds the limit: {exc.text}")
+        return _refused(
+            request, ProtocolError("body_too_large", f"request body exceeds the limit: {exc.text}")
         )
     except web.HTTPNotFound:
-        return error_response(
-            ProtocolError("not_found", f"no route {request.method} {request.path}")
+        return _refused(
+            request, ProtocolError("not_found", f"no route {request.method} {request.path}")
         )
     except web.HTTPMethodNotAllowed as exc:
-        return error_response(
+        return _refused(
+            request,
             ProtocolError(
                 "method_not_allowed",
                 f"{request.method} is not allowed on {request.path}; allowed: "
                 f"{', '.join(sorted(exc.allowed_methods))}",
-            )
+            ),
         )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(_http_error(exc))
+        return _refused(request, _http_error(exc))
     except Exception as exc:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception(
+            "unhandled error on %s %s (request %s)",
+            request.method,
+            request.path,
+            request_id_of(request),
+        )
         return error_response(ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+
+
+def _refused(request: web.Request, exc: ProtocolError) -> web.Response:
+    note_error(request, exc)
+    return error_response(exc)
 
 
 def _http_error(exc: web.HTTPException) -> ProtocolError:
@@ -146,6 +160,7 @@ class HttpBinding:
             query={k: request.query.getall(k) for k in request.query},
             body=body,
             accept_octet=OCTET in headers.get("accept", ""),
+            request_id=request_id_of(request),
         )
         outcome = await self.core.handle(call)
         return self.render(outcome, call)
@@ -221,11 +236,12 @@ class HttpBinding:
         )
 
     def render(self, outcome: Outcome, call: IncomingCall) -> web.StreamResponse:
+        rid = {REQUEST_ID_HEADER: outcome.request_id(call)}
         if outcome.raw is not None:
-            return web.Response(body=outcome.raw, content_type=OCTET)
+            return web.Response(body=outcome.raw, content_type=OCTET, headers=rid)
         if outcome.record is None:
-            return json_response(outcome.value, outcome.http_status)
-        headers = {"X-Arctic-Request-Id": outcome.record.request_id}
+            return json_response(outcome.value, outcome.http_status, rid)
+        headers = {"X-Arctic-Request-Id": outcome.record.request_id, **rid}
         if outcome.http_status == 202:
             return json_response(submit_json(outcome), 202, headers)
         if call.accept_octet and self.core.config.octet_results:
@@ -240,5 +256,6 @@ def make_app(core: ProtocolCore, *, prefix: str = DEFAULT_PREFIX) -> web.Applica
     app = web.Application(middlewares=[error_middleware], client_max_size=limits.max_body_bytes + 1)
     binding = HttpBinding(core)
     add_routes(app.router, prefix, binding.handle)
+    metrics_http.install(app, core)  # X-Request-Id, failure log lines, /metrics
     app[CORE_KEY] = core
     return app

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any
 
 from aiohttp import web, web_protocol
@@ -58,14 +59,17 @@ class SpecRequestHandler(web_protocol.RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        log.debug("refused a malformed request: %s %s", status, exc)
         if request.writer.output_size > 0:
             raise ConnectionError("an answer is already being sent; cannot send an error")
         err = parser_error(status, exc, message)
+        rid = uuid.uuid4().hex  # no route ran: the id of this answer alone
+        log.info("refused a malformed request: %s [%s] %s (request %s)", err.http_status,
+                 err.code, err.message, rid)  # fmt: skip
         resp = web.Response(
             text=json.dumps(err.body()),
             status=err.http_status,
             content_type="application/json",
+            headers={"X-Request-Id": rid},
         )
         resp.force_close()
         return resp

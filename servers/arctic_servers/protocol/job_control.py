@@ -52,6 +52,11 @@ class JobControl(ServicerBase, Generic[J]):
                 raise
             hook(job, method, exc)
 
+    def engine_link(self, sub: Any) -> Any:
+        """The link to a sub-job's engine worker (an `engines.worker.replies.Replies`, whose
+        `busy` meter the metrics read), or None: a server without engine workers."""
+        return None
+
     def target(self, job: JobRecord[S], ctx: CallContext, method: MethodInfo | None = None) -> S:
         """The sub-job an op runs on: `X-Arctic-Sub-Job`, else the op's role (PROTOCOL.md §3.4)."""
         return target(job, method or ctx.method, ctx.sub_job_id)

@@ -42,6 +42,10 @@ class SamplingQueue:
     def queued(self, job_id: str) -> int:
         return self._queued.get(job_id, 0)
 
+    def total(self) -> int:
+        """Sampling requests admitted and not ended, over every job."""
+        return sum(self._queued.values())
+
     def acquire(self, job_id: str) -> float:
         """Admit one sampling request of `job_id` (else 429); what `release` needs back."""
         n = self._queued.get(job_id, 0)

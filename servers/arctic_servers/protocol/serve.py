@@ -19,6 +19,7 @@ from .core import ProtocolCore
 from .grpc_app import start_grpc_server
 from .http_app import DEFAULT_PATH, make_app
 from .http_server import make_runner
+from .metrics_http import MetricsListener
 from .stores import ChunkStore, RequestStore
 
 
@@ -36,6 +37,7 @@ class RunningServer:
     grpc_port: int
     runner: web.AppRunner
     grpc_server: grpc.aio.Server | None
+    metrics: MetricsListener | None = None
 
     @property
     def base_url(self) -> str:
@@ -50,6 +52,8 @@ class RunningServer:
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace)
         await self.runner.cleanup()
+        if self.metrics is not None:
+            await self.metrics.close()
 
 
 @dataclass
@@ -120,7 +124,8 @@ async def start_server(
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     port = int(sockets[0].getsockname()[1]) if sockets else http_port
-    return RunningServer(core, host, port, grpc_port or 0, runner, gserver)
+    metrics = await MetricsListener.start(core)
+    return RunningServer(core, host, port, grpc_port or 0, runner, gserver, metrics)
 
 
 class BackgroundServer:

@@ -293,10 +293,13 @@ class WorkerHandle(Replies):
                 err = exc
             self._post(_settle, fut, err)
 
-    async def _request(self, rid: int, cmd: str, args: Mapping[str, Any]) -> None:
-        """Send command `rid`; a failed send is the sub-job's failure (a ProtocolError)."""
+    async def _request(
+        self, rid: int, cmd: str, args: Mapping[str, Any], extra: Mapping[str, Any] | None = None
+    ) -> None:
+        """Send command `rid` (`extra`: more keys of its message, e.g. its trace context); a
+        failed send is the sub-job's failure (a ProtocolError)."""
         try:
-            await self._queue_send({"id": rid, "cmd": cmd, "args": args})
+            await self._queue_send({"id": rid, "cmd": cmd, "args": args, **(extra or {})})
         except (OSError, ValueError) as exc:
             if self.failure is not None:
                 raise self.error() from None
@@ -308,12 +311,17 @@ class WorkerHandle(Replies):
 
     async def call(self, cmd: str, **args: Any) -> Any:
         """Run `cmd` in the worker; its result, or its error as a ProtocolError."""
+        extra: dict[str, Any] = {}
+        with self.command(cmd, extra):  # busy time; the span, whose context goes in `extra`
+            return await self._call(cmd, args, extra)
+
+    async def _call(self, cmd: str, args: Mapping[str, Any], extra: Mapping[str, Any]) -> Any:
         loop = self._started_loop()
         rid = next(self._ids)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[rid] = fut
         try:
-            await self._request(rid, cmd, args)
+            await self._request(rid, cmd, args, extra)
         except ProtocolError:
             self._pending.pop(rid, None)
             raise

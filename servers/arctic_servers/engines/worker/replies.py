@@ -17,11 +17,13 @@ import itertools
 import os
 import socket
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ...protocol import tracing
 from ...protocol.errors import ProtocolError
+from ...protocol.metrics import BusyMeter
 from .worker import merge_stream, unbatch
 
 
@@ -63,6 +65,14 @@ class Replies:
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ended: set[int] = set()  # streams whose final reply (or failure) was read
+        self.busy = BusyMeter()  # seconds with a command in flight (metrics: engine busy time)
+
+    @contextlib.contextmanager
+    def command(self, cmd: str, message: dict[str, Any]) -> Iterator[None]:
+        """One engine command in flight: the engine's busy time, and its span when tracing
+        (`message` then carries the span's context to the worker)."""
+        with self.busy.held(), tracing.engine_call(cmd, getattr(self, "sub_job_id", ""), message):
+            yield
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         """Run `fn(*args)` on the event loop (from a reader thread); nothing once it closed."""
@@ -146,6 +156,7 @@ class Replies:
         stops the engine's work on it; a send the worker refused needs no abort."""
         rid, fut, queue = self._open_stream(loop)
         ended = False
+        self.busy.begin()
         try:
             try:
                 await send(rid)
@@ -155,6 +166,7 @@ class Replies:
             async for item in self._stream_items(rid, fut, queue):
                 yield item
         finally:
+            self.busy.end()
             ended = self._close_stream(rid) or ended
             if not ended:
                 abort(rid)

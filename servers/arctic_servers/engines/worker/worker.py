@@ -37,7 +37,9 @@ the reader unpacks them, `unbatch`). `abort_stream` (of any batched command, not
 a command still waiting is dropped) and `stream_stats` run at once.
 
 This module imports neither the protocol layer nor the SDK: a worker runs in the engines'
-environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`.
+environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`. A command message
+may carry `"trace"` (the server's span context, when it traces: `protocol/tracing.py`); only
+then is the tracing module imported, and the command runs in a span of that trace.
 """
 
 from __future__ import annotations
@@ -187,6 +189,46 @@ def placement(engine: EngineBase, cmd: Any, *, waiting: bool) -> str:
     return "defer" if busy(engine) else "run"
 
 
+_BATCH_SPANS: Any = None  # `protocol.tracing.WorkerSpans`, once a command carried a trace
+
+
+def _span(msg: dict[str, Any]) -> Any:
+    """The worker's span of a command whose message carries a trace context (the server traces);
+    the tracing module is imported only then."""
+    carrier = msg.get("trace")
+    if not carrier:
+        return contextlib.nullcontext()
+    from ...protocol.tracing import worker_span
+
+    return worker_span(str(msg.get("cmd")), carrier)
+
+
+def _batch_span(msg: dict[str, Any]) -> None:
+    """A span for a command that joined the engine's batch, ended by `_replied`."""
+    global _BATCH_SPANS
+    if not msg.get("trace"):
+        return
+    if _BATCH_SPANS is None:
+        from ...protocol.tracing import WorkerSpans
+
+        _BATCH_SPANS = WorkerSpans()
+    _BATCH_SPANS.start(msg.get("id"), str(msg.get("cmd")), msg["trace"])
+
+
+def _replied(send: Any) -> Any:
+    """`send`, ending the batch spans of the final replies it carries."""
+    if _BATCH_SPANS is None:
+        return send
+
+    def send_and_end(msg: dict[str, Any]) -> None:
+        send(msg)
+        for m in unbatch(msg):
+            if "ok" in m:
+                _BATCH_SPANS.end(m.get("id"), bool(m.get("ok")))
+
+    return send_and_end
+
+
 def run_command(engine: EngineBase, msg: dict[str, Any]) -> list[dict[str, Any]]:
     """Run one command; the messages that answer it (none for one the engine batch took)."""
     cmd, mid = msg.get("cmd"), msg.get("id")
@@ -194,14 +236,18 @@ def run_command(engine: EngineBase, msg: dict[str, Any]) -> list[dict[str, Any]]
     try:
         if submits(engine, cmd):
             done = engine.submit(int(mid or 0), str(cmd), args)
-            return [] if done is None else [{"id": mid, "ok": True, "result": done}]
+            if done is None:
+                _batch_span(msg)
+                return []
+            return [{"id": mid, "ok": True, "result": done}]
         if cmd == ABORT_CMD:
             ended = engine.abort(int(args.get("stream") or 0))
             return [*ended, {"id": mid, "ok": True, "result": {"aborted": bool(ended)}}]
         fn = lookup(engine, cmd)
         if fn is None:
             raise WorkerError("unimplemented", f"{type(engine).__name__} has no op {cmd!r}")
-        return [{"id": mid, "ok": True, "result": fn(**args)}]
+        with _span(msg):
+            return [{"id": mid, "ok": True, "result": fn(**args)}]
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
@@ -228,7 +274,7 @@ def serve(conn: Connection, engine: EngineBase) -> None:
             for reply in run_command(engine, deferred.popleft()):
                 conn.send(reply)
         if busy(engine) and not conn.poll(0):
-            send_step(engine.pump, conn.send)  # one engine step: what it produced
+            send_step(engine.pump, _replied(conn.send))  # one engine step: what it produced
             continue
         try:
             msg = conn.recv()
@@ -249,7 +295,7 @@ def serve(conn: Connection, engine: EngineBase) -> None:
             deferred.append(msg)
             continue
         for reply in run_command(engine, msg):
-            conn.send(reply)
+            _replied(conn.send)(reply)
 
 
 def torch_extensions_dir() -> str:
