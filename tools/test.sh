@@ -54,6 +54,23 @@ else
   export ARCTIC_ONPREM_TESTS=1
 fi
 
+step "prometheus (Debian's package) for tests/gateway/test_prometheus.py"
+# A real Prometheus scrapes a gateway there. As root (CI, these machines) apt installs it; a dev
+# machine without root (or without apt) goes on, and the test skips naming the package (under
+# CI, where CI is set, it fails instead).
+if command -v prometheus >/dev/null 2>&1; then
+  prometheus --version 2>&1 | head -1
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  if apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends prometheus >/dev/null; then
+    prometheus --version 2>&1 | head -1
+  else
+    echo "apt-get could not install prometheus: the test skips (and fails under CI)" >&2
+  fi
+else
+  echo "prometheus not installed and no root for apt-get: tests/gateway/test_prometheus.py skips"
+fi
+
 step "tinker-cookbook 0.6.1 for tests/tinker (README \"Tinker users\")"
 # It pins tml-renderers>=0.4.1, which the registry lacks: installed --no-deps, with its other
 # dependencies named here (tml-renderers 0.2.1 serves the renderers the recipes use).

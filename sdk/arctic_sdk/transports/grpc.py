@@ -92,6 +92,21 @@ def _raw_frame_stubs(channel: Any, stubs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _trailers(call: Any) -> dict[str, Any]:
+    """A finished call's trailing metadata (the server's `x-request-id`), as a dict."""
+    try:
+        return trailers_dict(call.trailing_metadata())
+    except Exception:  # a stub without them (test doubles)
+        return {}
+
+
+async def _aio_trailers(call: Any) -> dict[str, Any]:
+    try:
+        return trailers_dict(await call.trailing_metadata())
+    except Exception:
+        return {}
+
+
 def _error(exc: grpc.RpcError) -> GrpcResponse:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -135,13 +150,14 @@ class GrpcSyncIO:
         md = request.metadata
         try:
             if request.shape is GrpcShape.UNARY:
-                msg = stub(request.message, metadata=md, timeout=request.timeout)
-                return GrpcResponse("OK", message=msg)
+                msg, call = stub.with_call(request.message, metadata=md, timeout=request.timeout)
+                return GrpcResponse("OK", message=msg, trailers=_trailers(call))
             if request.shape is GrpcShape.UNARY_TO_FRAMES:
                 it = stub(request.message, metadata=md, timeout=request.timeout)
             else:
                 it = stub(_frames(request), metadata=md, timeout=request.timeout)
-            return GrpcResponse("OK", frames=[f.dssst1 for f in it])
+            frames = [f.dssst1 for f in it]
+            return GrpcResponse("OK", frames=frames, trailers=_trailers(it))
         except grpc.RpcError as exc:
             return _error(exc)
 
@@ -221,13 +237,15 @@ class GrpcAsyncIO:
         md = request.metadata
         try:
             if request.shape is GrpcShape.UNARY:
-                msg = await stub(request.message, metadata=md, timeout=request.timeout)
-                return GrpcResponse("OK", message=msg)
+                unary = stub(request.message, metadata=md, timeout=request.timeout)
+                msg = await unary
+                return GrpcResponse("OK", message=msg, trailers=await _aio_trailers(unary))
             if request.shape is GrpcShape.UNARY_TO_FRAMES:
                 call = stub(request.message, metadata=md, timeout=request.timeout)
             else:
                 call = stub(_frames(request), metadata=md, timeout=request.timeout)
-            return GrpcResponse("OK", frames=[f.dssst1 async for f in call])
+            frames = [f.dssst1 async for f in call]
+            return GrpcResponse("OK", frames=frames, trailers=await _aio_trailers(call))
         except grpc.RpcError as exc:
             return _error(exc)
 
