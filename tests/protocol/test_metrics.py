@@ -26,6 +26,8 @@ from arctic_servers.protocol.metrics import BusyMeter
 from arctic_servers.protocol.serve import BackgroundServer, start_server
 from conformance.fake import BackgroundFake, start_fake
 
+BOUNDED = {"op", "transport", "code", "state", "route", "method", "status", "le", "scope", "server",
+           "version"}  # fmt: skip
 JOB = {
     "sub_job_configs": [
         {"job_type": "training", "model_name": "tiny"},
@@ -119,8 +121,7 @@ def test_per_request_labels_are_bounded_and_job_series_end_with_the_job() -> Non
         for name, samples in m.items():
             if not name.startswith("arctic_job_"):
                 for labels, _ in samples:  # no job or request id outside the per-job families
-                    assert set(labels) <= {"op", "transport", "code", "state", "route", "method",
-                                           "status", "le", "scope", "server", "version"}, name  # fmt: skip
+                    assert set(labels) <= BOUNDED, name
         client.cancel_job()
         after = scrape(fake.base_url + "/metrics")
         assert not [n for n in after if n.startswith("arctic_job_")], after.keys()
@@ -288,9 +289,8 @@ def test_sdk_exceptions_name_the_servers_request_id(caplog: pytest.LogCaptureFix
     # a request that ran and failed names its own request id, as logged
     with BackgroundServer(GatedServicer(), ProtocolConfig(answer_mode="inline")) as srv:
         srv.run(_release(srv))
-        with Client(srv.base_url, job_id="j") as client:
-            with pytest.raises(Exception) as ran:
-                client.step(learning_rate=13)
+        with Client(srv.base_url, job_id="j") as client, pytest.raises(Exception) as ran:
+            client.step(learning_rate=13)
         rid = ran.value.request_id  # type: ignore[attr-defined]
         assert rid and any(
             rid in rec.getMessage() and "sub_job_failed" in rec.getMessage()

@@ -98,9 +98,12 @@ def test_one_trace_from_the_sdk_call_through_the_queue(
 def test_a_refused_call_marks_both_spans_with_its_code_and_id(
     spans: InMemorySpanExporter,
 ) -> None:
-    with BackgroundFake() as fake, Client(fake.base_url) as client:
-        with pytest.raises(Exception) as refused:
-            client.get_job(job_id="no-such-job")
+    with (
+        BackgroundFake() as fake,
+        Client(fake.base_url) as client,
+        pytest.raises(Exception) as refused,
+    ):
+        client.get_job(job_id="no-such-job")
     found = list(spans.get_finished_spans())
     (sdk,) = by_name(found, "arctic.sdk get-job")
     (server,) = by_name(found, "arctic.server get-job")

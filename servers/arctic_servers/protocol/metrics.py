@@ -42,7 +42,7 @@ __all__ = ["BusyMeter", "JobMeters", "ServerMetrics", "outcome_code"]
 
 # No `*_created` series beside every counter and histogram: they double what a scrape carries and
 # no query here needs them (prometheus_client's own switch, process-wide).
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Seconds: a poll or a refused call (ms) up to a long forward-backward or sync (minutes).
 LATENCY_BUCKETS = (
