@@ -158,42 +158,37 @@ class ServerMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         Gauge("arctic_server_info", "The server (1): its kind and version.",
               ["server", "version"], registry=r).labels(server, version).set(1)  # fmt: skip
+        op, outcome = ["op", "transport"], ["op", "transport", "code"]
         self.calls = Counter(
             "arctic_calls",
             "Protocol calls answered (each HTTP request, gRPC call or in-process call), by op, "
             "transport and the answer's code: ok, or the error code of errors.proto (a refusal, "
             "or a request that ended failed when the call answered its outcome).",
-            ["op", "transport", "code"],
+            outcome,
             registry=r,
         )
-        self.call_seconds = Histogram(
+        self.call_seconds = self._seconds(
             "arctic_call_duration_seconds",
             "Seconds from a call's arrival at the protocol core to its answer.",
-            ["op", "transport"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            op,
         )
         self.requests = Counter(
             "arctic_requests",
             "Recorded data-plane requests that ended, by op, transport and outcome code: ok, or "
             "the error code of the failed (or cancelled) request.",
-            ["op", "transport", "code"],
+            outcome,
             registry=r,
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = self._seconds(
             "arctic_request_duration_seconds",
             "Seconds from a data-plane request's recording to its end (queue wait and run).",
-            ["op", "transport"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            op,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = self._seconds(
             "arctic_request_queue_wait_seconds",
             "Seconds a data-plane request waited in the server's queue (recorded, waiting for its "
             "sequence turn) before its servicer call began.",
-            ["op", "transport"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            op,
         )
         self.in_flight = Gauge(
             "arctic_requests_in_flight",
@@ -209,16 +204,17 @@ class ServerMetrics:
             ["route", "method", "status"],
             registry=r,
         )
-        self.http_seconds = Histogram(
+        self.http_seconds = self._seconds(
             "arctic_http_response_duration_seconds",
             "Seconds from an HTTP request's arrival to its answer's headers.",
             ["route", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes
         self.jobs: dict[str, JobMeters] = {}
         self._live: dict[Key, _Live] = {}
+
+    def _seconds(self, name: str, doc: str, labels: list[str]) -> Histogram:
+        return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=self.registry)
 
     # ------------------------------------------------------------------ exposition
 

@@ -113,83 +113,78 @@ class LiveCollector:
         yield from fams.all()
 
 
+# key -> (gauge or counter, name, help) of each per-job family labelled by job id
+_PER_JOB: dict[str, tuple[str, str, str]] = {
+    "weight_version": ("gauge", "arctic_job_weight_version",
+                       "The job's weight version (moved by syncs)."),
+    "global_step": ("gauge", "arctic_job_global_step", "The job's optimizer steps so far."),
+    "sampled": ("counter", "arctic_job_tokens_sampled",
+                "Tokens the job's samplers generated (protocol generate and OpenAI routes)."),
+    "trained": ("counter", "arctic_job_tokens_trained",
+                "Tokens the job's trainer trained on (forward-backward metrics.num_tokens)."),
+    "syncs": ("counter", "arctic_job_weight_syncs", "Weight syncs the job completed."),
+    "sync_seconds": ("counter", "arctic_job_weight_sync_seconds",
+                     "Seconds the job's weight syncs took."),
+    "sync_bytes": ("counter", "arctic_job_weight_sync_bytes",
+                   "Bytes the job's weight syncs moved."),
+    "last_seconds": ("gauge", "arctic_job_last_weight_sync_seconds",
+                     "Seconds the job's last weight sync took (its result's `seconds`)."),
+    "last_bytes": ("gauge", "arctic_job_last_weight_sync_bytes",
+                   "Bytes the job's last weight sync moved (its result's `num_bytes`)."),
+    "last_at": ("gauge", "arctic_job_last_weight_sync_timestamp_seconds",
+                "Unix time the job's last weight sync ended."),
+}  # fmt: skip
+
+
 class _JobFamilies:
     def __init__(self) -> None:
-        g, c = GaugeMetricFamily, CounterMetricFamily
-        self.state = g(
+        self.state = GaugeMetricFamily(
             "arctic_job_state",
             "1 for each job that has not ended, labelled with its state (pending, starting, "
             "running); its series go away when the job ends.",
             labels=["job_id", "state"],
         )
-        self.weight_version = g(
-            "arctic_job_weight_version", "The job's weight version (moved by syncs).", labels=JOB
-        )
-        self.global_step = g(
-            "arctic_job_global_step", "The job's optimizer steps so far.", labels=JOB
-        )
-        self.sampled = c(
-            "arctic_job_tokens_sampled",
-            "Tokens the job's samplers generated (protocol generate and OpenAI routes).",
-            labels=JOB,
-        )
-        self.trained = c(
-            "arctic_job_tokens_trained",
-            "Tokens the job's trainer trained on (forward-backward metrics.num_tokens).",
-            labels=JOB,
-        )
-        self.syncs = c("arctic_job_weight_syncs", "Weight syncs the job completed.", labels=JOB)
-        self.sync_seconds = c(
-            "arctic_job_weight_sync_seconds", "Seconds the job's weight syncs took.", labels=JOB
-        )
-        self.sync_bytes = c(
-            "arctic_job_weight_sync_bytes", "Bytes the job's weight syncs moved.", labels=JOB
-        )
-        self.last_seconds = g(
-            "arctic_job_last_weight_sync_seconds",
-            "Seconds the job's last weight sync took (its result's `seconds`).",
-            labels=JOB,
-        )
-        self.last_bytes = g(
-            "arctic_job_last_weight_sync_bytes",
-            "Bytes the job's last weight sync moved (its result's `num_bytes`).",
-            labels=JOB,
-        )
-        self.last_at = g(
-            "arctic_job_last_weight_sync_timestamp_seconds",
-            "Unix time the job's last weight sync ended.",
-            labels=JOB,
-        )
-        self.busy = c(
+        kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
+        self.per_job: dict[str, Metric] = {
+            key: kinds[kind](name, doc, labels=JOB) for key, (kind, name, doc) in _PER_JOB.items()
+        }
+        self.busy = CounterMetricFamily(
             "arctic_job_engine_busy_seconds",
             "Seconds each sub-job's engine had a command in flight; rate() over a window is the "
             "engine's busy fraction.",
             labels=ENGINE,
         )
-        self.busy_ratio = g(
+        self.busy_ratio = GaugeMetricFamily(
             "arctic_job_engine_busy_ratio",
             "Busy fraction of each sub-job's engine over the last 60 s.",
             labels=ENGINE,
         )
 
     def add(self, job: Any, m: JobMeters) -> None:
-        jid = [job.job_id]
         self.state.add_metric([job.job_id, job.state], 1)
-        self.weight_version.add_metric(jid, job.weight_version)
-        self.global_step.add_metric(jid, job.global_step)
-        self.sampled.add_metric(jid, m.tokens_sampled)
-        self.trained.add_metric(jid, m.tokens_trained)
-        self.syncs.add_metric(jid, m.syncs)
-        self.sync_seconds.add_metric(jid, m.sync_seconds)
-        self.sync_bytes.add_metric(jid, m.sync_bytes)
-        if m.last_sync:
-            self.last_seconds.add_metric(jid, m.last_sync["seconds"])
-            self.last_bytes.add_metric(jid, m.last_sync["bytes"])
-            self.last_at.add_metric(jid, m.last_sync["at"])
+        values: dict[str, float] = {
+            "weight_version": job.weight_version,
+            "global_step": job.global_step,
+            "sampled": m.tokens_sampled,
+            "trained": m.tokens_trained,
+            "syncs": m.syncs,
+            "sync_seconds": m.sync_seconds,
+            "sync_bytes": m.sync_bytes,
+        }
+        if m.last_sync:  # no series before the job's first sync
+            values.update(
+                last_seconds=m.last_sync["seconds"],
+                last_bytes=m.last_sync["bytes"],
+                last_at=m.last_sync["at"],
+            )
+        for key, v in values.items():
+            fam = self.per_job[key]
+            assert isinstance(fam, GaugeMetricFamily | CounterMetricFamily)
+            fam.add_metric([job.job_id], v)
 
     def engine(self, labels: list[str], meter: BusyMeter) -> None:
         self.busy.add_metric(labels, meter.seconds())
         self.busy_ratio.add_metric(labels, meter.ratio())
 
     def all(self) -> list[Metric]:
-        return [v for v in vars(self).values() if isinstance(v, Metric)]
+        return [self.state, *self.per_job.values(), self.busy, self.busy_ratio]
