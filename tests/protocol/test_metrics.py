@@ -320,3 +320,19 @@ def test_busy_meter_counts_overlapping_commands_once() -> None:
     now[0] = 12.0
     assert m.seconds() == 5.0
     assert m.ratio() == pytest.approx((1.0 + 2.0) / 10.0)  # [2, 3] and [10, 12] in [2, 12]
+
+
+def test_in_process_refusals_name_the_request_id_too(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="arctic_servers")
+    servicer = GatedServicer()
+    servicer.release.set()
+    with Client(transport="inproc", servicer=servicer, job_id="j") as client:
+        with pytest.raises(Exception) as ran:  # ran and failed: its request's id
+            client.step(learning_rate=13)
+        with pytest.raises(Exception) as refused:  # refused (no such op here): the call's id
+            client.get_job(job_id="j")
+    assert refused.value.code == "unimplemented"  # type: ignore[attr-defined]
+    for exc in (ran.value, refused.value):
+        rid = exc.request_id  # type: ignore[attr-defined]
+        assert rid and len(rid) == 32, exc
+        assert any(rid in rec.getMessage() for rec in caplog.records), exc
