@@ -27,7 +27,7 @@ from arctic_servers.engines.fake.config import FAKE_CONFIG_KEYS
 from arctic_servers.engines.fake.state import Job, SubJob
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.fields import learning_rate
+from arctic_servers.protocol.fields import step_args
 from arctic_servers.protocol.job_control import JobControl
 from arctic_servers.protocol.lora_config import SUPPORT as LORA_SUPPORT
 from arctic_servers.protocol.lora_config import adapter_sync, check_adapter, job_lora
@@ -144,7 +144,7 @@ class FakeServicer(JobControl[Job]):
 
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub, entry = await self._begin(ctx)
-        result = sub.engine.op_step(learning_rate(body))  # the trainer's optimizer counters
+        result = sub.engine.op_step(**step_args(body))  # the trainer's optimizer counters
         metrics = result["metrics"]
         job.global_step = int(metrics["global_step"])
         entry.update(global_step=job.global_step, grad_norm=metrics["grad_norm"], lr=metrics["lr"])
@@ -247,6 +247,7 @@ class FakeServicer(JobControl[Job]):
             "global_step": job.global_step,
             "weight_version": job.weight_version,
             "lr": trainer.lr,
+            "adam": dict(trainer.adam),
             "model_steps": {s.sub_job_id: s.model_step for s in job.sub_jobs},
             "accumulated": {
                 "loss": trainer.accum_loss,

@@ -32,8 +32,10 @@ class TinkerServer:
 
 
 def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
+    """The Tinker routes (`settings`) in front of a fake gateway (admin on: tests read its
+    jobs' state)."""
     os.environ.setdefault("TINKER_TELEMETRY", "0")
-    with BackgroundFake(token=TOKEN, grpc=False) as fake:
+    with BackgroundFake(tokens=(TOKEN, OTHER_TOKEN), grpc=False, admin=True) as fake:
         runner, url, routes = fake.run(
             start_tinker_server(fake.base_url, settings, tokens=[TOKEN, OTHER_TOKEN])
         )
@@ -63,7 +65,11 @@ def tinker_lora() -> Iterator[TinkerServer]:
 
 
 def scenario_env(
-    model: str = BASE_MODEL, eps: float = 1e-12, key: str = API_KEY, lora: bool = False
+    model: str = BASE_MODEL,
+    eps: float = 1e-12,
+    key: str = API_KEY,
+    lora: bool = False,
+    **extra: str,
 ) -> dict:
     """The child's environment: `lora` says the server trains LoRA adapters for LoRA clients
     (its default settings), so `get_info` / weights info answer is_lora true."""
@@ -75,6 +81,7 @@ def scenario_env(
         "HF_HUB_OFFLINE": "1",
         "TINKER_TEST_EPS": repr(eps),
         "TINKER_TEST_LORA": "1" if lora else "0",
+        **extra,
     }
 
 
@@ -87,11 +94,14 @@ def run_scenario(
     timeout: float = 300,
     key: str = API_KEY,
     lora: bool = False,
+    module: str = "scenarios",
+    **extra: str,
 ) -> dict:
-    """Run `tests/tinker/scenarios.py`'s scenario `name` against `url` in a child process."""
-    env = scenario_env(model, eps, key, lora)
+    """Run the scenario `name` of `tests/tinker/<module>.py` against `url` in a child process
+    (`extra`: more environment variables)."""
+    env = scenario_env(model, eps, key, lora, **extra)
     p = subprocess.run(
-        [sys.executable, "-m", "tests.tinker.scenarios", name, url],
+        [sys.executable, "-m", f"tests.tinker.{module}", name, url],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -112,3 +122,14 @@ def tinker_expiring() -> Iterator[TinkerServer]:
             models=(BASE_MODEL,), only_listed=True, lora="full_finetune", session_timeout_s=3.0
         )
     )
+
+
+@pytest.fixture(scope="session")
+def tinker_embedded() -> Iterator[TinkerServer]:
+    """The catalog of the on-prem engines (`EmbeddedCatalog`: tiny-qwen2 and tiny-4l, their
+    1024-position window, their tokenizer files under /hf/) over the fake gateway's jobs, and
+    no `models` setting: what an on-prem server without --tinker-models lists."""
+    from arctic_servers.engines.config import ModelChoice
+    from arctic_servers.tinker.catalog import EmbeddedCatalog
+
+    yield from _serve(TinkerSettings(lora="full_finetune", catalog=EmbeddedCatalog(ModelChoice())))

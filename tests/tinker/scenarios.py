@@ -154,11 +154,11 @@ def scenario_refusals_reach_the_client(tinker_fake: str) -> dict:
     with _service(tinker_fake) as svc:
         tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
         with pytest.raises(tinker.BadRequestError) as e:
-            tc.forward_backward([_datum([1, 2, 3])], "dro").result()
-        assert e.value.body["field"] == "loss_fn"
-        tc2 = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
-        with pytest.raises(tinker.RequestFailedError, match=r"adam_params\.eps"):
-            tc2.optim_step(types.AdamParams(learning_rate=1e-4, eps=1e-8)).result()
+            tc.forward_backward([_datum([1, 2, 3])], "stable_reinforce").result()
+        assert e.value.body["field"] == "loss_fn" and "objective" in e.value.body["detail"]
+        with pytest.raises(tinker.BadRequestError) as e:
+            tc.optim_step(types.DimuonParams(learning_rate=1e-3)).result()
+        assert e.value.body["field"] == "optim_params"
 
 
 def scenario_lora_adapter_trains(tinker_lora: str) -> dict:

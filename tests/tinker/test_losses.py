@@ -10,7 +10,8 @@ import torch
 
 from arctic_servers.engines.losses import torch_losses as ours
 from arctic_servers.tinker.errors import TinkerError
-from arctic_servers.tinker.losses import from_protocol, to_protocol
+from arctic_servers.tinker.losses import check, from_protocol, native, surrogate, to_protocol
+from arctic_servers.tinker.tinker_losses import loss_and_grad
 from arctic_servers.tinker.wire import Datum, FwdBwd
 
 V = 11
@@ -129,7 +130,7 @@ def test_loss_and_gradients_match_tinker(loss: str, cfg: dict, shifted: bool) ->
     assert metrics["loss:sum"] == pytest.approx(want.item())
 
 
-@pytest.mark.parametrize("loss", ["dro", "gspo", "stable_reinforce", "custom", "nope"])
+@pytest.mark.parametrize("loss", ["stable_reinforce", "custom", "nope"])
 def test_losses_we_do_not_have_are_refused_by_name(loss: str) -> None:
     with pytest.raises(TinkerError) as e:
         to_protocol(FwdBwd("m", 1, loss, {}, False, _data("ppo")))
@@ -143,10 +144,104 @@ def test_refusals_name_the_field() -> None:
     with pytest.raises(TinkerError, match="mask"):
         d[0].inputs["mask"] = np.ones(LENS[0], np.float32)
         to_protocol(FwdBwd("m", 1, "ppo", {}, False, d))
-    d = _data("importance_sampling", shifted_targets=False)
-    with pytest.raises(TinkerError, match="target_tokens"):
-        to_protocol(FwdBwd("m", 1, "importance_sampling", {}, False, d))
+    with pytest.raises(TinkerError) as e:  # Tinker documents no default beta
+        check(FwdBwd("m", 1, "dro", {}, False, _data("ppo")))
+    assert e.value.extra["field"] == "loss_fn_config.beta"
+    with pytest.raises(TinkerError) as e:
+        check(FwdBwd("m", 1, "gspo", {}, False, _data("ppo")))
+    assert "sequence_ratio_mask" in e.value.message
     d = _data("cross_entropy")
     d[1].inputs["weights"] = np.ones(LENS[1] + 2, np.float32)
     with pytest.raises(TinkerError, match="weights"):
         to_protocol(FwdBwd("m", 1, "cross_entropy", {}, False, d))
+    # a ratio loss whose targets are not the next inputs is not native: it is decomposed
+    d = _data("importance_sampling", shifted_targets=False)
+    assert not native(FwdBwd("m", 1, "importance_sampling", {}, False, d))
+
+
+def _docs_loss(loss: str, lp: torch.Tensor, d: Datum, cfg: dict) -> torch.Tensor:
+    """Tinker's docs' implementations ("Loss functions" and its GSPO / DRO / CISPO pages),
+    with the docs' numbers: ppo and gspo clip at 0.2, cispo's ratio to [0, 4]."""
+    q = torch.as_tensor(d.inputs["logprobs"]).double()
+    adv = torch.as_tensor(d.inputs["advantages"]).double()
+    ratio = torch.exp(lp - q)
+    if loss == "importance_sampling":
+        return -(ratio * adv).sum()
+    if loss == "ppo":
+        clipped = torch.clamp(
+            ratio, cfg.get("clip_low_threshold", 0.8), cfg.get("clip_high_threshold", 1.2)
+        )
+        return -torch.min(ratio * adv, clipped * adv).sum()
+    if loss == "cispo":
+        clipped = torch.clamp(
+            ratio, cfg.get("clip_low_threshold", 0.0), cfg.get("clip_high_threshold", 4.0)
+        )
+        return -(clipped.detach() * lp * adv).sum()
+    if loss == "dro":
+        return -(lp * adv - 0.5 * cfg["beta"] * (lp - q) ** 2).sum()
+    if loss == "gspo":
+        in_ratio = torch.as_tensor(d.inputs["sequence_ratio_mask"]) != 0
+        log_ratio = (lp.detach() - q)[in_ratio].mean()
+        r = torch.exp(log_ratio + lp - lp.detach())
+        clipped = torch.clamp(
+            r, cfg.get("clip_low_threshold", 0.8), cfg.get("clip_high_threshold", 1.2)
+        )
+        return -torch.min(r * adv, clipped * adv).sum()
+    raise AssertionError(loss)
+
+
+DECOMPOSED = [
+    ("importance_sampling", {}),
+    ("ppo", {}),
+    ("cispo", {}),
+    ("cispo", {"clip_low_threshold": 0.5, "clip_high_threshold": 1.5}),
+    ("dro", {"beta": 0.05}),
+    ("dro", {"beta": 1.5}),
+    ("gspo", {}),
+    ("gspo", {"clip_low_threshold": 0.95, "clip_high_threshold": 1.02}),
+]
+
+
+@pytest.mark.parametrize(("loss", "cfg"), DECOMPOSED)
+def test_decomposed_losses_match_tinkers_docs(loss: str, cfg: dict) -> None:
+    """A loss served by Tinker's own decomposition (a forward for the target log-probs, then
+    our cross_entropy on the targets with weights -d loss / d lp): its value and its gradient
+    in the logits equal the docs' implementation under autograd, targets not the next inputs
+    (the cookbook's rl_loop) included."""
+    data = _data("ppo", seed=11, shifted_targets=False)
+    gen = torch.Generator().manual_seed(3)
+    for d in data:  # ratios spread around 1, some far outside any clip
+        d.inputs["logprobs"] = (
+            d.inputs["logprobs"] * 0 + np.linspace(-3.5, -0.2, d.tokens.size)
+        ).astype(np.float32)
+        if loss == "gspo":
+            d.inputs["sequence_ratio_mask"] = (np.arange(d.tokens.size) > 0).astype(np.float32)
+    fb = FwdBwd("m", 1, loss, dict(cfg), False, data)
+    check(fb)
+    assert not native(fb)
+    base = torch.randn(len(LENS), max(LENS) + 1, V, dtype=torch.float64, generator=gen) * 1.5
+    # the docs' loss, by autograd
+    a = base.clone().requires_grad_(True)
+    want = torch.zeros((), dtype=torch.float64)
+    for i, d in enumerate(data):
+        n = d.tokens.size
+        t = torch.as_tensor(d.inputs["target_tokens"])
+        lp = torch.log_softmax(a[i, :n], -1).gather(-1, t[:, None])[:, 0]
+        want = want + _docs_loss(loss, lp, d, cfg)
+    want.backward()
+    # ours: the forward's lp (no gradient), the loss and weights, then the surrogate body
+    b = base.clone().requires_grad_(True)
+    with torch.no_grad():
+        _, lp_fwd = _ours(surrogate(fb, None), b.detach())
+    lens = [d.tokens.size for d in data]
+    lps = [lp_fwd[i, :n].numpy() for i, n in enumerate(lens)]
+    total, grads = 0.0, []
+    for lp, d in zip(lps, data, strict=True):
+        value, g = loss_and_grad(loss, lp, d.inputs, fb.config)
+        total += value
+        grads.append(g)
+    assert total == pytest.approx(want.item(), rel=1e-6, abs=1e-6)
+    got, _ = _ours(surrogate(fb, grads), b)
+    got.backward()
+    assert a.grad is not None and b.grad is not None and float(a.grad.abs().sum()) > 0
+    torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7)

@@ -601,6 +601,7 @@ class Client(ClientBase):
         /,
         *,
         learning_rate: float | None = None,
+        adam: types.AdamParams | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -611,6 +612,10 @@ class Client(ClientBase):
             learning_rate: Learning-rate override for this and later steps; absent = the
                 schedule's. A finite number >= 0 (0 steps without changing the weights: an lr =
                 0 control); otherwise invalid_argument.
+            adam: Adam / AdamW hyper-parameters for this and later steps, each like
+                `learning_rate`: absent = unchanged (the job's `training_config.optimizer` /
+                `gradient_clipping` until a step sets it). A job whose optimizer is not Adam or
+                AdamW refuses `adam` with `unsupported_option`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -622,7 +627,7 @@ class Client(ClientBase):
         result = self._call(
             methods.STEP,
             body,
-            {"learning_rate": learning_rate, "job_id": job_id},
+            {"learning_rate": learning_rate, "adam": adam, "job_id": job_id},
             options,
             unknown,
         )
@@ -634,6 +639,7 @@ class Client(ClientBase):
         /,
         *,
         learning_rate: float | None = None,
+        adam: types.AdamParams | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -647,7 +653,7 @@ class Client(ClientBase):
         return self._submit(
             methods.STEP,
             body,
-            {"learning_rate": learning_rate, "job_id": job_id},
+            {"learning_rate": learning_rate, "adam": adam, "job_id": job_id},
             options,
             unknown,
         )
@@ -2251,6 +2257,7 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         learning_rate: float | None = None,
+        adam: types.AdamParams | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2261,6 +2268,10 @@ class AsyncClient(AsyncClientBase):
             learning_rate: Learning-rate override for this and later steps; absent = the
                 schedule's. A finite number >= 0 (0 steps without changing the weights: an lr =
                 0 control); otherwise invalid_argument.
+            adam: Adam / AdamW hyper-parameters for this and later steps, each like
+                `learning_rate`: absent = unchanged (the job's `training_config.optimizer` /
+                `gradient_clipping` until a step sets it). A job whose optimizer is not Adam or
+                AdamW refuses `adam` with `unsupported_option`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -2272,7 +2283,7 @@ class AsyncClient(AsyncClientBase):
         result = await self._call(
             methods.STEP,
             body,
-            {"learning_rate": learning_rate, "job_id": job_id},
+            {"learning_rate": learning_rate, "adam": adam, "job_id": job_id},
             options,
             unknown,
         )
@@ -2284,6 +2295,7 @@ class AsyncClient(AsyncClientBase):
         /,
         *,
         learning_rate: float | None = None,
+        adam: types.AdamParams | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2297,7 +2309,7 @@ class AsyncClient(AsyncClientBase):
         return self._submit(
             methods.STEP,
             body,
-            {"learning_rate": learning_rate, "job_id": job_id},
+            {"learning_rate": learning_rate, "adam": adam, "job_id": job_id},
             options,
             unknown,
         )

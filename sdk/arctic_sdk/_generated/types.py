@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, TypedDict
 
 __all__ = [
+    "AdamParams",
     "CancelJobRequest",
     "CancelJobResponse",
     "CancelRequestRequest",
@@ -1004,6 +1005,26 @@ class StepRequest(TypedDict, total=False):
     """Learning-rate override for this and later steps; absent = the schedule's. A finite number
     >= 0 (0 steps without changing the weights: an lr = 0 control); otherwise invalid_argument.
     """
+
+    adam: AdamParams
+    """Adam / AdamW hyper-parameters for this and later steps, each like `learning_rate`: absent =
+    unchanged (the job's `training_config.optimizer` / `gradient_clipping` until a step sets
+    it). A job whose optimizer is not Adam or AdamW refuses `adam` with `unsupported_option`.
+    """
+
+
+class AdamParams(TypedDict, total=False):
+    """Adam's hyper-parameters a step may set (`StepRequest.adam`): what torch.optim.AdamW reads
+    per step from its param groups, and the gradient-norm clip applied before the update.
+    """
+
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+
+    gradient_clipping: float
+    """The L2 norm the accumulated gradient is clipped to before the update; 0 = no clipping."""
 
 
 class StepResult(TypedDict, total=False):

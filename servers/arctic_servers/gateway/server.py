@@ -27,6 +27,7 @@ from ..protocol.http_server import make_runner
 from ..protocol.metrics_http import MetricsListener
 from ..protocol.serve import free_port
 from ..protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
+from ..tinker.catalog import engine_catalog
 from ..tinker.mount import mount as mount_tinker
 from .jobs import JobManager
 from .metrics import WorkerHostsCollector
@@ -203,7 +204,8 @@ async def start_gateway(
         gserver, grpc_port = await start_grpc_server(core, host=host, port=grpc_port)
     app = make_app(core)
     install_openai(app, servicer, token_sha256)  # /v1/models, /v1/chat/completions, ...
-    mount_tinker(app, tinker, token_sha256=token_sha256)  # Tinker's /api/v1/...
+    # Tinker's /api/v1/... over the models of the gateway's engine (tinker/catalog.py)
+    mount_tinker(app, tinker, token_sha256=token_sha256, catalog=engine_catalog(settings.engine))
     if admin:
         _admin_routes(servicer, core)(app)
     # after the drain (hand_off) nothing is left to finish: open handlers get 2 s, so SIGTERM

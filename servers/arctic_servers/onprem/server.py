@@ -67,11 +67,12 @@ def _configure(
     """Routes beside the protocol: the OpenAI-compatible surface, Tinker's (`/api/v1/`,
     `arctic_servers.tinker`; `tinker` = its `TinkerSettings`), and `/_admin/` when asked."""
     from ..openai.onprem import install as install_openai
+    from ..tinker.catalog import EmbeddedCatalog
     from ..tinker.mount import mount as mount_tinker
 
     def configure(app: web.Application, core: ProtocolCore) -> None:
         install_openai(app, servicer, tokens)
-        mount_tinker(app, tinker, tokens=tokens)
+        mount_tinker(app, tinker, tokens=tokens, catalog=EmbeddedCatalog(servicer.settings))
         if admin:
             _admin_routes(servicer, tokens)(app, core)
 

@@ -16,6 +16,21 @@ def learning_rate(body: Mapping[str, Any]) -> float | None:
     return None if v is None else float(v)
 
 
+ADAM_KEYS = ("beta1", "beta2", "eps", "weight_decay", "gradient_clipping")
+
+
+def step_args(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A StepRequest's engine arguments: `learning_rate` (None = the schedule's) and, when the
+    body sets any, `adam` {key: number} with only the keys it sets (`AdamParams`; the bounds
+    were checked on arrival)."""
+    out: dict[str, Any] = {"learning_rate": learning_rate(body)}
+    adam = body.get("adam") or {}
+    given = {k: float(adam[k]) for k in ADAM_KEYS if adam.get(k) is not None}
+    if given:
+        out["adam"] = given
+    return out
+
+
 def min_p(sampling_params: Mapping[str, Any]) -> float | None:
     """`SamplingParams.min_p`: None when absent, else the number (in [0, 1]; 0 = off)."""
     v = sampling_params.get("min_p")

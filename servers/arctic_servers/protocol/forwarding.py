@@ -22,7 +22,7 @@ from .._generated.servicer import ServicerBase
 from . import checkpoint_files as cf
 from . import checkpoint_ids
 from .context import CallContext
-from .fields import learning_rate
+from .fields import step_args
 from .jobs import JobRecord, sub_job_by_id
 from .lora_sync import adapter_load_args
 
@@ -71,7 +71,7 @@ async def step(
 ) -> dict[str, Any]:
     """Step on the trainer (`learning_rate`: None = the schedule's); the job's global step and
     last loss follow the trainer's answer."""
-    res = dict(await call(sub, M.STEP.python_name, learning_rate=learning_rate(body)))
+    res = dict(await call(sub, M.STEP.python_name, **step_args(body)))
     metrics = res.get("metrics") or {}
     job.global_step = int(metrics.get("global_step", job.global_step))
     job.last_loss = float(metrics.get("loss") or 0.0)

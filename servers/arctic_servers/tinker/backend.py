@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from arctic_sdk import AsyncClient
+from arctic_sdk import AsyncClient, CallOptions
 
 __all__ = ["Backend"]
 
@@ -32,9 +32,13 @@ class Backend:
             self._clients[token] = c
         return c
 
-    async def create_job(self, token: str | None, body: Mapping[str, Any]) -> str:
+    async def create_job(
+        self, token: str | None, body: Mapping[str, Any], key: str | None = None
+    ) -> str:
+        """Create the job and wait for it to run; `key` its Idempotency-Key (a resent create
+        answers the same job)."""
         c = self.client(token)
-        res = await c.create_job(cast(Any, dict(body)))
+        res = await c.create_job(cast(Any, dict(body)), options=CallOptions(idempotency_key=key))
         job_id = str(res["job_id"])
         for _ in range(3600):
             job = (await c.get_job(job_id=job_id))["job"]
@@ -54,8 +58,20 @@ class Backend:
             return await c.forward(cast(Any, dict(body)), job_id=job_id)
         return await c.forward_backward(cast(Any, dict(body)), job_id=job_id)
 
-    async def step(self, token: str | None, job_id: str, lr: float) -> Any:
-        return await self.client(token).step(learning_rate=lr, job_id=job_id)
+    async def step(
+        self,
+        token: str | None,
+        job_id: str,
+        lr: float,
+        adam: Mapping[str, float] | None = None,
+        key: str | None = None,
+    ) -> Any:
+        return await self.client(token).step(
+            learning_rate=lr,
+            adam=cast(Any, dict(adam)) if adam else None,
+            job_id=job_id,
+            options=CallOptions(idempotency_key=key),
+        )
 
     async def sync(self, token: str | None, job_id: str) -> int:
         res = await self.client(token).sync_weights(job_id=job_id)

@@ -9,7 +9,8 @@ tokens accepts any key. Request bodies are parsed with the SDK's own pydantic re
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -20,10 +21,13 @@ import pydantic
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from . import wire
+from .auth import NO_TOKEN, caller_token
 from .backend import Backend
 from .errors import TinkerError
 from .ops import Ops
 from .route_table import P
+from .sampling import Sampler
 from .settings import TinkerSettings
 from .state import State
 
@@ -59,22 +63,50 @@ class RouteBase:
     ) -> None:
         self.state = State(settings.session_timeout_s)
         self.ops = Ops(self.state, backend, settings)
+        self.sampler = Sampler(self.state, backend)
+        self._clock: asyncio.Task[None] | None = None
         self.settings = settings
         self.tokens, self.sha = frozenset(tokens), frozenset(token_sha256)
         self.encodings: Counter[str] = Counter()  # forward_backward bodies by Content-Encoding
 
+    # ------------------------------------------------------------------ the clock
+
+    CLOCK_S = 1.0
+
+    def start(self) -> None:
+        """Start the surface's own clock (idempotent; needs a running loop): sessions whose
+        heartbeats stopped expire and their jobs are cancelled when their time is up, not
+        when some later request happens to come."""
+        if self._clock is None or self._clock.done():
+            self._clock = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            try:
+                self.state.expire_sessions(self.ops.end_session)
+            except Exception:
+                log.exception("the Tinker session clock failed")
+            await asyncio.sleep(self.CLOCK_S)
+
+    async def close(self) -> None:
+        if self._clock is not None:
+            self._clock.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._clock
+        await self.ops.backend.close()
+
     # ------------------------------------------------------------------ plumbing
 
+    def caller(self, request: web.Request) -> str | object | None:
+        return caller_token(request.headers, self.tokens, self.sha)
+
     def _token(self, request: web.Request) -> str | None:
-        if not self.tokens and not self.sha:
-            return None
-        key = request.headers.get("X-API-Key", "").strip()
-        for t in (key.removeprefix("tml-"), key):
-            if t and (t in self.tokens or hashlib.sha256(t.encode()).hexdigest() in self.sha):
-                return t
-        raise TinkerError(
-            401, "missing or invalid API key: send X-API-Key: tml-<token>", "unauthenticated"
-        )
+        token = self.caller(request)
+        if token is NO_TOKEN:
+            raise TinkerError(
+                401, "missing or invalid API key: send X-API-Key: tml-<token>", "unauthenticated"
+            )
+        return token  # type: ignore[return-value]
 
     async def body(self, request: web.Request, limit: int | None = None) -> bytes:
         """The request body, decoded from its `Content-Encoding` (aiohttp decodes gzip, deflate
@@ -134,11 +166,29 @@ class RouteBase:
                 400, f"invalid {model.__name__}: {where}", "invalid_argument", field=field
             ) from None
 
+    async def _free_turn(self, request: web.Request, token: str | None) -> None:
+        """Whatever answered a request without queueing it (a refusal by a known route, the
+        catch-all of a route this server does not serve, a body that did not parse): when it
+        names one of the caller's models and a `seq_id`, that turn is freed — the SDK numbers
+        every training call, refused or not, and the model's later calls wait for each turn."""
+        if request.method != "POST" or request.get(_CLOSE):
+            return
+        try:
+            raw = await request.read()  # aiohttp keeps what a handler read
+        except Exception:
+            return
+        model_id, seq_id = wire.sequenced(raw, request.content_type)
+        m = self.state.models.get(model_id) if model_id and seq_id else None
+        if m is not None and m.token == token and seq_id:
+            await m.release(seq_id)
+
     def wrap(self, fn: Callable[..., Any]) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.StreamResponse:
+            token: str | None = None
+            self.start()
             try:
-                self.state.expire_sessions(self.ops.end_session)
-                return await fn(request, self._token(request))  # type: ignore[no-any-return]
+                token = self._token(request)
+                return await fn(request, token)  # type: ignore[no-any-return]
             except TinkerError as exc:
                 resp = web.json_response(exc.body(), status=exc.status)
             except Exception as exc:  # a protocol error of ours: its status and code
@@ -147,6 +197,8 @@ class RouteBase:
                     log.exception("tinker route %s failed", request.path)
                 body = {"detail": str(exc), "code": str(getattr(exc, "code", "internal"))}
                 resp = web.json_response(body, status=status)
+            if resp.status != 401:
+                await self._free_turn(request, token)
             if request.get(_CLOSE):
                 resp.force_close()
             return resp

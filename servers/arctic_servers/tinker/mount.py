@@ -5,12 +5,17 @@ which imports the `tinker` package and, through it, torch: about 3 s of CPU) is 
 first Tinker request, off the event loop, so a server that no Tinker client calls starts
 without it. Its protocol calls go to this same listener (the address that first request came
 in on), with the caller's token. Without the `tinker` package (the `[tinker]` extra) the routes
-under `/api/v1/` answer 501 with a JSON body saying so.
+under `/api/v1/` answer 404 `unimplemented` naming the extra: a status the SDK does not retry
+(it retries every 5xx for 300 s), so a client fails at its first call, in seconds.
+
+The server's models (`catalog.py`) also serve their tokenizer files under `/hf/`
+(`hf_files.py`), so `get_tokenizer()` works by the server's model names.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import logging
 from collections.abc import Callable, Iterable
@@ -18,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .auth import NO_TOKEN, caller_token
+from .catalog import Catalog
+from .hf_files import add_hf_routes
 from .route_table import ROUTES, Handler, P
 from .settings import TinkerSettings
 
@@ -28,8 +36,8 @@ __all__ = ["LazyTinker", "mount"]
 
 log = logging.getLogger("arctic_servers.tinker")
 MISSING = (
-    "this server's Tinker-compatible surface needs the tinker package: "
-    "pip install 'arctic-sdk[tinker]' (tinker==0.38.0) and restart it"
+    "this server's Tinker-compatible surface is not installed: it needs the tinker package, "
+    "the [tinker] extra: pip install 'arctic-sdk[tinker]' (tinker==0.38.0) and restart it"
 )
 
 
@@ -79,7 +87,7 @@ class LazyTinker:
 
     async def close(self, _: web.Application) -> None:
         if self.routes is not None:
-            await self.routes.ops.backend.close()
+            await self.routes.close()
 
 
 def _address(request: web.Request) -> str:
@@ -96,19 +104,34 @@ def mount(
     *,
     tokens: Iterable[str] = (),
     token_sha256: Iterable[str] = (),
+    catalog: Catalog | None = None,
 ) -> LazyTinker | None:
-    """Serve Tinker's `/api/v1/...` on `app`; the `LazyTinker` (its `routes` once a Tinker
+    """Serve Tinker's `/api/v1/...` on `app` (and `/hf/` for `catalog`'s models, the models
+    the server's engines serve: `catalog.py`); the `LazyTinker` (its `routes` once a Tinker
     request came), or None when the tinker package is missing."""
     if importlib.util.find_spec("tinker") is None:
 
         async def missing(request: web.Request) -> web.Response:
-            return web.json_response({"detail": MISSING, "code": "unimplemented"}, status=501)
+            # 404, not 501: the SDK retries every 5xx for 300 s before it gives up
+            return web.json_response(
+                {"detail": MISSING, "code": "unimplemented", "extra": "tinker"}, status=404
+            )
 
         app.router.add_route("*", P + "/{tail:.*}", missing)
         log.info("Tinker routes not served: %s", MISSING)
         return None
-    lazy = LazyTinker(settings or TinkerSettings(), tokens, token_sha256)
+    settings = settings or TinkerSettings()
+    if catalog is not None:
+        settings = dataclasses.replace(settings, catalog=catalog)
+    lazy = LazyTinker(settings, tokens, token_sha256)
     for index, (method, path, pick) in enumerate(ROUTES):
         app.router.add_route(method, P + path, lazy.handler(index, pick))
+    if settings.catalog is not None:
+        toks, sha = frozenset(tokens), frozenset(token_sha256)
+        add_hf_routes(
+            app,
+            settings.catalog,
+            lambda r: caller_token(r.headers, toks, sha) is not NO_TOKEN,
+        )
     app.on_cleanup.append(lazy.close)
     return lazy

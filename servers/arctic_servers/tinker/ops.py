@@ -1,24 +1,27 @@
-"""What each Tinker op does on our protocol (the routes parse, authorise and answer futures).
+"""What each Tinker training op does on our protocol (the routes parse, authorise and answer
+futures; sampling is `sampling.py`).
 
-create_model -> a job with a training and a sampling sub-job of `base_model`; forward_backward /
-forward -> our forward-backward / forward (losses mapped by `losses.py`); optim_step -> step
-(learning rate per step; the other Adam parameters are the job's, fixed at create_model);
-save_weights -> save (resumable); load_weights -> load; save_weights_for_sampler -> sync-weights
-(the sampling session samples that weight version); asample -> generate.
+create_model -> a job with a training and a sampling sub-job of `base_model` (its sampler's
+`max_seq_len` the model's context window, `catalog.py`); forward_backward / forward -> our
+forward-backward / forward (losses mapped by `losses.py`, or decomposed by
+`tinker_losses.py`); optim_step -> step with the call's learning rate and Adam
+hyper-parameters (`StepRequest.adam`); save_weights -> save (resumable); load_weights -> load;
+save_weights_for_sampler -> sync-weights (the sampling session samples that weight version,
+or with `kind="inflight"` the model's newest).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..protocol.lora_config import ATTENTION_MODULES, MLP_MODULES
-from . import losses, wire
+from . import losses, tinker_losses, wire
 from .backend import Backend
+from .catalog import Catalog, ModelInfo, StaticCatalog
 from .errors import TinkerError
 from .settings import TinkerSettings
 from .state import Model, SamplerRef, Session, State
@@ -59,34 +62,70 @@ def lora_of(lora: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _version_error(ref: SamplerRef, now: int) -> TinkerError:
+def context_error(what: str, n: int, limit: int, extra: int | None = None) -> TinkerError:
+    """A sequence past the model's context window (every route's one answer: 400, which the SDK
+    raises as `tinker.BadRequestError` and does not retry), in Tinker's words."""
+    if extra is None:
+        msg = f"{what} has {n} tokens, more than the model's context window: {n} > {limit}"
+    else:
+        msg = (
+            "Prompt length plus max_tokens exceeds the model's context window: "
+            f"{n} + {extra} > {limit}"
+        )
     return TinkerError(
-        409,
-        f"the weights of this sampling session (weight version {ref.weight_version}) are no "
-        f"longer loaded: model {ref.model_id!r}'s sampler holds version {now}; create a new "
-        "sampling client with save_weights_for_sampler",
-        "failed_precondition",
-        field="sampling_session_id",
+        400, msg, "prompt_too_long", field=what, limit=limit, tokens=n + (extra or 0)
     )
 
 
 class Ops:
     def __init__(self, state: State, backend: Backend, settings: TinkerSettings) -> None:
         self.state, self.backend, self.settings = state, backend, settings
-        self.versions: dict[str, int] = {}  # model_id -> the sampler's weight version
+        self.catalog: Catalog = settings.catalog or StaticCatalog(settings.models, any_name=True)
 
     # ------------------------------------------------------------------ models
 
-    def job_body(
-        self, base_model: str, lora: Mapping[str, Any] | None, seed: int | None
-    ) -> dict[str, Any]:
-        if self.settings.only_listed and base_model not in self.settings.models:
+    def listed(self) -> tuple[str, ...]:
+        """The base models `get_server_capabilities` lists: the operator's list, else every
+        model the server's engines serve."""
+        return tuple(self.settings.models) or tuple(self.catalog.names())
+
+    async def model_info(self, base_model: str) -> ModelInfo:
+        """`base_model` as this server serves it, its context window capped by the operator's
+        `max_context_length`; refused (naming the served ones) when the server does not."""
+        listed = self.listed()
+        if self.settings.only_listed and base_model not in listed:
+            info = None
+        else:
+            info = await asyncio.to_thread(self.catalog.info, base_model)
+        if info is None:
             raise TinkerError(
                 400,
-                f"base_model {base_model!r} is not served; served: {list(self.settings.models)}",
+                f"base_model {base_model!r} is not served; served: {list(listed)}",
                 "invalid_argument",
                 field="base_model",
             )
+        cap = int(self.settings.max_context_length or 0)
+        window = (
+            min(w for w in (info.context_length, cap) if w > 0)
+            if (info.context_length or cap)
+            else 0
+        )
+        if window <= 0:
+            raise TinkerError(
+                400,
+                f"base_model {base_model!r}: its config states no context window; the "
+                "operator must set one (--tinker-max-context)",
+                "failed_precondition",
+                field="base_model",
+            )
+        return ModelInfo(info.name, window, info.tokenizer_dir)
+
+    def job_body(
+        self, info: ModelInfo, lora: Mapping[str, Any] | None, seed: int | None
+    ) -> dict[str, Any]:
+        """A training model's job: the trainer, and a sampler whose `max_seq_len` is the
+        model's window (so vLLM's `max_model_len` and the fake's limit are the one the surface
+        advertises and checks)."""
         if lora is not None and self.settings.lora == "refuse":
             raise TinkerError(
                 400,
@@ -111,50 +150,85 @@ class Ops:
             tc["lora"] = lora_of(lora)
         train: dict[str, Any] = {
             "job_type": "training",
-            "model_name": base_model,
+            "model_name": info.name,
             "training_config": tc,
         }
         if seed is not None:
             train["seed"] = int(seed)
         return {
-            "sub_job_configs": [train, {"job_type": "sampling", "model_name": base_model}],
+            "sub_job_configs": [train, self.sampler_config(info)],
             "experiment_name": "tinker",
         }
 
-    def end_session(self, s: Session) -> None:
-        """An expired session's jobs are cancelled (in the background: nothing awaits them)."""
-        for m in self.state.models.values():
-            if m.session_id == s.session_id:
-                task = asyncio.ensure_future(self.backend.cancel(m.token, m.job_id))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    @staticmethod
+    def sampler_config(info: ModelInfo) -> dict[str, Any]:
+        return {
+            "job_type": "sampling",
+            "model_name": info.name,
+            "inference_config": {"max_seq_len": info.context_length},
+        }
 
-    def adam(self) -> dict[str, float]:
-        return {**ADAM_DEFAULTS, **(self.settings.adam or {})}
+    def end_session(self, s: Session) -> None:
+        """An ended session's jobs (its models', its base-model samplers') are cancelled in the
+        background: nothing awaits them."""
+        jobs = {
+            (m.token, m.job_id) for m in self.state.models.values() if m.session_id == s.session_id
+        }
+        jobs |= {
+            (r.token, r.job_id)
+            for r in self.state.samplers.values()
+            if r.session_id == s.session_id and r.model_id is None
+        }
+        for token, job_id in jobs:
+            task = asyncio.ensure_future(self.backend.cancel(token, job_id))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     # ------------------------------------------------------------------ training
 
+    def check_context(self, m: Model, fb: wire.FwdBwd) -> None:
+        for i, d in enumerate(fb.data):
+            if d.tokens.size > m.context_length:
+                raise context_error(f"data[{i}].model_input", d.tokens.size, m.context_length)
+
     async def forward_backward(self, m: Model, fb: wire.FwdBwd) -> bytes:
-        body, lens = losses.to_protocol(fb)
+        if losses.native(fb):
+            body, lens = losses.to_protocol(fb)
+            res = await self.backend.forward_backward(
+                m.token, m.job_id, body, forward_only=fb.forward_only
+            )
+            lps, metrics = losses.from_protocol(res, lens)
+            return wire.encode_output(lps, metrics)
+        # Tinker's decomposition (tinker_losses.py): lp from a forward, then the surrogate
+        lens = [d.tokens.size for d in fb.data]
         res = await self.backend.forward_backward(
-            m.token, m.job_id, body, forward_only=fb.forward_only
+            m.token, m.job_id, losses.surrogate(fb, None), forward_only=True
         )
-        lps, metrics = losses.from_protocol(res, lens)
-        return wire.encode_output(lps, metrics)
+        lps = losses.logprobs_of(res, lens)
+        total, grads = 0.0, []
+        for lp, d in zip(lps, fb.data, strict=True):
+            loss, g = tinker_losses.loss_and_grad(
+                fb.loss_fn, lp.astype("float64"), d.inputs, fb.config
+            )
+            total += loss
+            grads.append(g)
+        if not fb.forward_only:
+            await self.backend.forward_backward(
+                m.token, m.job_id, losses.surrogate(fb, grads), forward_only=False
+            )
+        return wire.encode_output(lps, {"loss:sum": total, "num_tokens:sum": float(sum(lens))})
 
     async def optim_step(self, m: Model, params: Mapping[str, Any]) -> dict[str, Any]:
-        for k, want in m.adam.items():
-            got = params.get(k)
-            if got is not None and not math.isclose(float(got), want, rel_tol=1e-9, abs_tol=0):
-                raise TinkerError(
-                    400,
-                    f"adam_params.{k} = {got!r}, but this model's optimizer was created with "
-                    f"{k} = {want!r} (our jobs fix Adam's {sorted(m.adam)} at create_model; "
-                    "only learning_rate may change per step)",
-                    "invalid_argument",
-                    field=f"adam_params.{k}",
-                )
+        """Each call's `AdamParams` apply to this step (and later ones), as Tinker's
+        `optim_step` promises: the step's `adam` (`StepRequest.adam`)."""
         lr = float(params.get("learning_rate", 1e-4))
-        res = await self.backend.step(m.token, m.job_id, lr)
+        adam = {
+            "beta1": float(params.get("beta1", ADAM_DEFAULTS["beta1"])),
+            "beta2": float(params.get("beta2", ADAM_DEFAULTS["beta2"])),
+            "eps": float(params.get("eps", ADAM_DEFAULTS["eps"])),
+            "weight_decay": float(params.get("weight_decay", ADAM_DEFAULTS["weight_decay"])),
+            "gradient_clipping": float(params.get("grad_clip_norm") or 0.0),
+        }
+        res = await self.backend.step(m.token, m.job_id, lr, adam)
         metrics = {
             f"{k}:mean": float(v)
             for k, v in (res.get("metrics") or {}).items()
@@ -183,7 +257,12 @@ class Ops:
         }
 
     async def save_weights(
-        self, m: Model, name: str, overwrite: bool, ttl: float | None = None
+        self,
+        m: Model,
+        name: str,
+        overwrite: bool,
+        ttl: float | None = None,
+        user_metadata: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         path = self.path(m, "weights", name)
         if path in m.checkpoints and not overwrite:
@@ -197,8 +276,11 @@ class Ops:
             "type": "training",
             "size_bytes": ck.get("size_bytes"),
             "job_id": m.job_id,
+            "created": time.time(),
             "expires_at": time.time() + ttl if ttl else None,
+            "user_metadata": dict(user_metadata or {}) or None,
         }
+        self.state.changed()
         # "save_weights" is the Tinker reply type the SDK expects, not our op alias
         return {"path": path, "type": "save_weights"}  # not-an-op
 
@@ -218,27 +300,37 @@ class Ops:
         m: Model,
         name: str | None,
         session_seq: int | None,
-        session_id: str,
         ttl: float | None = None,
+        inflight: bool = False,
+        user_metadata: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        version = await self.backend.sync(m.token, m.job_id)
-        self.versions[m.model_id] = version
+        m.weight_version = await self.backend.sync(m.token, m.job_id)
+        self.state.changed()
         if name is None:
-            sid = f"{session_id}:sample:{session_seq}"
-            self.state.samplers[sid] = SamplerRef(m.model_id, version)
+            sid = f"{m.session_id}:sample:{session_seq}"
+            self.state.samplers[sid] = SamplerRef(
+                m.owner,
+                m.session_id,
+                m.job_id,
+                m.base_model,
+                m.context_length,
+                model_id=m.model_id,
+                weight_version=m.weight_version,
+                inflight=inflight,
+            )
             return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
         path = self.path(m, "sampler_weights", name)
         m.checkpoints[path] = {
             "type": "sampler",
-            "weight_version": version,
+            "weight_version": m.weight_version,
             "job_id": m.job_id,
+            "created": time.time(),
             "expires_at": time.time() + ttl if ttl else None,
+            "user_metadata": dict(user_metadata or {}) or None,
         }
         return {"path": path, "type": "save_weights_for_sampler"}
 
-    # ------------------------------------------------------------------ sampling
-
-    def sampler_for_path(self, path: str, token: str | None) -> SamplerRef:
+    def sampler_for_path(self, path: str, token: str | None, session_id: str) -> SamplerRef:
         rest = path.removeprefix("tinker://")
         model_id = rest.split("/", 1)[0]
         m = self.state.model(model_id, token, live=False)
@@ -250,87 +342,13 @@ class Ops:
                 "not_found",
                 field="model_path",
             )
-        return SamplerRef(m.model_id, int(info["weight_version"]), path)
-
-    async def sample(self, ref: SamplerRef, req: Any) -> bytes:
-        m = self.state.models[ref.model_id]
-        now = self.versions.get(m.model_id, 0)
-        if now != ref.weight_version:
-            raise _version_error(ref, now)
-        params = sampling_params(req)
-        prompt = prompt_tokens(req.prompt)
-        res = await self.backend.generate(m.token, m.job_id, prompt, params)
-        if int(res.get("weight_version") or 0) != ref.weight_version:
-            raise _version_error(ref, int(res.get("weight_version") or 0))
-        comp = res["results"][0]
-        seqs = []
-        for s in comp.get("samples") or []:
-            reason = s.get("finish_reason") or "stop"
-            if reason == "abort":
-                raise TinkerError(503, "the sampler aborted the request", "unavailable")
-            seqs.append((s.get("token_ids") or [], s.get("logprobs"), reason))
-        plp = None
-        if req.prompt_logprobs:
-            raw = list(comp.get("prompt_logprobs") or [])
-            plp = [None, *raw[1:]] if raw else None
-        return wire.encode_sample(seqs, plp)
-
-
-def prompt_tokens(prompt: Any) -> list[int]:
-    out: list[int] = []
-    for i, c in enumerate(prompt.chunks):
-        if getattr(c, "type", "") != "encoded_text":
-            raise TinkerError(
-                400,
-                f"prompt.chunks[{i}] is a {getattr(c, 'type', '?')} chunk; "
-                "this server samples text (encoded_text) only",
-                "unsupported_option",
-                field=f"prompt.chunks[{i}]",
-            )
-        out.extend(int(t) for t in c.tokens)
-    if not out:
-        raise TinkerError(400, "prompt is empty", "invalid_argument", field="prompt")
-    return out
-
-
-REFUSED_SAMPLE = {
-    "topk_prompt_logprobs": 0,
-    "topk_sample_logprobs": 0,
-    "prompt_alt_tokens_k": 0,
-    "record_stability_info": False,
-    "target_prompt_logprobs": None,
-    "prompt_logprobs_last_n": None,
-}
-
-
-def sampling_params(req: Any) -> dict[str, Any]:
-    for k, neutral in REFUSED_SAMPLE.items():
-        v = getattr(req, k, neutral)
-        if v not in (neutral, None, 0, False):
-            raise TinkerError(
-                400, f"{k} = {v!r} is not supported by this server", "unsupported_option", field=k
-            )
-    sp = req.sampling_params
-    out: dict[str, Any] = {
-        "n": int(req.num_samples),
-        "logprobs": 0,
-        "temperature": float(sp.temperature),
-        "top_p": float(sp.top_p),
-    }
-    if sp.max_tokens is not None:
-        out["max_tokens"] = int(sp.max_tokens)
-    if sp.seed is not None:
-        out["seed"] = int(sp.seed)
-    if sp.top_k is not None and int(sp.top_k) > 0:
-        out["top_k"] = int(sp.top_k)
-    stop = sp.stop
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop:
-        if all(isinstance(s, int) for s in stop):
-            out["stop_token_ids"] = [int(s) for s in stop]
-        else:
-            out["stop"] = [str(s) for s in stop]
-    if req.prompt_logprobs:
-        out["prompt_logprobs"] = 0
-    return out
+        return SamplerRef(
+            m.owner,
+            session_id,
+            m.job_id,
+            m.base_model,
+            m.context_length,
+            model_id=m.model_id,
+            weight_version=int(info["weight_version"]),
+            path=path,
+        )

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from .base import RouteBase, iso
 from .errors import TinkerError
-from .state import Model
+from .state import Model, owner_of
 
 __all__ = ["RestRoutes"]
 
@@ -19,10 +19,9 @@ __all__ = ["RestRoutes"]
 class RestRoutes(RouteBase):
     async def get_sampler(self, request: web.Request, token: str | None) -> web.Response:
         sid = request.match_info["sampler_id"]
-        ref = self.state.sampler(sid, token)
-        m = self.state.models[ref.model_id]
+        ref = self.state.sampler(sid, token, live=False)
         return web.json_response(
-            {"sampler_id": sid, "base_model": m.base_model, "model_path": ref.path}
+            {"sampler_id": sid, "base_model": ref.base_model, "model_path": ref.path}
         )
 
     def _run(self, m: Model) -> dict[str, Any]:
@@ -47,15 +46,16 @@ class RestRoutes(RouteBase):
         return {
             "checkpoint_id": path.split("/", 3)[3],
             "checkpoint_type": info["type"],
-            "time": iso(m.last_request),
+            "time": iso(info.get("created") or m.last_request),
             "tinker_path": path,
             "size_bytes": info.get("size_bytes"),
             "expires_at": iso(info["expires_at"]) if info.get("expires_at") else None,
             "public": False,
+            "user_metadata": info.get("user_metadata"),
         }
 
     async def training_runs(self, request: web.Request, token: str | None) -> web.Response:
-        runs = [m for m in self.state.models.values() if m.token == token]
+        runs = [m for m in self.state.models.values() if m.owner == owner_of(token)]
         try:
             limit = int(request.query.get("limit", "20"))
             offset = int(request.query.get("offset", "0"))

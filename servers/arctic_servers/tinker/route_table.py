@@ -40,6 +40,7 @@ ROUTES: tuple[tuple[str, str, Callable[[TinkerRoutes], Handler]], ...] = (
     ("POST", "/create_sampling_session", lambda r: r.create_sampling_session),
     ("GET", "/samplers/{sampler_id}", lambda r: r.get_sampler),
     ("POST", "/asample", lambda r: r.asample),
+    ("GET", "/sequences/{sequence_id}", lambda r: r.sequence),  # ours: a sample's version
     ("POST", "/retrieve_future", lambda r: r.retrieve_future),
     ("GET", "/training_runs", lambda r: r.training_runs),
     ("GET", "/training_runs/{run_id}", lambda r: r.training_run),

@@ -14,13 +14,17 @@ import tinker.types as T
 from aiohttp import web
 from aiohttp.compression_utils import HAS_ZSTD
 
+from . import wire
+from .auth import NO_TOKEN
 from .backend import Backend
 from .base import RouteBase
 from .errors import TinkerError, failure_body
+from .hf_files import add_hf_routes
 from .rest import RestRoutes
 from .route_table import ROUTES, P
+from .sampling import prompt_tokens, sampling_params
 from .settings import TinkerSettings
-from .state import Session
+from .state import SamplerRef, Session, owner_of
 from .train_routes import TrainRoutes
 
 __all__ = ["TinkerRoutes", "add_tinker_routes"]
@@ -66,21 +70,29 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
         return web.json_response({"status": "ok"})
 
     async def capabilities(self, request: web.Request, token: str | None) -> web.Response:
-        models = [
-            {
-                "model_name": m,
-                "max_context_length": self.settings.max_context_length,
-                "trainable": True,
-                "sampleable": True,
-            }
-            for m in self.settings.models
-        ]
+        """Every model the server serves (the operator's list, else the engines'), with the
+        context window every route then enforces."""
+        models = []
+        for name in self.ops.listed():
+            try:
+                window = (await self.ops.model_info(name)).context_length
+            except TinkerError:
+                continue  # listed by the operator, not served by the engines
+            models.append(
+                {
+                    "model_name": name,
+                    "max_context_length": window,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+            )
         return web.json_response({"supported_models": models})
 
     async def create_session(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.CreateSessionRequest)
         sid = self.state.new_session_id()
-        self.state.sessions[sid] = Session(sid, token)
+        self.state.sessions[sid] = Session(sid, owner_of(token))
+        self.state.changed()
         notes = []
         if self.settings.lora == "full_finetune":
             notes.append(
@@ -104,7 +116,7 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
         """410 (the SDK then stops its heartbeat loop) for a finished, expired or lost session."""
         req = await self._json(request, T.SessionHeartbeatRequest)
         s = self.state.sessions.get(req.session_id)
-        if s is None or s.token != token:
+        if s is None or s.owner != owner_of(token):
             err = self.state.missing("session_id", req.session_id)
             if err.extra.get("reason") == "server_restarted":
                 err.status = 410
@@ -115,8 +127,9 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish(self, request: web.Request, token: str | None) -> web.Response:
-        """A session lost in a restart has nothing left to finish: 200 with a `warning`, so the
-        SDK's `ServiceClient.close()` (the end of every `with ServiceClient`) does not raise."""
+        """`ServiceClient.close()`: the session ends now, its jobs are cancelled at once. A
+        session lost in a restart has nothing left to finish: 200 with a `warning`, so
+        `close()` (the end of every `with ServiceClient`) does not raise."""
         sid = request.match_info["session_id"]
         try:
             s = self.state.session(sid, token, live=False)
@@ -125,6 +138,7 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
                 raise
             return web.json_response({"warning": exc.message})
         s.finished = True
+        self.state.expire_sessions(self.ops.end_session)
         return web.json_response({})
 
     async def telemetry(self, request: web.Request, token: str | None) -> web.Response:
@@ -135,33 +149,78 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
     async def create_sampling_session(self, request: web.Request, token: str | None) -> Any:
         req = await self._json(request, T.CreateSamplingSessionRequest)
         s = self.state.session(req.session_id, token)
-        if req.model_path is None:
-            raise TinkerError(
-                400,
-                f"base_model {req.base_model!r}: sampling a base model without a "
-                "training client is not served; sample from save_weights_for_sampler's weights",
-                "unsupported_option",
-                field="base_model",
-            )
-        ref = self.ops.sampler_for_path(str(req.model_path), token)
         sid = f"{s.session_id}:sample:{req.sampling_session_seq_id}"
+        if req.model_path is not None:
+            ref = self.ops.sampler_for_path(str(req.model_path), token, s.session_id)
+        elif req.base_model is not None:
+            ref = await self._base_sampler(s, str(req.base_model), token)
+        else:
+            raise TinkerError(
+                400, "send model_path or base_model", "missing_field", field="model_path"
+            )
         self.state.samplers[sid] = ref
+        self.state.changed()
         return web.json_response({"sampling_session_id": sid})
+
+    async def _base_sampler(self, s: Session, base_model: str, token: str | None) -> SamplerRef:
+        """A sampler of the base model alone (Harbor's Tinker backend opens one): a job with
+        one sampling sub-job, shared by the session's base-model samplers of that model and
+        cancelled with the session."""
+        info = await self.ops.model_info(base_model)
+        for ref in self.state.samplers.values():
+            if (
+                ref.session_id == s.session_id
+                and ref.model_id is None
+                and ref.base_model == info.name
+            ):
+                return ref
+        body = {"sub_job_configs": [self.ops.sampler_config(info)], "experiment_name": "tinker"}
+        job_id = await self.ops.backend.create_job(token, body)
+        return SamplerRef(
+            s.owner, s.session_id, job_id, info.name, info.context_length, token=token
+        )
 
     async def asample(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SampleRequest)
         if req.sampling_session_id is None:
             raise TinkerError(
                 400,
-                "sampling_session_id is required (base_model / model_path "
-                "sampling without a session is not served)",
+                "sampling_session_id is required (sampling without a session is not served: "
+                "the SDK opens one with create_sampling_session)",
                 "missing_field",
                 field="sampling_session_id",
             )
-        ref = self.state.sampler(req.sampling_session_id, token)
-        fut = self.state.submit(token, self.ops.sample(ref, req))
+        sid = str(req.sampling_session_id)
+        ref = self.state.sampler(sid, token)
+        prompt = prompt_tokens(req.prompt)
+        params = sampling_params(req, len(prompt), ref.context_length)
+        rid_box: list[str] = []
+
+        async def run() -> bytes:
+            ids = [f"{rid_box[0]}:{i}" for i in range(int(req.num_samples))]
+            seqs, extra = await self.sampler.sample(ref, token, prompt, params, req, ids, sid)
+            return wire.encode_sample(
+                seqs,
+                extra.get("prompt_logprobs"),
+                topk=params["logprobs"],
+                topk_prompt=extra.get("topk_prompt"),
+                topk_prompt_k=int(extra.get("k") or 0),
+            )
+
+        fut = self.state.submit(token, run())
+        rid_box.append(fut["request_id"])
         ids = [f"{fut['request_id']}:{i}" for i in range(int(req.num_samples))]
         return web.json_response({**fut, "sample_sequence_ids": ids})
+
+    async def sequence(self, request: web.Request, token: str | None) -> web.Response:
+        """Our extension: which sampling session, model and weight version produced a sampled
+        sequence (an inflight sampler's samples may come from any version at or after the
+        one it was created with; Tinker's responses do not say which)."""
+        sid = request.match_info["sequence_id"]
+        info = self.state.sequence(sid, token)
+        return web.json_response(
+            {"sequence_id": sid, **{k: v for k, v in info.items() if k != "owner"}}
+        )
 
     # ------------------------------------------------------------------ futures
 
@@ -191,4 +250,7 @@ def add_tinker_routes(
 ) -> TinkerRoutes:
     routes = TinkerRoutes(backend, settings, tokens, token_sha256)
     routes.add_routes(app)
+    if settings.catalog is not None:  # the models' tokenizer files (hf_files.py)
+        add_hf_routes(app, settings.catalog, lambda r: routes.caller(r) is not NO_TOKEN)
+    app.on_cleanup.append(lambda _: routes.close())
     return routes

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .catalog import Catalog
+
 __all__ = ["TinkerSettings"]
 
 
@@ -21,10 +23,15 @@ class TinkerSettings:
     with a LoRA rank is refused, naming lora_config.rank) or "full_finetune" (an operator's
     explicit opt-in: LoRA requests train all weights, and get_info answers is_lora false)."""
 
-    models: tuple[str, ...] = ()  # base models listed by get_server_capabilities
+    models: tuple[str, ...] = ()  # base models listed (empty: the catalog's names)
     only_listed: bool = False  # refuse other base models (else the server's job checks decide)
     lora: str = "lora"
-    adam: Mapping[str, float] | None = None  # the jobs' Adam parameters (default Tinker's)
+    adam: Mapping[str, float] | None = None  # Adam's parameters at create_model (Tinker's)
     training_config: Mapping[str, Any] | None = None  # extra training_config keys
-    max_context_length: int = 2048
+    # a cap on the models' context windows (0: each model's own, `catalog.py`)
+    max_context_length: int = 0
     session_timeout_s: float = 180.0  # a session without a heartbeat this long expires
+    # the models the server's engines serve (None: any name, the fake engine's window)
+    catalog: Catalog | None = None
+    # where sessions, models and futures are kept across restarts (None: memory only)
+    state_path: str | None = None

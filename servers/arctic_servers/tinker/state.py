@@ -1,11 +1,18 @@
-"""Sessions, training models, sampling sessions and futures of the Tinker surface (in memory).
+"""Sessions, training models, sampling sessions, sampled sequences and futures of the Tinker
+surface.
 
-They do not survive a restart of the server: every id carries the server run it was made by
-(`sess-<run>-...`, `fut-<run>-...`; model and sampling ids start with their session's), so a
-call after a restart answers 404 naming the lost id, that the server restarted and what to do
-(a heartbeat: 410, which stops the SDK's heartbeat loop) instead of a bare "does not exist".
+They are the surface's own (the jobs and checkpoints behind them are the protocol's) and are
+kept in memory and, when the server gives a state file (`TinkerSettings.state_path`,
+`store.py`), on disk, so that a restarted server goes on serving the sessions, models,
+samplers and futures of the clients that were running. Every id carries the run of the store
+that made it (`sess-<run>-...`, `fut-<run>-...`; model and sampling ids start with their
+session's), so an id of a run whose state is gone (a server without a state file, or another
+one) answers 404 saying the server restarted and what to do, not a bare "does not exist".
 A session whose heartbeats stop (`session_timeout_s`, the SDK beats every 10 s) expires: its
-heartbeat answers 410 and its models' calls 410 naming it, and its jobs are cancelled.
+heartbeat answers 410, its models' calls 410 naming it, and its jobs are cancelled.
+
+Ownership is kept as the sha256 of the caller's token (`owner`): the clear token is only held
+in memory, learnt again from the owner's next request after a restart.
 
 Every Tinker op is a future: the submit answers `{"request_id"}` at once and the op runs as a
 task; `retrieve_future` long-polls it. A model's ops run one at a time in `seq_id` order
@@ -15,70 +22,96 @@ task; `retrieve_future` long-polls it. A model's ops run one at a time in `seq_i
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import hashlib
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from .errors import TinkerError
 
-__all__ = ["Future", "Model", "SamplerRef", "Session", "State"]
+__all__ = ["Future", "Model", "SamplerRef", "Session", "State", "owner_of"]
 
 FUTURE_TTL_S = 3600.0
 MAX_FUTURES = 100_000
+SEQUENCE_TTL_S = 24 * 3600.0  # Tinker keeps a sampled sequence referable for a day
+MAX_SEQUENCES = 1_000_000
 RUN_ID = re.compile(r"^(?:sess|fut)-([0-9a-f]{8})-")
+
+
+def owner_of(token: str | None) -> str:
+    """The owner every object of a token carries: the token's sha256 (never the token)."""
+    return hashlib.sha256((token or "").encode()).hexdigest()
 
 
 @dataclass
 class Session:
     session_id: str
-    token: str | None
+    owner: str
     created: float = field(default_factory=time.time)
     last_heartbeat: float = field(default_factory=time.time)
     finished: bool = False
     expired: bool = False  # no heartbeat for session_timeout_s
+    ended: bool = False  # its jobs were cancelled (finish or expiry)
 
 
 @dataclass
 class SamplerRef:
-    """Weights a sampling session samples from: a model's sampler at one weight version."""
+    """What a sampling session samples: a training model's sampler at one weight version
+    (`inflight`: its newest weights), or a base model's own sampling job (`model_id` None)."""
 
-    model_id: str
-    weight_version: int
+    owner: str
+    session_id: str
+    job_id: str
+    base_model: str
+    context_length: int
+    model_id: str | None = None
+    weight_version: int = 0
     path: str | None = None
+    inflight: bool = False
+    token: str | None = field(default=None, repr=False, compare=False)  # memory only
 
 
 @dataclass
 class Model:
     model_id: str
     session_id: str
-    token: str | None
+    owner: str
     base_model: str
     lora_rank: int | None
     job_id: str
-    adam: dict[str, float]
+    context_length: int
     created: float = field(default_factory=time.time)
     last_request: float = field(default_factory=time.time)
     next_seq: int = 1
-    turn: asyncio.Condition = field(default_factory=asyncio.Condition)
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)  # tinker path -> info
     user_metadata: dict[str, str] = field(default_factory=dict)
     lora_config: dict[str, Any] | None = None  # Tinker's LoraConfig as created
+    weight_version: int = 0  # of the weights its sampler holds (the last sync)
+    token: str | None = field(default=None, repr=False, compare=False)  # memory only
 
-    refused: set[int] = field(default_factory=set)  # seq_ids refused at submit
+    turn: asyncio.Condition = field(default_factory=asyncio.Condition, repr=False, compare=False)
+    refused: set[int] = field(default_factory=set)  # seq_ids answered without running
+    queued: set[int] = field(default_factory=set)  # seq_ids submitted, not yet run
 
-    async def in_turn(self, seq_id: int, op: Callable[[], Awaitable[Any]]) -> Any:
-        """Run `op` when every earlier seq_id of this model has run (or was refused)."""
+    def enqueue(self, seq_id: int | None, op: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
+        """Queue `op` as the SDK's turn `seq_id` (none: the next one): it runs when every
+        earlier seq_id of this model has run or was answered without running."""
+        seq = int(seq_id or self.next_seq)
+        self.queued.add(seq)
+        return self._in_turn(seq, op)
+
+    async def _in_turn(self, seq_id: int, op: Callable[[], Awaitable[Any]]) -> Any:
         async with self.turn:
             await self.turn.wait_for(lambda: self.next_seq >= seq_id)
         try:
             return await op()
         finally:
             async with self.turn:
+                self.queued.discard(seq_id)
                 self.next_seq = max(self.next_seq, seq_id + 1)
                 self._advance()
                 self.last_request = time.time()
@@ -89,28 +122,24 @@ class Model:
             self.refused.discard(self.next_seq)
             self.next_seq += 1
 
-    @contextlib.asynccontextmanager
-    async def submitting(self, seq_id: int | None) -> AsyncIterator[None]:
-        """A refusal at submit still used up the SDK's turn `seq_id`: later ones must not wait
-        for it (the SDK numbers every call, refused or not)."""
-        try:
-            yield
-        except TinkerError:
-            if seq_id:
-                async with self.turn:
-                    if seq_id >= self.next_seq:
-                        self.refused.add(seq_id)
-                    self._advance()
-                    self.turn.notify_all()
-            raise
+    async def release(self, seq_id: int) -> None:
+        """The SDK's turn `seq_id` was answered without running (refused at submit, by any
+        route, known or not): the SDK numbers every call, so later ones must not wait for it."""
+        async with self.turn:
+            if seq_id >= self.next_seq and seq_id not in self.queued:
+                self.refused.add(seq_id)
+            self._advance()
+            self.turn.notify_all()
 
 
 @dataclass
 class Future:
     request_id: str
-    token: str | None
-    task: asyncio.Task[Any]
+    owner: str
+    task: asyncio.Future[Any]
     created: float = field(default_factory=time.time)
+    kind: str = ""  # what it runs (store.py re-drives a pending one after a restart)
+    spec: dict[str, Any] = field(default_factory=dict)
 
 
 class State:
@@ -119,27 +148,31 @@ class State:
         self.models: dict[str, Model] = {}
         self.samplers: dict[str, SamplerRef] = {}
         self.futures: dict[str, Future] = {}
+        # sequence_id -> {sampling_session_id, model_id, weight_version, created}
+        self.sequences: dict[str, dict[str, Any]] = {}
         self.session_timeout_s = session_timeout_s
-        self.run = uuid.uuid4().hex[:8]  # this server run: in every id it hands out
+        self.run = uuid.uuid4().hex[:8]  # the store's run: in every id it hands out
         self.started = time.time()
+        self.changed: Callable[[], None] = lambda: None  # store.py saves on it
 
     def new_session_id(self) -> str:
         return f"sess-{self.run}-{uuid.uuid4().hex[:12]}"
 
     def missing(self, what: str, value: str, status: int = 404) -> TinkerError:
-        """The answer for an id this server run does not hold: one an earlier run made (the
-        server restarted: named, with what to do), or one that never existed / is another
-        token's (the same answer for both, so ids of others are not revealed)."""
+        """The answer for an id this server does not hold: one an earlier run made whose state
+        is gone (the server restarted: named, with what to do), or one that never existed /
+        is another token's (the same answer for both, so ids of others are not revealed)."""
         m = RUN_ID.match(str(value))
         if m and m.group(1) != self.run:
             since = datetime.fromtimestamp(self.started, UTC).isoformat(timespec="seconds")
             return TinkerError(
                 status,
                 f"{what} {value!r} was made by an earlier run of this server ({m.group(1)}); "
-                f"the server restarted at {since} and Tinker sessions, training and sampling "
-                "clients, futures and tinker:// paths are kept in its memory, so it is lost: "
-                "create a new ServiceClient and training client (the protocol's jobs and "
-                "checkpoints are the server's, README 'Tinker users')",
+                f"the server restarted at {since} without that run's Tinker state (sessions, "
+                "training and sampling clients, futures and tinker:// paths; a server keeps "
+                "them across restarts only with a state file), so it is lost: create a new "
+                "ServiceClient and training client (the protocol's jobs and checkpoints are the "
+                "server's, README 'Tinker users')",
                 "not_found",
                 field=what,
                 reason="server_restarted",
@@ -151,7 +184,7 @@ class State:
             f"sent no heartbeat for over {self.session_timeout_s:g} s (the SDK sends one every "
             "10 s); its jobs were cancelled"
             if s.expired
-            else "has finished (ServiceClient closed)"
+            else "has finished (ServiceClient closed); its jobs were cancelled"
         )
         return TinkerError(
             410,
@@ -162,49 +195,85 @@ class State:
 
     def session(self, session_id: str, token: str | None, *, live: bool = True) -> Session:
         s = self.sessions.get(str(session_id))
-        if s is None or s.token != token:
+        if s is None or s.owner != owner_of(token):
             raise self.missing("session_id", session_id)
-        if live and s.expired:
+        if live and (s.expired or s.finished):
             raise self.gone(s, "session_id", session_id)
         return s
 
     def model(self, model_id: str, token: str | None, *, live: bool = True) -> Model:
-        """`live=False`: also a model of an expired session (its listings, its checkpoints)."""
+        """`live=False`: also a model of an ended session (its listings, its checkpoints)."""
         m = self.models.get(str(model_id))
-        if m is None or m.token != token:
+        if m is None or m.owner != owner_of(token):
             raise self.missing("model_id", model_id)
+        m.token = token  # learnt again after a restart
         s = self.sessions.get(m.session_id)
-        if live and s is not None and s.expired:
+        if live and s is not None and (s.expired or s.finished):
             raise self.gone(s, "model_id", model_id)
         return m
 
-    def sampler(self, sampling_session_id: str, token: str | None) -> SamplerRef:
+    def sampler(
+        self, sampling_session_id: str, token: str | None, *, live: bool = True
+    ) -> SamplerRef:
+        """`live=False`: also a sampler of an ended session (`GET /samplers/{id}`)."""
         ref = self.samplers.get(str(sampling_session_id))
-        if ref is None or self.models[ref.model_id].token != token:
+        if ref is None or ref.owner != owner_of(token):
             raise self.missing("sampling_session_id", sampling_session_id)
+        ref.token = token  # learnt again after a restart
+        s = self.sessions.get(ref.session_id)
+        if live and s is not None and (s.expired or s.finished):
+            raise self.gone(s, "sampling_session_id", sampling_session_id)
         return ref
 
-    def expire_sessions(self, on_expire: Callable[[Session], None]) -> None:
-        """Mark the sessions whose heartbeats stopped as expired, `on_expire` each once."""
-        now = time.time()
-        for s in self.sessions.values():
-            if not s.expired and now - s.last_heartbeat > self.session_timeout_s:
-                s.expired = True
-                on_expire(s)
+    def sequence(self, sequence_id: str, token: str | None) -> dict[str, Any]:
+        info = self.sequences.get(str(sequence_id))
+        if info is None or info["owner"] != owner_of(token):
+            raise self.missing("sequence_id", sequence_id)
+        return info
 
-    def submit(self, token: str | None, coro: Awaitable[Any]) -> dict[str, Any]:
+    def record_sequences(self, ids: list[str], info: dict[str, Any]) -> None:
+        now = time.time()
+        if len(self.sequences) + len(ids) > MAX_SEQUENCES:
+            old = [k for k, v in self.sequences.items() if now - v["created"] > SEQUENCE_TTL_S]
+            for k in old or list(self.sequences)[: len(ids)]:
+                del self.sequences[k]
+        for sid in ids:
+            self.sequences[sid] = {**info, "created": now}
+        self.changed()
+
+    def expire_sessions(self, on_end: Callable[[Session], None]) -> None:
+        """Mark the sessions whose heartbeats stopped as expired; `on_end` each ended session
+        (expired or finished) once."""
+        now = time.time()
+        for s in list(self.sessions.values()):
+            if not s.expired and not s.finished and now - s.last_heartbeat > self.session_timeout_s:
+                s.expired = True
+            if (s.expired or s.finished) and not s.ended:
+                s.ended = True
+                on_end(s)
+                self.changed()
+
+    def submit(
+        self,
+        token: str | None,
+        coro: Awaitable[Any],
+        kind: str = "",
+        spec: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         self._expire()
         if len(self.futures) >= MAX_FUTURES:
             raise TinkerError(429, "too many unretrieved futures", "resource_exhausted")
         rid = f"fut-{self.run}-{uuid.uuid4().hex}"
         task = asyncio.ensure_future(coro)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # no "never retrieved"
-        self.futures[rid] = Future(rid, token, task)
+        task.add_done_callback(lambda _: self.changed())
+        self.futures[rid] = Future(rid, owner_of(token), task, kind=kind, spec=dict(spec or {}))
+        self.changed()
         return {"request_id": rid}
 
     def future(self, request_id: str, token: str | None) -> Future:
         f = self.futures.get(str(request_id))
-        if f is None or f.token != token:
+        if f is None or f.owner != owner_of(token):
             raise self.missing("request_id", request_id)
         return f
 

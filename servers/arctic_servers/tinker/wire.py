@@ -9,6 +9,7 @@ results of `forward_backward`/`forward` and `asample` must be protobuf (`Forward
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,14 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from .errors import TinkerError
 
-__all__ = ["Datum", "FwdBwd", "decode_forward_backward", "encode_output", "encode_sample"]
+__all__ = [
+    "Datum",
+    "FwdBwd",
+    "decode_forward_backward",
+    "encode_output",
+    "encode_sample",
+    "sequenced",
+]
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
@@ -154,20 +162,69 @@ def encode_output(logprobs: Sequence[np.ndarray], metrics: Mapping[str, float]) 
     return bytes(out.SerializeToString())
 
 
+MASK_LOGPROB = -99999.0  # Tinker's empty top-k cell (token id 0)
+
+
+def _topk(rows: Sequence[Mapping[str, Any] | None], k: int) -> Any:
+    """A `TopkLogprobs`: one row per position of up to k (token id, log-prob), most likely
+    first; a missing row or cell is the sentinel (0, -99999.0)."""
+    ids = np.zeros((len(rows), k), np.int32)
+    lps = np.full((len(rows), k), MASK_LOGPROB, np.float32)
+    for i, row in enumerate(rows):
+        if not row:
+            continue
+        t, lp = list(row.get("token_ids") or [])[:k], list(row.get("logprobs") or [])[:k]
+        ids[i, : len(t)] = t
+        lps[i, : len(lp)] = lp
+    return pb.TopkLogprobs(token_ids=ids.tobytes(), logprobs=lps.tobytes(), k=k, length=len(rows))
+
+
 def encode_sample(
-    sequences: Sequence[tuple[Sequence[int], Sequence[float] | None, str]],
+    sequences: Sequence[tuple[Sequence[int], Sequence[float] | None, str, Any]],
     prompt_logprobs: Sequence[float | None] | None,
+    *,
+    topk: int = 0,
+    topk_prompt: Sequence[Mapping[str, Any] | None] | None = None,
+    topk_prompt_k: int = 0,
 ) -> bytes:
-    """A `SampleResponse`: (tokens, logprobs, "stop"|"length") per sample; prompt log-probs
-    with NaN for the first token (Tinker's None)."""
+    """A `SampleResponse`: (tokens, logprobs, "stop"|"length", top-k rows) per sample; prompt
+    log-probs with NaN where none was computed (the first token, Tinker's None)."""
     out = pb.SampleResponse()
-    for tokens, lps, reason in sequences:
+    for tokens, lps, reason, top in sequences:
         s = out.sequences.add()
         s.stop_reason = pb.STOP_REASON_LENGTH if reason == "length" else pb.STOP_REASON_STOP
         s.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
         if lps is not None:
             s.logprobs = np.asarray(lps, dtype=np.float32).tobytes()
+        if topk:
+            s.topk_sampled_logprobs.CopyFrom(_topk(list(top or [None] * len(tokens)), topk))
     if prompt_logprobs is not None:
         vals = [math.nan if v is None else float(v) for v in prompt_logprobs]
         out.prompt_logprobs = np.asarray(vals, dtype=np.float32).tobytes()
+    if topk_prompt is not None:
+        out.topk_prompt_logprobs.CopyFrom(_topk(topk_prompt, topk_prompt_k))
     return bytes(out.SerializeToString())
+
+
+def sequenced(raw: bytes, content_type: str) -> tuple[str, int]:
+    """The `(model_id, seq_id)` a request body names ("", 0 when none or it does not parse):
+    a JSON body's, or a protobuf `ForwardBackwardRequest`'s."""
+    model_id: Any = ""
+    seq_id: Any = 0
+    if "protobuf" in content_type:
+        msg = pb.ForwardBackwardRequest()
+        try:
+            msg.ParseFromString(raw)
+        except Exception:  # google.protobuf.message.DecodeError
+            return "", 0
+        model_id, seq_id = msg.model_id, msg.seq_id
+    else:
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            return "", 0
+        if isinstance(body, dict):
+            model_id, seq_id = body.get("model_id"), body.get("seq_id")
+    if not isinstance(model_id, str) or not isinstance(seq_id, int) or isinstance(seq_id, bool):
+        return "", 0
+    return model_id, max(seq_id, 0)

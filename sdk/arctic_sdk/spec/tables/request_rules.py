@@ -18,6 +18,13 @@ from arctic_sdk.spec.model import Bound
 
 BOUNDS: Final[Mapping[str, tuple[Bound, ...]]] = MappingProxyType(
     {
+        "arctic.v1.AdamParams": (
+            Bound("beta1", ge=0.0, lt=1.0, expected="0 <= beta1 < 1"),
+            Bound("beta2", ge=0.0, lt=1.0, expected="0 <= beta2 < 1"),
+            Bound("eps", gt=0.0, expected="a finite number > 0"),
+            Bound("weight_decay", ge=0.0, expected="a finite number >= 0"),
+            Bound("gradient_clipping", ge=0.0, expected="a finite number >= 0 (0 = off)"),
+        ),
         "arctic.v1.GenerateRequest": (
             Bound("sampling_params.n", ge=1.0),
             Bound("sampling_params.temperature", ge=0.0),
@@ -54,6 +61,11 @@ BOUNDS: Final[Mapping[str, tuple[Bound, ...]]] = MappingProxyType(
         ),
         "arctic.v1.StepRequest": (
             Bound("learning_rate", ge=0.0, expected="a finite number >= 0"),
+            Bound("adam.beta1", ge=0.0, lt=1.0, expected="0 <= beta1 < 1"),
+            Bound("adam.beta2", ge=0.0, lt=1.0, expected="0 <= beta2 < 1"),
+            Bound("adam.eps", gt=0.0, expected="a finite number > 0"),
+            Bound("adam.weight_decay", ge=0.0, expected="a finite number >= 0"),
+            Bound("adam.gradient_clipping", ge=0.0, expected="a finite number >= 0 (0 = off)"),
         ),
     }
 )

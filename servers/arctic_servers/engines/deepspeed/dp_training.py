@@ -183,8 +183,10 @@ class RankTrainer(TrainingEngine):
 
     # -- the other collective ops ------------------------------------------------------------
 
-    def rank_optimizer_step(self, learning_rate: float | None = None) -> dict[str, Any]:
-        return self.op_step(learning_rate)
+    def rank_optimizer_step(
+        self, learning_rate: float | None = None, adam: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
+        return self.op_step(learning_rate, adam)
 
     def rank_save_state(
         self, directory: str, tag: str, checkpoint_type: str, client_state: dict[str, Any]
@@ -386,11 +388,13 @@ class DataParallelTrainer(EngineBase):
         mine, _ = self._collective(cmd, own, per_rank)
         return dict(mine)
 
-    def op_step(self, learning_rate: float | None = None) -> dict[str, Any]:
+    def op_step(
+        self, learning_rate: float | None = None, adam: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
         return self._everywhere(
             "optimizer_step",
-            lambda: self.local.op_step(learning_rate),
-            {"learning_rate": learning_rate},
+            lambda: self.local.op_step(learning_rate, adam),
+            {"learning_rate": learning_rate, "adam": dict(adam or {})},
         )
 
     def op_save(

@@ -32,6 +32,7 @@ import torch
 
 from arctic_sdk.spec.tables import methods as M
 
+from ...protocol.errors import ProtocolError
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
 from .batch import Batch
@@ -320,14 +321,40 @@ class TrainingEngine(TrainerWeights, _Forward):
 
     # -- step ------------------------------------------------------------------------------
 
-    def _set_lr(self, lr: float) -> None:
+    def _param_groups(self) -> list[dict[str, Any]]:
         groups = []
         opt = self.engine.optimizer
         for o in (opt, getattr(opt, "optimizer", None)):
             if o is not None and hasattr(o, "param_groups"):
                 groups += list(o.param_groups)
-        for g in groups:
+        return groups
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self._param_groups():
             g["lr"] = lr
+
+    def _set_adam(self, adam: Mapping[str, float]) -> None:
+        """`StepRequest.adam`: Adam's betas, eps and weight decay where AdamW reads them each
+        step (its param groups, saved with the optimizer state), and the gradient clip where
+        DeepSpeed reads it (its config; a ZeRO optimizer's own copy)."""
+        name = str(self.ds_config["optimizer"]["type"]).lower()
+        if name not in ("adam", "adamw"):
+            raise ProtocolError(
+                "unsupported_option",
+                f"field adam: this job's optimizer is {name!r}, not Adam or AdamW",
+                field="adam",
+            )
+        for g in self._param_groups():
+            b1, b2 = g.get("betas", (0.9, 0.999))
+            g["betas"] = (adam.get("beta1", b1), adam.get("beta2", b2))
+            for k in ("eps", "weight_decay"):
+                if k in adam:
+                    g[k] = adam[k]
+        clip = adam.get("gradient_clipping")
+        if clip is not None:
+            self.engine._config.gradient_clipping = float(clip)
+            if hasattr(self.engine.optimizer, "clip_grad"):
+                self.engine.optimizer.clip_grad = float(clip)
 
     def _grad_norm_local(self) -> float:
         norms = [
@@ -337,7 +364,11 @@ class TrainingEngine(TrainerWeights, _Forward):
         ]
         return float(torch.stack(norms).norm()) if norms else 0.0
 
-    def op_step(self, learning_rate: float | None = None) -> dict[str, Any]:
+    def op_step(
+        self, learning_rate: float | None = None, adam: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
+        if adam:  # for this and later steps
+            self._set_adam(adam)
         if learning_rate is not None:  # replaces the schedule for this and later steps
             self.lr_override = float(learning_rate)
         if self.lr_override is not None:

@@ -44,9 +44,12 @@ class FakeEngine(EngineBase):
         self.latency: dict[str, float] = {
             str(k): float(v) for k, v in (es.get("latency_s") or {}).items()
         }
-        opt = self.config.get("optimizer")
-        lr = opt.get("lr") if isinstance(opt, Mapping) else None
+        raw = self.config.get("optimizer")
+        opt: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        lr = opt.get("lr")
         self.lr = float(lr) if isinstance(lr, int | float) else 1e-5
+        self.optimizer = str(opt.get("name") or opt.get("type") or "adamw").lower()
+        self.adam = adam_defaults(opt, self.config)
         self.model_step = 0
         self.global_step = 0
         self.weight_version = 0
@@ -86,6 +89,7 @@ class FakeEngine(EngineBase):
             "global_step": self.global_step,
             "model_step": self.model_step,
             "weight_version": self.weight_version,
+            "adam": dict(self.adam),
             "executed": dict(self.executed),
             "keys": dict(self.keys),
             "ops": dict(self.ops),
@@ -135,10 +139,19 @@ class FakeEngine(EngineBase):
         result["metrics"]["global_step"] = self.global_step
         return result
 
-    def op_step(self, learning_rate: float | None = None) -> dict[str, Any]:
+    def op_step(
+        self, learning_rate: float | None = None, adam: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
         self._begin(M.STEP.python_name)
+        if adam and self.optimizer not in ("adam", "adamw"):
+            raise ProtocolError(
+                "unsupported_option",
+                f"field adam: this job's optimizer is {self.optimizer!r}, not Adam or AdamW",
+                field="adam",
+            )
         if learning_rate is not None:
             self.lr = float(learning_rate)
+        self.adam.update(adam or {})  # recorded (NUMERICS.md §4): the fake has no moments
         norm = nx.grad_norm(self.grad)
         self.applied_steps += 1
         self.global_step += 1
@@ -250,6 +263,19 @@ class FakeEngine(EngineBase):
             self.global_step, self.lr = global_step, lr
             self.grad.clear()
             self.accum_loss, self.accum_tokens = 0.0, 0
+
+
+def adam_defaults(opt: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, float]:
+    """The Adam hyper-parameters a training sub-job starts with (`training_config.optimizer`,
+    `gradient_clipping`; the DeepSpeed trainer's defaults), as `StepRequest.adam` names them."""
+    betas = opt.get("betas") or (0.9, 0.999)
+    return {
+        "beta1": float(betas[0]),
+        "beta2": float(betas[1]),
+        "eps": float(opt.get("eps", 1e-8)),
+        "weight_decay": float(opt.get("weight_decay", 0.01)),
+        "gradient_clipping": float(config.get("gradient_clipping", 1.0)),
+    }
 
 
 def export_checkpoint(directory: Path, tag: str, out: Path) -> list[str]:

@@ -149,12 +149,18 @@ def loss_mask(b: Batch, spec: LossSpec, x: LossInputs) -> F64:
     return m
 
 
+def loss_targets(b: Batch, spec: LossSpec, x: LossInputs) -> I64 | None:
+    """The tokens a call scores, token-aligned: a cross_entropy call's `labels` where they are
+    not -100 (its input tokens elsewhere); None = the input tokens."""
+    if spec.loss_fn == "cross_entropy" and x.labels is not None:
+        return np.where(x.labels == IGNORE_INDEX, b.ids, x.labels).astype(np.int64)
+    return None
+
+
 def compute_loss(b: Batch, step: int, spec: LossSpec, x: LossInputs) -> LossResult:
     """Loss, metrics and gradient contributions of one call (NUMERICS.md §3-§4): the fake
     model's log-probs through the loss table's NumPy reference (`losses/reference.py`)."""
-    targets = None
-    if spec.loss_fn == "cross_entropy" and x.labels is not None:
-        targets = np.where(x.labels == IGNORE_INDEX, b.ids, x.labels).astype(np.int64)
+    targets = loss_targets(b, spec, x)
     lp = token_aligned(shifted_logprobs(b, step, targets)) / spec.temperature
     m = loss_mask(b, spec, x)
     on = m != 0
@@ -247,6 +253,7 @@ __all__ = [
     "draws",
     "generation_seed",
     "grad_norm",
+    "loss_targets",
     "make_batch",
     "min_p_candidates",
     "shifted_entropy",

@@ -62,10 +62,15 @@ def parse_train(body: Mapping[str, Any], vocab_size: int) -> TrainCall:
 
 
 def outputs(call: TrainCall, step: int, *, logprobs: bool, entropy: bool) -> dict[str, Any]:
+    """The call's output tensors: the log-probs are of the tokens its loss scores (a
+    cross_entropy call's `labels` where they are not -100, NUMERICS.md §2-§3)."""
     out: dict[str, Any] = {}
     temp = call.spec.temperature
     if logprobs:
-        out["logprobs_shifted"] = (nx.shifted_logprobs(call.batch, step) / temp).astype(np.float32)
+        lp = nx.shifted_logprobs(
+            call.batch, step, nx.loss_targets(call.batch, call.spec, call.inputs)
+        )
+        out["logprobs_shifted"] = (lp / temp).astype(np.float32)
     if entropy:
         out["entropy"] = nx.shifted_entropy(call.batch, step).astype(np.float32)
     return out

@@ -553,24 +553,88 @@ class StepRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LEARNING_RATE_FIELD_NUMBER: _builtins.int
+    ADAM_FIELD_NUMBER: _builtins.int
     learning_rate: _builtins.float
     """Learning-rate override for this and later steps; absent = the schedule's. A finite number
     >= 0 (0 steps without changing the weights: an lr = 0 control); otherwise invalid_argument.
     """
+    @_builtins.property
+    def adam(self) -> Global___AdamParams:
+        """Adam / AdamW hyper-parameters for this and later steps, each like `learning_rate`: absent =
+        unchanged (the job's `training_config.optimizer` / `gradient_clipping` until a step sets
+        it). A job whose optimizer is not Adam or AdamW refuses `adam` with `unsupported_option`.
+        """
+
     def __init__(
         self,
         *,
         learning_rate: _builtins.float | None = ...,
+        adam: Global___AdamParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_learning_rate", b"_learning_rate", "learning_rate", b"learning_rate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_learning_rate", b"_learning_rate", "adam", b"adam", "learning_rate", b"learning_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_learning_rate", b"_learning_rate", "learning_rate", b"learning_rate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_learning_rate", b"_learning_rate", "adam", b"adam", "learning_rate", b"learning_rate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__learning_rate: _TypeAlias = _typing.Literal["learning_rate"]  # noqa: Y015
     _WhichOneofArgType__learning_rate: _TypeAlias = _typing.Literal["_learning_rate", b"_learning_rate"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__learning_rate) -> _WhichOneofReturnType__learning_rate | None: ...
 
 Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015
+
+@_typing.final
+class AdamParams(_message.Message):
+    """Adam's hyper-parameters a step may set (`StepRequest.adam`): what torch.optim.AdamW reads
+    per step from its param groups, and the gradient-norm clip applied before the update.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BETA1_FIELD_NUMBER: _builtins.int
+    BETA2_FIELD_NUMBER: _builtins.int
+    EPS_FIELD_NUMBER: _builtins.int
+    WEIGHT_DECAY_FIELD_NUMBER: _builtins.int
+    GRADIENT_CLIPPING_FIELD_NUMBER: _builtins.int
+    beta1: _builtins.float
+    beta2: _builtins.float
+    eps: _builtins.float
+    weight_decay: _builtins.float
+    gradient_clipping: _builtins.float
+    """The L2 norm the accumulated gradient is clipped to before the update; 0 = no clipping."""
+    def __init__(
+        self,
+        *,
+        beta1: _builtins.float | None = ...,
+        beta2: _builtins.float | None = ...,
+        eps: _builtins.float | None = ...,
+        weight_decay: _builtins.float | None = ...,
+        gradient_clipping: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_beta1", b"_beta1", "_beta2", b"_beta2", "_eps", b"_eps", "_gradient_clipping", b"_gradient_clipping", "_weight_decay", b"_weight_decay", "beta1", b"beta1", "beta2", b"beta2", "eps", b"eps", "gradient_clipping", b"gradient_clipping", "weight_decay", b"weight_decay"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beta1", b"_beta1", "_beta2", b"_beta2", "_eps", b"_eps", "_gradient_clipping", b"_gradient_clipping", "_weight_decay", b"_weight_decay", "beta1", b"beta1", "beta2", b"beta2", "eps", b"eps", "gradient_clipping", b"gradient_clipping", "weight_decay", b"weight_decay"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__beta1: _TypeAlias = _typing.Literal["beta1"]  # noqa: Y015
+    _WhichOneofArgType__beta1: _TypeAlias = _typing.Literal["_beta1", b"_beta1"]  # noqa: Y015
+    _WhichOneofReturnType__beta2: _TypeAlias = _typing.Literal["beta2"]  # noqa: Y015
+    _WhichOneofArgType__beta2: _TypeAlias = _typing.Literal["_beta2", b"_beta2"]  # noqa: Y015
+    _WhichOneofReturnType__eps: _TypeAlias = _typing.Literal["eps"]  # noqa: Y015
+    _WhichOneofArgType__eps: _TypeAlias = _typing.Literal["_eps", b"_eps"]  # noqa: Y015
+    _WhichOneofReturnType__gradient_clipping: _TypeAlias = _typing.Literal["gradient_clipping"]  # noqa: Y015
+    _WhichOneofArgType__gradient_clipping: _TypeAlias = _typing.Literal["_gradient_clipping", b"_gradient_clipping"]  # noqa: Y015
+    _WhichOneofReturnType__weight_decay: _TypeAlias = _typing.Literal["weight_decay"]  # noqa: Y015
+    _WhichOneofArgType__weight_decay: _TypeAlias = _typing.Literal["_weight_decay", b"_weight_decay"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__beta1) -> _WhichOneofReturnType__beta1 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__beta2) -> _WhichOneofReturnType__beta2 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eps) -> _WhichOneofReturnType__eps | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gradient_clipping) -> _WhichOneofReturnType__gradient_clipping | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_decay) -> _WhichOneofReturnType__weight_decay | None: ...
+
+Global___AdamParams: _TypeAlias = AdamParams  # noqa: Y015
 
 @_typing.final
 class StepResult(_message.Message):
