@@ -7,6 +7,7 @@ effect; and a real restart of the gateway process under a live client."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -76,11 +77,15 @@ def test_tinker_flags_in_help() -> None:
             assert flag in out, (mod, flag)
 
 
-def test_restart_answers_in_the_sdks_shapes(tmp_path: Path) -> None:
-    """A real restart (kill -9, start on the same state file and port) under a live client."""
+def test_sessions_and_futures_survive_a_restart(tmp_path: Path) -> None:
+    """A real restart (kill -9, start on the same state file and port) under a live client
+    with an optim_step running: the client goes on (scenarios.py `restart`), and the step
+    ran exactly once (the fake worker's applied steps)."""
+    import requests
+
     sig = tmp_path / "signals"
     sig.mkdir()
-    for g in _gateway(tmp_path / "gw", "--tinker-models", MODEL):
+    for g in _gateway(tmp_path / "gw", "--tinker-models", MODEL, "--fake-latency", "step=4"):
         env = {**scenario_env(MODEL, key=KEY), "TINKER_TEST_SIGNALS": str(sig)}
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.tinker.scenarios", "restart", g.base_url],
@@ -99,9 +104,34 @@ def test_restart_answers_in_the_sdks_shapes(tmp_path: Path) -> None:
             g.kill9()
             g.start()
             (sig / "restarted").write_text("")
-            out, _ = child.communicate(timeout=180)
+            deadline = time.monotonic() + 300
+            while not (sig / "after").exists():
+                assert child.poll() is None, child.stdout.read() if child.stdout else ""
+                assert time.monotonic() < deadline, "the client did not go on"
+                time.sleep(0.2)
+            model_id = (sig / "ready").read_text()
+            jobs = requests.get(
+                f"{g.base_url}/_admin/jobs/{_job_of(g, model_id)}/stats",
+                headers={"Authorization": "Bearer pat-1"},
+                timeout=30,
+            ).json()
+            (sig / "done").write_text("")
+            out, _ = child.communicate(timeout=120)
         finally:
             if child.poll() is None:
                 child.kill()
-        assert child.returncode == 0, out[-6000:]
-        assert "RESULT " in out
+                child.communicate()
+        assert child.returncode == 0, out[-6000:] + g.tail()
+        assert "workers" in jobs, jobs
+        trainer = [w for k, w in jobs["workers"].items() if ":training:" in k]
+        assert [w["applied_steps"] for w in trainer] == [1], jobs
+
+
+def _job_of(g: Gateway, model_id: str) -> str:
+    import sqlite3
+
+    db = sqlite3.connect(g.root / "state-data" / "tinker_state.sqlite")
+    (body,) = db.execute(
+        "SELECT body FROM objects WHERE kind = 'model' AND id = ?", (model_id,)
+    ).fetchone()
+    return str(json.loads(body)["job_id"])

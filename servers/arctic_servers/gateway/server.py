@@ -205,7 +205,13 @@ async def start_gateway(
     app = make_app(core)
     install_openai(app, servicer, token_sha256)  # /v1/models, /v1/chat/completions, ...
     # Tinker's /api/v1/... over the models of the gateway's engine (tinker/catalog.py)
-    mount_tinker(app, tinker, token_sha256=token_sha256, catalog=engine_catalog(settings.engine))
+    mount_tinker(
+        app,
+        tinker,
+        token_sha256=token_sha256,
+        catalog=engine_catalog(settings.engine),
+        state_path=str(settings.root / "tinker_state.sqlite"),
+    )
     if admin:
         _admin_routes(servicer, core)(app)
     # after the drain (hand_off) nothing is left to finish: open handlers get 2 s, so SIGTERM

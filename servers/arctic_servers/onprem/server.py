@@ -72,7 +72,13 @@ def _configure(
 
     def configure(app: web.Application, core: ProtocolCore) -> None:
         install_openai(app, servicer, tokens)
-        mount_tinker(app, tinker, tokens=tokens, catalog=EmbeddedCatalog(servicer.settings))
+        mount_tinker(
+            app,
+            tinker,
+            tokens=tokens,
+            catalog=EmbeddedCatalog(servicer.settings),
+            state_path=str(servicer.settings.data_dir / "tinker_state.sqlite"),
+        )
         if admin:
             _admin_routes(servicer, tokens)(app, core)
 

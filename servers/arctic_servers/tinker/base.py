@@ -30,6 +30,7 @@ from .route_table import P
 from .sampling import Sampler
 from .settings import TinkerSettings
 from .state import State
+from .store import Store
 
 __all__ = ["P", "RouteBase", "iso", "ttl_s"]
 
@@ -65,6 +66,8 @@ class RouteBase:
         self.ops = Ops(self.state, backend, settings)
         self.sampler = Sampler(self.state, backend)
         self._clock: asyncio.Task[None] | None = None
+        self.store = Store(settings.state_path, self.state) if settings.state_path else None
+        self.restored: dict[str, int] | None = None
         self.settings = settings
         self.tokens, self.sha = frozenset(tokens), frozenset(token_sha256)
         self.encodings: Counter[str] = Counter()  # forward_backward bodies by Content-Encoding
@@ -77,6 +80,11 @@ class RouteBase:
         """Start the surface's own clock (idempotent; needs a running loop): sessions whose
         heartbeats stopped expire and their jobs are cancelled when their time is up, not
         when some later request happens to come."""
+        if self.store is not None and self.restored is None:
+            self.restored = self.store.load()  # before the first request is served
+            self.state.changed = self.store.save
+            if self.restored:
+                log.info("Tinker state restored from %s: %s", self.store.path, self.restored)
         if self._clock is None or self._clock.done():
             self._clock = asyncio.get_running_loop().create_task(self._tick())
 
@@ -94,6 +102,8 @@ class RouteBase:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._clock
         await self.ops.backend.close()
+        if self.store is not None:
+            self.store.close()
 
     # ------------------------------------------------------------------ plumbing
 

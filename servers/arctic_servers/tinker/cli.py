@@ -21,7 +21,8 @@ def add_tinker_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tinker-models",
         default="",
-        help="base models get_server_capabilities lists, comma-separated (default: none)",
+        help="base models get_server_capabilities lists, comma-separated (default: every "
+        "model the server's engines serve)",
     )
     g.add_argument(
         "--tinker-only-listed",
@@ -38,14 +39,16 @@ def add_tinker_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tinker-adam",
         default="",
-        help='the jobs\' fixed Adam parameters, e.g. "eps=1e-8,beta2=0.999" '
-        f"(keys {', '.join(ADAM_KEYS)}; default Tinker's AdamParams defaults)",
+        help='Adam\'s parameters at create_model, e.g. "eps=1e-8,beta2=0.999" '
+        f"(keys {', '.join(ADAM_KEYS)}; default Tinker's AdamParams defaults); each "
+        "optim_step then applies its own AdamParams",
     )
     g.add_argument(
         "--tinker-max-context",
         type=int,
-        default=2048,
-        help="max_context_length in get_server_capabilities",
+        default=0,
+        help="cap the models' context windows at this many tokens (default 0: each model's "
+        "own, its max_position_embeddings); advertised and enforced on every route",
     )
     g.add_argument(
         "--tinker-session-timeout",
@@ -79,6 +82,8 @@ def tinker_settings_from_args(args: argparse.Namespace) -> Any:
         return None
     from .settings import TinkerSettings
 
+    if args.tinker_max_context < 0:
+        raise SystemExit(f"--tinker-max-context {args.tinker_max_context}: expected >= 0")
     if args.tinker_session_timeout <= 10:
         raise SystemExit(
             f"--tinker-session-timeout {args.tinker_session_timeout}: expected > 10 "

@@ -105,10 +105,12 @@ def mount(
     tokens: Iterable[str] = (),
     token_sha256: Iterable[str] = (),
     catalog: Catalog | None = None,
+    state_path: str | None = None,
 ) -> LazyTinker | None:
     """Serve Tinker's `/api/v1/...` on `app` (and `/hf/` for `catalog`'s models, the models
-    the server's engines serve: `catalog.py`); the `LazyTinker` (its `routes` once a Tinker
-    request came), or None when the tinker package is missing."""
+    the server's engines serve: `catalog.py`), keeping its state in `state_path` (`store.py`);
+    the `LazyTinker` (its `routes` once a Tinker request came), or None when the tinker
+    package is missing."""
     if importlib.util.find_spec("tinker") is None:
 
         async def missing(request: web.Request) -> web.Response:
@@ -123,6 +125,8 @@ def mount(
     settings = settings or TinkerSettings()
     if catalog is not None:
         settings = dataclasses.replace(settings, catalog=catalog)
+    if state_path is not None and settings.state_path is None:  # the server's data directory
+        settings = dataclasses.replace(settings, state_path=state_path)
     lazy = LazyTinker(settings, tokens, token_sha256)
     for index, (method, path, pick) in enumerate(ROUTES):
         app.router.add_route(method, P + path, lazy.handler(index, pick))

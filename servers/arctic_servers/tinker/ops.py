@@ -217,7 +217,9 @@ class Ops:
             )
         return wire.encode_output(lps, {"loss:sum": total, "num_tokens:sum": float(sum(lens))})
 
-    async def optim_step(self, m: Model, params: Mapping[str, Any]) -> dict[str, Any]:
+    async def optim_step(
+        self, m: Model, params: Mapping[str, Any], key: str | None = None
+    ) -> dict[str, Any]:
         """Each call's `AdamParams` apply to this step (and later ones), as Tinker's
         `optim_step` promises: the step's `adam` (`StepRequest.adam`)."""
         lr = float(params.get("learning_rate", 1e-4))
@@ -228,7 +230,7 @@ class Ops:
             "weight_decay": float(params.get("weight_decay", ADAM_DEFAULTS["weight_decay"])),
             "gradient_clipping": float(params.get("grad_clip_norm") or 0.0),
         }
-        res = await self.backend.step(m.token, m.job_id, lr, adam)
+        res = await self.backend.step(m.token, m.job_id, lr, adam, key)
         metrics = {
             f"{k}:mean": float(v)
             for k, v in (res.get("metrics") or {}).items()

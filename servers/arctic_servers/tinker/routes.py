@@ -14,7 +14,6 @@ import tinker.types as T
 from aiohttp import web
 from aiohttp.compression_utils import HAS_ZSTD
 
-from . import wire
 from .auth import NO_TOKEN
 from .backend import Backend
 from .base import RouteBase
@@ -193,23 +192,15 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
         sid = str(req.sampling_session_id)
         ref = self.state.sampler(sid, token)
         prompt = prompt_tokens(req.prompt)
-        params = sampling_params(req, len(prompt), ref.context_length)
-        rid_box: list[str] = []
-
-        async def run() -> bytes:
-            ids = [f"{rid_box[0]}:{i}" for i in range(int(req.num_samples))]
-            seqs, extra = await self.sampler.sample(ref, token, prompt, params, req, ids, sid)
-            return wire.encode_sample(
-                seqs,
-                extra.get("prompt_logprobs"),
-                topk=params["logprobs"],
-                topk_prompt=extra.get("topk_prompt"),
-                topk_prompt_k=int(extra.get("k") or 0),
-            )
-
-        fut = self.state.submit(token, run())
-        rid_box.append(fut["request_id"])
-        ids = [f"{fut['request_id']}:{i}" for i in range(int(req.num_samples))]
+        sampling_params(req, len(prompt), ref.context_length)  # refused at submit
+        rid = self.state.new_future_id()
+        ids = [f"{rid}:{i}" for i in range(int(req.num_samples))]
+        spec = {
+            "sampling_session_id": sid,
+            "request": req.model_dump(mode="json"),
+            "sequence_ids": ids,
+        }
+        fut = self.submit_op(token, "sample", spec, req, rid)
         return web.json_response({**fut, "sample_sequence_ids": ids})
 
     async def sequence(self, request: web.Request, token: str | None) -> web.Response:
@@ -227,6 +218,9 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
     async def retrieve_future(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.FutureRetrieveRequest)
         f = self.state.future(req.request_id, token)
+        if f.task is None:  # running when the server stopped: its owner is back (store.py)
+            self.redrive(f, token)
+        assert f.task is not None
         done, _ = await asyncio.wait({f.task}, timeout=LONG_POLL_S)
         if not done:
             return web.json_response(

@@ -136,7 +136,7 @@ class Model:
 class Future:
     request_id: str
     owner: str
-    task: asyncio.Future[Any]
+    task: asyncio.Future[Any] | None  # None: running when the server stopped (store.py)
     created: float = field(default_factory=time.time)
     kind: str = ""  # what it runs (store.py re-drives a pending one after a restart)
     spec: dict[str, Any] = field(default_factory=dict)
@@ -153,7 +153,9 @@ class State:
         self.session_timeout_s = session_timeout_s
         self.run = uuid.uuid4().hex[:8]  # the store's run: in every id it hands out
         self.started = time.time()
-        self.changed: Callable[[], None] = lambda: None  # store.py saves on it
+        # store.py saves on it: the sessions, models and samplers, and the futures and
+        # sequences named
+        self.changed: Callable[..., None] = lambda futures=(), sequences=(): None
 
     def new_session_id(self) -> str:
         return f"sess-{self.run}-{uuid.uuid4().hex[:12]}"
@@ -239,7 +241,7 @@ class State:
                 del self.sequences[k]
         for sid in ids:
             self.sequences[sid] = {**info, "created": now}
-        self.changed()
+        self.changed(sequences=tuple(ids))
 
     def expire_sessions(self, on_end: Callable[[Session], None]) -> None:
         """Mark the sessions whose heartbeats stopped as expired; `on_end` each ended session
@@ -253,23 +255,36 @@ class State:
                 on_end(s)
                 self.changed()
 
+    def new_future_id(self) -> str:
+        return f"fut-{self.run}-{uuid.uuid4().hex}"
+
     def submit(
         self,
         token: str | None,
         coro: Awaitable[Any],
         kind: str = "",
         spec: dict[str, Any] | None = None,
+        rid: str | None = None,
     ) -> dict[str, Any]:
+        self.room()
+        rid = rid or self.new_future_id()
+        self.futures[rid] = Future(rid, owner_of(token), None, kind=kind, spec=dict(spec or {}))
+        self.start(self.futures[rid], coro)
+        return {"request_id": rid}
+
+    def room(self) -> None:
+        """Refuse a new future (429) when too many are kept."""
         self._expire()
         if len(self.futures) >= MAX_FUTURES:
             raise TinkerError(429, "too many unretrieved futures", "resource_exhausted")
-        rid = f"fut-{self.run}-{uuid.uuid4().hex}"
+
+    def start(self, f: Future, coro: Awaitable[Any]) -> None:
+        """Run `coro` as the future `f` (a new one, or one re-driven after a restart)."""
         task = asyncio.ensure_future(coro)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # no "never retrieved"
-        task.add_done_callback(lambda _: self.changed())
-        self.futures[rid] = Future(rid, owner_of(token), task, kind=kind, spec=dict(spec or {}))
-        self.changed()
-        return {"request_id": rid}
+        task.add_done_callback(lambda _: self.changed(futures=(f.request_id,)))
+        f.task = task
+        self.changed(futures=(f.request_id,))
 
     def future(self, request_id: str, token: str | None) -> Future:
         f = self.futures.get(str(request_id))
@@ -279,6 +294,12 @@ class State:
 
     def _expire(self) -> None:
         now = time.time()
-        for rid, f in list(self.futures.items()):
-            if f.task.done() and now - f.created > FUTURE_TTL_S:
-                del self.futures[rid]
+        gone = [
+            rid
+            for rid, f in self.futures.items()
+            if (f.task is None or f.task.done()) and now - f.created > FUTURE_TTL_S
+        ]
+        for rid in gone:
+            del self.futures[rid]
+        if gone:
+            self.changed(futures=tuple(gone))

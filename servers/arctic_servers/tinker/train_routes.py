@@ -7,25 +7,22 @@ Whatever refuses a sequenced call before it is queued, the turn it took is freed
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import tinker.types as T
 from aiohttp import web
 
 from . import losses, wire
-from .base import RouteBase, ttl_s
-from .catalog import ModelInfo
+from .base import ttl_s
 from .errors import TinkerError
-from .state import Model, owner_of
+from .futures import FutureOps, _dict
+from .state import Model
 
 __all__ = ["TrainRoutes"]
 
 
-def _dict(v: Any) -> dict[str, str]:
-    return {str(k): str(x) for k, x in (v or {}).items()}
-
-
-class TrainRoutes(RouteBase):
+class TrainRoutes(FutureOps):
     def _optimizer(self, opt: Any) -> None:
         if opt is not None and getattr(opt, "type", "adamw") != "adamw":
             raise TinkerError(
@@ -35,39 +32,13 @@ class TrainRoutes(RouteBase):
                 field="optimizer_config.type",
             )
 
-    def _new_model(
-        self,
-        model_id: str,
-        session_id: str,
-        token: str | None,
-        info: ModelInfo,
-        lora: dict[str, Any] | None,
-        job_id: str,
-        user_metadata: Any,
-    ) -> Model:
-        m = Model(
-            model_id,
-            session_id,
-            owner_of(token),
-            info.name,
-            int(lora["rank"]) if lora else None,
-            job_id,
-            info.context_length,
-            user_metadata=_dict(user_metadata),
-            lora_config=lora,
-            token=token,
-        )
-        self.state.models[model_id] = m
-        self.state.changed()
-        return m
-
     async def create_model(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.CreateModelRequest)
         s = self.state.session(req.session_id, token)
         self._optimizer(req.optimizer_config)
         lora = req.lora_config.model_dump() if req.lora_config is not None else None
         info = await self.ops.model_info(req.base_model)
-        body = self.ops.job_body(info, lora, lora.get("seed") if lora else None)
+        self.ops.job_body(info, lora, None)  # refused at submit (LoRA settings)
         model_id = f"{s.session_id}:train:{req.model_seq_id}"
         if model_id in self.state.models:
             raise TinkerError(
@@ -76,14 +47,14 @@ class TrainRoutes(RouteBase):
                 "already_exists",
                 field="model_seq_id",
             )
-        key = f"tinker-create-{model_id}"  # a re-driven create (store.py) finds the same job
-
-        async def run() -> dict[str, Any]:
-            job_id = await self.ops.backend.create_job(token, body, key)
-            self._new_model(model_id, s.session_id, token, info, lora, job_id, req.user_metadata)
-            return {"model_id": model_id, "type": "create_model"}
-
-        return web.json_response(self.state.submit(token, run()))
+        spec = {
+            "model_id": model_id,
+            "session_id": s.session_id,
+            "base_model": info.name,
+            "lora": lora,
+            "user_metadata": _dict(req.user_metadata),
+        }
+        return web.json_response(self.submit_op(token, "create_model", spec))
 
     async def get_info(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.GetInfoRequest)
@@ -108,14 +79,18 @@ class TrainRoutes(RouteBase):
 
     async def forward_backward(self, request: web.Request, token: str | None) -> web.Response:
         enc = request.headers.get("Content-Encoding", "identity").strip().lower()[:16]
-        fb = wire.decode_forward_backward(await self.body(request))
+        raw = await self.body(request)
+        fb = wire.decode_forward_backward(raw)
         self.encodings[enc] += 1  # what the SDK sent (zstd once /client/config asks for it)
         m = self.state.model(fb.model_id, token)
         losses.check(fb)
         self.ops.check_context(m, fb)
         fb.forward_only = fb.forward_only or request.path.endswith("/forward")
-        coro = m.enqueue(fb.seq_id, lambda: self.ops.forward_backward(m, fb))
-        return web.json_response({**self.state.submit(token, coro), "model_id": m.model_id})
+        spec: dict[str, Any] = {"model_id": m.model_id, "seq_id": fb.seq_id}
+        if fb.forward_only:  # kept: a forward runs again after a restart (futures.py)
+            spec["body"] = base64.b64encode(raw).decode()
+        fut = self.submit_op(token, "forward_backward", spec, fb)
+        return web.json_response({**fut, "model_id": m.model_id})
 
     async def optim_step(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.OptimStepRequest)
@@ -128,9 +103,8 @@ class TrainRoutes(RouteBase):
                 "unsupported_option",
                 field="optim_params",
             )
-        params = p.model_dump()
-        coro = m.enqueue(req.seq_id, lambda: self.ops.optim_step(m, params))
-        return web.json_response(self.state.submit(token, coro))
+        spec = {"model_id": m.model_id, "seq_id": req.seq_id, "params": p.model_dump()}
+        return web.json_response(self.submit_op(token, "optim_step", spec))
 
     async def save_weights(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SaveWeightsRequest)
@@ -138,11 +112,15 @@ class TrainRoutes(RouteBase):
         name = req.path or f"step-{req.seq_id}"
         ttl = ttl_s(req.ttl_seconds)
         self.ops.path(m, "weights", name)  # refused at submit when not a plain name
-        meta = _dict(req.user_metadata)
-        coro = m.enqueue(
-            req.seq_id, lambda: self.ops.save_weights(m, name, bool(req.overwrite), ttl, meta)
-        )
-        return web.json_response(self.state.submit(token, coro))
+        spec = {
+            "model_id": m.model_id,
+            "seq_id": req.seq_id,
+            "name": name,
+            "overwrite": bool(req.overwrite),
+            "ttl": ttl,
+            "meta": _dict(req.user_metadata),
+        }
+        return web.json_response(self.submit_op(token, "save_weights", spec))
 
     async def save_for_sampler(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SaveWeightsForSamplerRequest)
@@ -162,19 +140,16 @@ class TrainRoutes(RouteBase):
             raise TinkerError(
                 400, "send path or sampling_session_seq_id", "missing_field", field="path"
             )
-        meta = _dict(req.user_metadata)
-        coro = m.enqueue(
-            req.seq_id,
-            lambda: self.ops.save_for_sampler(
-                m,
-                req.path,
-                req.sampling_session_seq_id,
-                ttl,
-                inflight=req.kind == "inflight",
-                user_metadata=meta,
-            ),
-        )
-        return web.json_response(self.state.submit(token, coro))
+        spec = {
+            "model_id": m.model_id,
+            "seq_id": req.seq_id,
+            "path": req.path,
+            "session_seq": req.sampling_session_seq_id,
+            "ttl": ttl,
+            "inflight": req.kind == "inflight",
+            "meta": _dict(req.user_metadata),
+        }
+        return web.json_response(self.submit_op(token, "save_for_sampler", spec))
 
     def _load_source(self, req: Any, token: str | None) -> Model:
         path = str(req.path)
@@ -217,23 +192,30 @@ class TrainRoutes(RouteBase):
         if req.model_id is not None:  # TrainingClient.load_state*: into this model
             m = self.state.model(req.model_id, token)
             source = self._load_source(req, token)
-            coro = m.enqueue(
-                req.seq_id, lambda: self.ops.load_weights(m, path, source, bool(req.optimizer))
-            )
-            return web.json_response(self.state.submit(token, coro))
+            spec = {
+                "model_id": m.model_id,
+                "seq_id": req.seq_id,
+                "path": path,
+                "source": source.model_id,
+            }
+            return web.json_response(self.submit_op(token, "load_weights", spec))
         source = self._load_source(req, token)
         s = self.state.session(str(req.session_id), token)
         model_id = f"{s.session_id}:train:{req.model_seq_id}"
-        info = await self.ops.model_info(source.base_model)
-        body = self.ops.job_body(info, source.lora_config, None)
-        key = f"tinker-create-{model_id}"
-
-        async def run() -> dict[str, Any]:
-            job_id = await self.ops.backend.create_job(token, body, key)
-            meta = req.user_metadata
-            m = self._new_model(
-                model_id, s.session_id, token, info, source.lora_config, job_id, meta
+        if model_id in self.state.models:
+            raise TinkerError(
+                409,
+                f"model_seq_id {req.model_seq_id} exists",
+                "already_exists",
+                field="model_seq_id",
             )
-            return await self.ops.load_weights(m, path, source, bool(req.optimizer))
-
-        return web.json_response(self.state.submit(token, run()))
+        spec = {
+            "model_id": model_id,
+            "session_id": s.session_id,
+            "base_model": source.base_model,
+            "lora": source.lora_config,
+            "user_metadata": _dict(req.user_metadata),
+            "path": path,
+            "source": source.model_id,
+        }
+        return web.json_response(self.submit_op(token, "create_from_state", spec))
