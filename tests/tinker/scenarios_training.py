@@ -157,6 +157,27 @@ def scenario_per_call_adam_params(server: str) -> dict:
     return {"model_id": model_id, "lrs": lrs}
 
 
+def scenario_adam_params_change_the_update(server: str) -> dict:
+    """One model, the same batch and two steps from the same saved state (weights and Adam's
+    moments, reloaded each time): with the same AdamParams twice (a control: equal losses
+    after) and with weight decay (another update). On the fake nothing reads Adam's
+    parameters; this is for a real trainer."""
+    batch = [_datum([5, 6, 7, 8, 9, 10, 11])]
+    base = types.AdamParams(learning_rate=5e-3, eps=1e-8)
+    decayed = types.AdamParams(learning_rate=5e-3, eps=1e-8, weight_decay=50.0)
+    out = {}
+    with _service(server) as svc:
+        tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
+        start = tc.save_state("start").result().path
+        for name, p in (("base", base), ("control", base), ("decayed", decayed)):
+            tc.load_state_with_optimizer(start).result()
+            for _ in range(2):
+                tc.forward_backward(batch, "cross_entropy").result()
+                tc.optim_step(p).result()
+            out[name] = float(tc.forward(batch, "cross_entropy").result().metrics["loss:sum"])
+    return out
+
+
 def _hold(server: str) -> None:
     """Signal the test (`TINKER_TEST_SIGNALS`) and wait until it has looked at the server."""
     sig = os.environ.get("TINKER_TEST_SIGNALS")

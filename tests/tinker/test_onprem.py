@@ -8,13 +8,13 @@ the cookbook's 1e-8."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +39,10 @@ pytestmark = pytest.mark.skipif(
 def onprem_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Full fine-tuning for Tinker's LoRA requests (the operator's opt-in): the cookbook recipes
     ask for the unembedding adapter (train_unembed=True), kept on this opt-in as
-    measured (a LoRA job with it now syncs merged weights: test_lora_client_trains_an_adapter)."""
-    yield from _onprem(tmp_path_factory, TinkerSettings(models=(MODEL,), lora="full_finetune"))
+    measured (a LoRA job with it now syncs merged weights: test_lora_client_trains_an_adapter).
+    Otherwise the server's defaults: no model list (it lists what its engines serve), no Adam
+    settings (each optim_step brings its own)."""
+    yield from _onprem(tmp_path_factory, TinkerSettings(lora="full_finetune"))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,6 @@ def _onprem(tmp_path_factory: pytest.TempPathFactory, tinker: TinkerSettings) ->
     thread.start()
     data = Path(tmp_path_factory.mktemp("tinker-onprem"))
     settings = ServerSettings(data_dir=data, prewarm=())
-    tinker = dataclasses.replace(tinker, adam={"eps": EPS})
     fut = asyncio.run_coroutine_threadsafe(
         start_onprem(settings, tokens=[TOKEN], grpc_port=None, tinker=tinker), loop
     )
@@ -88,7 +89,21 @@ def test_rl_step(onprem_url: str) -> None:
     run_scenario("rl_step_importance_sampling", onprem_url, model=MODEL, eps=EPS, timeout=600)
 
 
+def hf_env(url: str) -> dict[str, str]:
+    """A client's environment that loads a model's tokenizer by the server's name: the
+    server's /hf/ files (HF_ENDPOINT), its API key as the hub token, an empty hub cache."""
+    return {
+        "HF_ENDPOINT": url + "/hf",
+        "HF_TOKEN": API_KEY,
+        "HF_HUB_OFFLINE": "0",
+        "TRANSFORMERS_OFFLINE": "0",
+        "HF_HOME": tempfile.mkdtemp(prefix="tinker-hf-"),
+    }
+
+
 def _recipe(kind: str, url: str, log: Path, *extra: str) -> list[dict]:
+    """A cookbook recipe (`cookbook_recipes.py`) against `url` with the server's model name:
+    its tokenizer comes from the server's /hf/ (no model directory on the client)."""
     # tinker-cookbook pins tml-renderers>=0.4.1, which this registry lacks: it is installed with
     # --no-deps (README "Tinker users"); without it these two tests skip, saying so — except
     # under CI, which installs it (tools/test.sh), where a missing cookbook is a failure
@@ -96,30 +111,32 @@ def _recipe(kind: str, url: str, log: Path, *extra: str) -> list[dict]:
         import tinker_cookbook  # noqa: F401
     else:
         pytest.importorskip("tinker_cookbook", reason="tinker-cookbook 0.6.1 is not installed")
-    from arctic_servers.engines.tiny_model import build_tiny_model
-    from arctic_servers.onprem.settings import default_cache_dir
-
-    model = build_tiny_model(default_cache_dir() / "tiny-qwen2-seed0", seed=0)
-    env = {**os.environ, "TINKER_API_KEY": API_KEY, "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "TINKER_API_KEY": API_KEY,
+        "TINKER_TELEMETRY": "0",
+        **hf_env(url),
+    }
+    argv = ["-m", "tests.tinker.cookbook_recipes", kind, url, MODEL, str(log), *extra]
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.tinker.cookbook_recipes",
-            kind,
-            url,
-            str(model),
-            str(log),
-            *extra,
-        ],
+        [sys.executable, *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert p.returncode == 0 and "DONE" in p.stdout, (p.stdout + p.stderr)[-6000:]
     return [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def rewards_rise(metrics: list[dict]) -> tuple[float, float]:
+    """The recipe's own mean reward over its first and last two steps."""
+    r = [m["env/all/reward/total"] for m in metrics if "env/all/reward/total" in m]
+    assert len(r) >= 6 and all(math.isfinite(x) for x in r), r
+    first, last = sum(r[:2]) / 2, sum(r[-2:]) / 2
+    assert last > first + 0.05, r
+    return first, last
 
 
 def test_cookbook_supervised(onprem_url: str, tmp_path: Path) -> None:
@@ -140,9 +157,11 @@ def test_cookbook_supervised(onprem_url: str, tmp_path: Path) -> None:
     assert nll[-1] < nll[0]  # the recipe's own metric: training lowers the NLL
 
 
-def test_cookbook_rl(onprem_url: str, tmp_path: Path) -> None:
-    metrics = _recipe("rl", onprem_url, tmp_path / "rl")
-    assert len(metrics) >= 2  # one row per RL batch (2 batches x 2 groups x 4 samples)
+def test_cookbook_rl_reward_rises(onprem_url: str, tmp_path: Path) -> None:
+    """tinker-cookbook's `rl.train` with its default loss on a tiny local task: the
+    recipe's own reward rises on the real engines."""
+    first, last = rewards_rise(_recipe("rl", onprem_url, tmp_path / "rl", "8"))
+    print(f"cookbook rl.train on-prem: reward {first:.3f} -> {last:.3f}")
 
 
 def test_load_state_with_optimizer(onprem_url: str) -> None:
@@ -153,3 +172,63 @@ def test_load_state_with_optimizer(onprem_url: str) -> None:
     assert out["resumed"] == out["after_one"] or math.isclose(
         out["resumed"], out["after_one"], rel_tol=1e-5
     )
+
+
+def _sampling(name: str, url: str, **extra: str) -> dict:
+    return run_scenario(name, url, model=MODEL, module="scenarios_sampling", timeout=900, **extra)
+
+
+def _training(name: str, url: str) -> dict:
+    return run_scenario(name, url, model=MODEL, eps=EPS, module="scenarios_training", timeout=900)
+
+
+def test_models_listed_and_tokenizer_by_name(onprem_url: str) -> None:
+    """Items 10, 4, 7 on the real server: with no --tinker-models it lists tiny-qwen2 and
+    tiny-4l with their 1024 positions, and get_tokenizer() by name works through /hf/."""
+    want = {"tiny-qwen2": 1024, "tiny-4l": 1024}
+    _sampling(
+        "models_and_tokenizer",
+        onprem_url,
+        TINKER_TEST_WANT_MODELS=json.dumps(want),
+        **hf_env(onprem_url),
+    )
+
+
+def test_context_window_on_the_engines(onprem_url: str) -> None:
+    """Item 4: vLLM (max_model_len) and the trainer take exactly the advertised 1024."""
+    assert _training("context_window", onprem_url)["window"] == 1024
+
+
+def test_greedy_samples_on_vllm(onprem_url: str) -> None:
+    """Item 6: vLLM refuses n > 1 for greedy sampling ("n must be 1"): an internal error
+    before; Tinker's answer (the greedy sample, n times) now."""
+    _sampling("greedy_samples", onprem_url)
+
+
+def test_per_call_adam_params_on_deepspeed(onprem_url: str) -> None:
+    """Item 9: the cookbook's eps=1e-8 and a script's default AdamParams on one default
+    server, and each call's hyper-parameters change DeepSpeed's update."""
+    _training("per_call_adam_params", onprem_url)
+    out = _training("adam_params_change_the_update", onprem_url)
+    assert out["control"] == pytest.approx(out["base"], rel=1e-6), out
+    assert abs(out["decayed"] - out["base"]) > 1e-4, out
+
+
+def test_inflight_sampler_on_vllm(onprem_url: str) -> None:
+    out = _sampling("inflight_sampler_follows_new_weights", onprem_url)
+    assert all(v > out["v0"] for v in out["v1"])
+
+
+def test_sampling_extras_on_vllm(onprem_url: str) -> None:
+    _sampling("sampling_extras", onprem_url)
+
+
+def test_base_model_sampler_on_vllm(onprem_url: str) -> None:
+    _sampling("base_model_sampler", onprem_url)
+
+
+def test_losses_and_turns_on_deepspeed(onprem_url: str) -> None:
+    """Tinker's loss definitions (the decomposed ones included) and freed turns on the
+    real trainer."""
+    _training("tinker_losses_and_defaults", onprem_url)
+    _training("refused_calls_free_their_turn", onprem_url)
