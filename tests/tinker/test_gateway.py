@@ -8,6 +8,7 @@ effect; and a real restart of the gateway process under a live client."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -135,3 +136,20 @@ def _job_of(g: Gateway, model_id: str) -> str:
         "SELECT body FROM objects WHERE kind = 'model' AND id = ?", (model_id,)
     ).fetchone()
     return str(json.loads(body)["job_id"])
+
+
+@pytest.mark.skipif(
+    not os.environ.get("ARCTIC_GATEWAY_ENGINES"),
+    reason="the gateway on the real engines takes minutes: ARCTIC_GATEWAY_ENGINES=1",
+)
+def test_cookbook_rl_reward_rises_on_the_gateways_engines(tmp_path: Path) -> None:
+    """tinker-cookbook's rl.train, default loss, tiny local task (test_onprem.py's), on the
+    gateway over the real engines (`--engine onprem`: DeepSpeed and vLLM workers): the
+    recipe's reward rises. Opt-in (by hand, not CI): about the on-prem test's time."""
+    from .test_onprem import _recipe, rewards_rise
+
+    for g in _gateway(
+        tmp_path / "gw", "--engine", "onprem", "--tinker-lora", "full_finetune", gpus=4
+    ):
+        first, last = rewards_rise(_recipe("rl", g.base_url, tmp_path / "rl", "8", key=KEY))
+        print(f"cookbook rl.train on the gateway's engines: reward {first:.3f} -> {last:.3f}")

@@ -141,3 +141,49 @@ def test_ids_of_an_earlier_server_run(tinker_fake: TinkerServer) -> None:
     assert r.status_code == 410 and r.json()["reason"] == "server_restarted"
     r = _post(u, "/session_heartbeat", json={"session_id": "sess-nope"}, headers=H)
     assert r.status_code == 404 and "reason" not in r.json()
+
+
+def test_hf_files_serve_tokenizer_files_only(tinker_embedded: TinkerServer) -> None:
+    """/hf/: only the tokenizer and config files of a served model, only to a token of the
+    server: never the weights, nothing outside the model directory, no other model."""
+    u = tinker_embedded.url + "/hf"
+    auth = {"Authorization": "Bearer " + API_KEY}
+    r = requests.get(u + "/tiny-qwen2/resolve/main/tokenizer.json", headers=auth, timeout=30)
+    assert r.status_code == 200 and r.headers["X-Repo-Commit"] and "model" in r.json()
+    r = requests.head(u + "/tiny-qwen2/resolve/main/config.json", headers=H, timeout=30)
+    assert r.status_code == 200 and int(r.headers["Content-Length"]) > 0
+    for path in (
+        "/tiny-qwen2/resolve/main/model.safetensors",  # weights: never
+        "/tiny-qwen2/resolve/main/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/tiny-qwen2/resolve/main/.arctic_tiny_model.json",
+        "/no-such-model/resolve/main/config.json",
+        "/api/whoami-v2",
+    ):
+        r = requests.get(u + path, headers=auth, timeout=30)
+        assert r.status_code == 404 and r.headers.get("X-Error-Code"), (path, r.status_code)
+    for headers in ({}, {"Authorization": "Bearer tml-wrong"}, {"X-API-Key": "nope"}):
+        r = requests.get(u + "/tiny-qwen2/resolve/main/config.json", headers=headers, timeout=30)
+        assert r.status_code == 401, headers
+    r = requests.get(u + "/api/models/tiny-qwen2", headers=auth, timeout=30)
+    files = {s["rfilename"] for s in r.json()["siblings"]}
+    assert "tokenizer.json" in files and "model.safetensors" not in files
+
+
+def test_inflight_names_no_path_and_sequences_are_the_owners(tinker_fake: TinkerServer) -> None:
+    from .conftest import OTHER_TOKEN
+
+    u = tinker_fake.url
+    base = {"tags": [], "user_metadata": {}, "sdk_version": "x"}
+    sid = _post(u, "/create_session", json=base, headers=H).json()["session_id"]
+    body = {"session_id": sid, "model_seq_id": 0, "base_model": "fake-tiny"}
+    fut = _post(u, "/create_model", json=body, headers=H).json()["request_id"]
+    model_id = _post(u, "/retrieve_future", json={"request_id": fut}, headers=H).json()["model_id"]
+    save = {"model_id": model_id, "path": "x", "kind": "inflight", "seq_id": 1}
+    r = _post(u, "/save_weights_for_sampler", json=save, headers=H)
+    assert r.status_code == 400 and r.json()["field"] == "kind", r.text
+    r = _post(u, "/save_weights_for_sampler", json={**save, "kind": "sometimes"}, headers=H)
+    assert r.status_code == 400 and "kind" in r.json()["detail"], r.text
+    other = {"X-API-Key": "tml-" + OTHER_TOKEN}
+    for sequence_id in ("fut-0badc0de-00:0", "../../x", "x" * 5000):
+        r = requests.get(f"{u}/api/v1/sequences/{sequence_id}", headers=other, timeout=30)
+        assert r.status_code == 404, (sequence_id, r.text)

@@ -89,19 +89,19 @@ def test_rl_step(onprem_url: str) -> None:
     run_scenario("rl_step_importance_sampling", onprem_url, model=MODEL, eps=EPS, timeout=600)
 
 
-def hf_env(url: str) -> dict[str, str]:
+def hf_env(url: str, key: str = API_KEY) -> dict[str, str]:
     """A client's environment that loads a model's tokenizer by the server's name: the
     server's /hf/ files (HF_ENDPOINT), its API key as the hub token, an empty hub cache."""
     return {
         "HF_ENDPOINT": url + "/hf",
-        "HF_TOKEN": API_KEY,
+        "HF_TOKEN": key,
         "HF_HUB_OFFLINE": "0",
         "TRANSFORMERS_OFFLINE": "0",
         "HF_HOME": tempfile.mkdtemp(prefix="tinker-hf-"),
     }
 
 
-def _recipe(kind: str, url: str, log: Path, *extra: str) -> list[dict]:
+def _recipe(kind: str, url: str, log: Path, *extra: str, key: str = API_KEY) -> list[dict]:
     """A cookbook recipe (`cookbook_recipes.py`) against `url` with the server's model name:
     its tokenizer comes from the server's /hf/ (no model directory on the client)."""
     # tinker-cookbook pins tml-renderers>=0.4.1, which this registry lacks: it is installed with
@@ -113,9 +113,9 @@ def _recipe(kind: str, url: str, log: Path, *extra: str) -> list[dict]:
         pytest.importorskip("tinker_cookbook", reason="tinker-cookbook 0.6.1 is not installed")
     env = {
         **os.environ,
-        "TINKER_API_KEY": API_KEY,
+        "TINKER_API_KEY": key,
         "TINKER_TELEMETRY": "0",
-        **hf_env(url),
+        **hf_env(url, key),
     }
     argv = ["-m", "tests.tinker.cookbook_recipes", kind, url, MODEL, str(log), *extra]
     p = subprocess.run(

@@ -32,14 +32,11 @@ class TrainRoutes(FutureOps):
                 field="optimizer_config.type",
             )
 
-    async def create_model(self, request: web.Request, token: str | None) -> web.Response:
-        req = await self._json(request, T.CreateModelRequest)
-        s = self.state.session(req.session_id, token)
-        self._optimizer(req.optimizer_config)
-        lora = req.lora_config.model_dump() if req.lora_config is not None else None
-        info = await self.ops.model_info(req.base_model)
-        self.ops.job_body(info, lora, None)  # refused at submit (LoRA settings)
-        model_id = f"{s.session_id}:train:{req.model_seq_id}"
+    def _new_model_spec(
+        self, session_id: str, req: Any, base_model: str, lora: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """The spec of a new model `<session>:train:<model_seq_id>` (409 when it exists)."""
+        model_id = f"{session_id}:train:{req.model_seq_id}"
         if model_id in self.state.models:
             raise TinkerError(
                 409,
@@ -47,13 +44,22 @@ class TrainRoutes(FutureOps):
                 "already_exists",
                 field="model_seq_id",
             )
-        spec = {
+        return {
             "model_id": model_id,
-            "session_id": s.session_id,
-            "base_model": info.name,
+            "session_id": session_id,
+            "base_model": base_model,
             "lora": lora,
             "user_metadata": _dict(req.user_metadata),
         }
+
+    async def create_model(self, request: web.Request, token: str | None) -> web.Response:
+        req = await self._json(request, T.CreateModelRequest)
+        s = self.state.session(req.session_id, token)
+        self._optimizer(req.optimizer_config)
+        lora = req.lora_config.model_dump() if req.lora_config is not None else None
+        info = await self.ops.model_info(req.base_model)
+        self.ops.job_body(info, lora, None)  # refused at submit (LoRA settings)
+        spec = self._new_model_spec(s.session_id, req, info.name, lora)
         return web.json_response(self.submit_op(token, "create_model", spec))
 
     async def get_info(self, request: web.Request, token: str | None) -> web.Response:
@@ -201,21 +207,6 @@ class TrainRoutes(FutureOps):
             return web.json_response(self.submit_op(token, "load_weights", spec))
         source = self._load_source(req, token)
         s = self.state.session(str(req.session_id), token)
-        model_id = f"{s.session_id}:train:{req.model_seq_id}"
-        if model_id in self.state.models:
-            raise TinkerError(
-                409,
-                f"model_seq_id {req.model_seq_id} exists",
-                "already_exists",
-                field="model_seq_id",
-            )
-        spec = {
-            "model_id": model_id,
-            "session_id": s.session_id,
-            "base_model": source.base_model,
-            "lora": source.lora_config,
-            "user_metadata": _dict(req.user_metadata),
-            "path": path,
-            "source": source.model_id,
-        }
+        spec = self._new_model_spec(s.session_id, req, source.base_model, source.lora_config)
+        spec.update(path=path, source=source.model_id)
         return web.json_response(self.submit_op(token, "create_from_state", spec))
