@@ -27,9 +27,7 @@ from .state import Future, Model, owner_of
 
 __all__ = ["FutureOps"]
 
-SEQUENCED = frozenset(
-    {"forward_backward", "optim_step", "save_weights", "save_for_sampler", "load_weights"}
-)
+SEQUENCED = frozenset({"fwdbwd", "optim_step", "save_state", "save_sampler", "load_state"})
 
 
 def _dict(v: Any) -> dict[str, str]:
@@ -72,7 +70,7 @@ class FutureOps(RouteBase):
     # ------------------------------------------------------------------ the ops
 
     async def _sequenced(self, m: Model, kind: str, spec: dict[str, Any], live: Any) -> Any:
-        if kind == "forward_backward":
+        if kind == "fwdbwd":
             fb = live
             if fb is None and spec.get("body"):  # a forward: no effect, runs again
                 fb = wire.decode_forward_backward(base64.b64decode(spec["body"]))
@@ -89,11 +87,11 @@ class FutureOps(RouteBase):
             return await self.ops.forward_backward(m, fb)
         if kind == "optim_step":
             return await self.ops.optim_step(m, spec["params"], spec.get("key"))
-        if kind == "save_weights":
+        if kind == "save_state":
             return await self.ops.save_weights(
                 m, spec["name"], spec["overwrite"], spec["ttl"], spec["meta"]
             )
-        if kind == "save_for_sampler":
+        if kind == "save_sampler":
             return await self.ops.save_for_sampler(
                 m,
                 spec["path"],

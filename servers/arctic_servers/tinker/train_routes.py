@@ -95,7 +95,7 @@ class TrainRoutes(FutureOps):
         spec: dict[str, Any] = {"model_id": m.model_id, "seq_id": fb.seq_id}
         if fb.forward_only:  # kept: a forward runs again after a restart (futures.py)
             spec["body"] = base64.b64encode(raw).decode()
-        fut = self.submit_op(token, "forward_backward", spec, fb)
+        fut = self.submit_op(token, "fwdbwd", spec, fb)
         return web.json_response({**fut, "model_id": m.model_id})
 
     async def optim_step(self, request: web.Request, token: str | None) -> web.Response:
@@ -126,7 +126,7 @@ class TrainRoutes(FutureOps):
             "ttl": ttl,
             "meta": _dict(req.user_metadata),
         }
-        return web.json_response(self.submit_op(token, "save_weights", spec))
+        return web.json_response(self.submit_op(token, "save_state", spec))
 
     async def save_for_sampler(self, request: web.Request, token: str | None) -> web.Response:
         req = await self._json(request, T.SaveWeightsForSamplerRequest)
@@ -155,7 +155,7 @@ class TrainRoutes(FutureOps):
             "inflight": req.kind == "inflight",
             "meta": _dict(req.user_metadata),
         }
-        return web.json_response(self.submit_op(token, "save_for_sampler", spec))
+        return web.json_response(self.submit_op(token, "save_sampler", spec))
 
     def _load_source(self, req: Any, token: str | None) -> Model:
         path = str(req.path)
@@ -204,7 +204,7 @@ class TrainRoutes(FutureOps):
                 "path": path,
                 "source": source.model_id,
             }
-            return web.json_response(self.submit_op(token, "load_weights", spec))
+            return web.json_response(self.submit_op(token, "load_state", spec))
         source = self._load_source(req, token)
         s = self.state.session(str(req.session_id), token)
         spec = self._new_model_spec(s.session_id, req, source.base_model, source.lora_config)

@@ -32,6 +32,19 @@ DEFAULT_VOCAB = 151_936
 NOTHING = {"applied": False, "reason": "fake engine: nothing to offload"}
 
 
+def adam_defaults(opt: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, float]:
+    """The Adam hyper-parameters a training sub-job starts with (`training_config.optimizer`,
+    `gradient_clipping`; the DeepSpeed trainer's defaults), as `StepRequest.adam` names them."""
+    betas = opt.get("betas") or (0.9, 0.999)
+    return {
+        "beta1": float(betas[0]),
+        "beta2": float(betas[1]),
+        "eps": float(opt.get("eps", 1e-8)),
+        "weight_decay": float(opt.get("weight_decay", 0.01)),
+        "gradient_clipping": float(config.get("gradient_clipping", 1.0)),
+    }
+
+
 class FakeEngine(EngineBase):
     def __init__(self, spec: Mapping[str, Any]) -> None:
         es: Mapping[str, Any] = spec.get("engine_spec") or {}
@@ -263,19 +276,6 @@ class FakeEngine(EngineBase):
             self.global_step, self.lr = global_step, lr
             self.grad.clear()
             self.accum_loss, self.accum_tokens = 0.0, 0
-
-
-def adam_defaults(opt: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, float]:
-    """The Adam hyper-parameters a training sub-job starts with (`training_config.optimizer`,
-    `gradient_clipping`; the DeepSpeed trainer's defaults), as `StepRequest.adam` names them."""
-    betas = opt.get("betas") or (0.9, 0.999)
-    return {
-        "beta1": float(betas[0]),
-        "beta2": float(betas[1]),
-        "eps": float(opt.get("eps", 1e-8)),
-        "weight_decay": float(opt.get("weight_decay", 0.01)),
-        "gradient_clipping": float(config.get("gradient_clipping", 1.0)),
-    }
 
 
 def export_checkpoint(directory: Path, tag: str, out: Path) -> list[str]:
