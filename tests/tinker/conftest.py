@@ -133,3 +133,26 @@ def tinker_embedded() -> Iterator[TinkerServer]:
     from arctic_servers.tinker.catalog import EmbeddedCatalog
 
     yield from _serve(TinkerSettings(lora="full_finetune", catalog=EmbeddedCatalog(ModelChoice())))
+
+
+def spawn_scenario(module: str, name: str, url: str, env: dict) -> subprocess.Popen:
+    """A scenario in a child process that the test steers through signal files."""
+    return subprocess.Popen(
+        [sys.executable, "-m", f"tests.tinker.{module}", name, url],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_signal(child: subprocess.Popen, path: Path, timeout: float) -> None:
+    """Wait until the child writes `path`; fail with its output if it exits first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert child.poll() is None, child.stdout.read() if child.stdout else ""
+        assert time.monotonic() < deadline, f"the client did not write {path.name}"
+        time.sleep(0.2)

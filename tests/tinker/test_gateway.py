@@ -11,14 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ..gateway.harness import Gateway
-from .conftest import ROOT, scenario_env
+from .conftest import scenario_env, spawn_scenario, wait_signal
 
 MODEL = "fake-model"
 KEY = "tml-pat-1"  # the harness's token, with the SDK's required prefix
@@ -88,28 +87,13 @@ def test_sessions_and_futures_survive_a_restart(tmp_path: Path) -> None:
     sig.mkdir()
     for g in _gateway(tmp_path / "gw", "--tinker-models", MODEL, "--fake-latency", "step=4"):
         env = {**scenario_env(MODEL, key=KEY), "TINKER_TEST_SIGNALS": str(sig)}
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.tinker.scenarios", "restart", g.base_url],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        child = spawn_scenario("scenarios", "restart", g.base_url, env)
         try:
-            deadline = time.monotonic() + 180
-            while not (sig / "ready").exists():
-                assert child.poll() is None, child.stdout.read() if child.stdout else ""
-                assert time.monotonic() < deadline, "the client did not get ready"
-                time.sleep(0.2)
+            wait_signal(child, sig / "ready", 180)
             g.kill9()
             g.start()
             (sig / "restarted").write_text("")
-            deadline = time.monotonic() + 300
-            while not (sig / "after").exists():
-                assert child.poll() is None, child.stdout.read() if child.stdout else ""
-                assert time.monotonic() < deadline, "the client did not go on"
-                time.sleep(0.2)
+            wait_signal(child, sig / "after", 300)
             model_id = (sig / "ready").read_text()
             jobs = requests.get(
                 f"{g.base_url}/_admin/jobs/{_job_of(g, model_id)}/stats",

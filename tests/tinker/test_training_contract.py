@@ -6,14 +6,11 @@ log-probs are the targets'."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, TinkerServer, run_scenario, scenario_env
+from .conftest import TinkerServer, run_scenario, scenario_env, spawn_scenario, wait_signal
 
 
 def _run(name: str, server: TinkerServer, **extra: str) -> dict:
@@ -56,21 +53,9 @@ def test_per_call_adam_params_reach_the_trainer(tinker_fake: TinkerServer, tmp_p
     sig = tmp_path / "sig"
     sig.mkdir()
     env = scenario_env(TINKER_TEST_SIGNALS=str(sig))
-    url = tinker_fake.url
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.tinker.scenarios_training", "per_call_adam_params", url],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    child = spawn_scenario("scenarios_training", "per_call_adam_params", tinker_fake.url, env)
     try:
-        deadline = time.monotonic() + 240
-        while not (sig / "ready").exists():
-            assert child.poll() is None, child.stdout.read() if child.stdout else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_signal(child, sig / "ready", 240)
         model = max(tinker_fake.routes.state.models.values(), key=lambda m: m.created)
         state = tinker_fake.fake.call(tinker_fake.fake.servicer.job_state, model.job_id)
         (sig / "done").write_text("")
