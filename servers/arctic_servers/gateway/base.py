@@ -9,6 +9,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import jobs as pj
+from ..protocol.collective_sync import CollectiveSync
 from ..protocol.config import token_digest
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
@@ -39,6 +40,7 @@ class GatewayBase(JobControl[Job]):
         self._active: dict[str, list[tuple[WorkerClient, str]]] = {}
         self._gates: dict[str, asyncio.Event] = {}
         self._sync_locks: dict[str, asyncio.Lock] = {}
+        self._weight_groups: dict[str, CollectiveSync] = {}  # job id -> its weight group
 
     # ------------------------------------------------------------------ jobs
 

@@ -1,8 +1,10 @@
 """Data-plane ops of the gateway: each runs on its target sub-job's worker, keyed by request.
 
-Weight sync is the one op that spans workers: export from the trainer, load into every target,
-while new generates wait; the weight version it assigns is stored with the job before any
-sampler loads, so a sync collected after a restart assigns the same version.
+Weight sync is the one op that spans workers: the trainer broadcasts into every target over the
+job's weight group (`collective`, the default across hosts: the gateway only coordinates), or
+exports a file / blob each target loads, while new generates wait; the weight version it assigns
+is stored with the job before any sampler loads, so a sync collected after a restart assigns the
+same version.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -18,7 +21,18 @@ from typing import Any
 from arctic_sdk.spec.tables import methods as M
 
 from ..protocol import forwarding
+from ..protocol.collective_sync import (
+    GROUP_METHODS,
+    CollectiveSync,
+    Member,
+    Placement,
+    file_sync_result,
+    member_ranks,
+    pick_method,
+)
 from ..protocol.context import CallContext
+from ..protocol.errors import ProtocolError
+from ..protocol.lora_sync import lora_method
 from ..protocol.operation_types import (
     OP_CANCEL,
     OP_RESET,
@@ -35,6 +49,13 @@ from .base import GatewayBase
 from .model import Job, SubJob
 
 CPU_LIFECYCLE_REASON = "nothing is colocated on a GPU here, so there is nothing to offload"
+
+
+def _member(sub: SubJob) -> Member:
+    """A sub-job in its job's weight group: its worker (a restarted one is another member)."""
+    w = sub.worker or {}
+    key = (sub.sub_job_id, w.get("pid"), tuple(w.get("address") or ()))
+    return Member(sub, key, member_ranks(w.get("info") or {}))
 
 
 class DataPlane(forwarding.WorkerForwarding, GatewayBase):
@@ -87,48 +108,106 @@ class DataPlane(forwarding.WorkerForwarding, GatewayBase):
         self.require_running(job, ctx.method)
         return await self.sync(ctx, job, body)
 
+    def sync_placement(self, src: SubJob, targets: list[SubJob]) -> Placement:
+        """Where a sync's workers are: one host when every one is a local process, or every
+        one is on one Ray node (two Ray nodes are two hosts, even on one machine)."""
+        workers = [s.worker or {} for s in (src, *targets)]
+        local = all(w.get("backend") == "local" for w in workers)
+        nodes = {w.get("node_id") or w.get("node") for w in workers}
+        same = local or (all(w.get("backend") == "ray" for w in workers) and len(nodes) == 1)
+        device = str((src.worker.get("info") or {}).get("device") or "")
+        return Placement(
+            cuda=device.startswith("cuda"),
+            same_host=same,
+            shm=Path("/dev/shm").is_dir(),
+            collective=self.profile.collective_sync,
+        )
+
+    def sync_method(self, job: Job, body: Mapping[str, Any], path: str = "") -> str:
+        """The method a sync of `body` runs with; `unsupported_option` naming why when its
+        workers cannot run the one asked for."""
+        src, targets = sync_sub_jobs(job, body)
+        try:
+            method = pick_method(
+                body.get("method"),
+                self.sync_placement(src, targets),
+                cuda_ipc=body.get("cuda_ipc"),
+            )
+        except ValueError as exc:
+            opt = f"{path}method"
+            raise ProtocolError("unsupported_option", str(exc), options=[opt], field=opt) from None
+        return lora_method(method, Path("/dev/shm").is_dir()) if lora.adapter_job(job) else method
+
+    def weight_group(self, job: Job) -> CollectiveSync:
+        return self._weight_groups.setdefault(job.job_id, CollectiveSync(job.job_id))
+
     async def sync(self, ctx: CallContext, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
         src, targets = sync_sub_jobs(job, body)
-        local = all((s.worker or {}).get("backend") == "local" for s in (src, *targets))
-        shm = Path("/dev/shm")
-        method = "shm" if local and shm.is_dir() else "safetensors"
+        method = self.sync_method(job, body)
         rid = ctx.request_id or uuid.uuid4().hex
+        call = functools.partial(self.call, ctx)
         async with self.sync_lock(job):
             gate = self.gate(job)
             gate.clear()  # new generates wait; the sampler finishes those sent before it swaps
-            path = shm / f"arctic-{job.job_id}-{rid[:12]}.safetensors" if method == "shm" else None
             try:
                 if rid not in job.pending_syncs:
                     job.pending_syncs[rid] = job.weight_version + 1
                     self.jobs.save(job)
                 version = job.pending_syncs[rid]
-                if path is not None:
-                    exp = dict(await self.call(ctx, src, "export_weights", path=str(path)))
-                    load: dict[str, Any] = {"path": str(path)}
+                if method in GROUP_METHODS:  # the trainer's node hosts the rendezvous
+                    res = await self.weight_group(job).run(
+                        call,
+                        _member(src),
+                        [_member(t) for t in targets],
+                        version=version,
+                        host=str((src.worker.get("address") or ["127.0.0.1"])[0]),
+                        method=method,
+                        settings=self.settings.sync,
+                        name=rid,
+                    )
                 else:
-                    exp = dict(await self.call(ctx, src, "export_weights"))
-                    load = {"blob": exp.pop("blob")}
-                load["weight_version"] = version  # what the targets' results report once loaded
-                if "adapter_config" in exp:  # a LoRA job: a new adapter version (gateway/lora.py)
-                    load["adapter_config"] = exp.pop("adapter_config")
-                await asyncio.gather(*(self.call(ctx, t, "load_weights", **load) for t in targets))
+                    res = await self._sync_by_file(call, job, src, targets, method, version, rid)
             finally:
-                if path is not None:
-                    with contextlib.suppress(OSError):
-                        path.unlink()
                 gate.set()
             job.weight_version = max(job.weight_version, version)
             for t in targets:
                 t.weight_version = max(t.weight_version, version)
             job.pending_syncs.pop(rid, None)
             self.jobs.save(job)
-        return {
-            "weight_version": version,
-            "method": method,
-            "num_tensors": int(exp.get("num_tensors", 0)),
-            "num_bytes": int(exp.get("num_bytes", 0)),
-            "seconds": float(exp.get("seconds", 0.0)),
-        }
+        return {"weight_version": version, **res}
+
+    async def _sync_by_file(
+        self,
+        call: forwarding.Call,
+        job: Job,
+        src: SubJob,
+        targets: list[SubJob],
+        method: str,
+        version: int,
+        rid: str,
+    ) -> dict[str, Any]:
+        """`shm` (one host) and `safetensors` (the bytes through this gateway) and `cuda_ipc`."""
+        t0 = time.perf_counter()
+        path = Path("/dev/shm") / f"arctic-{job.job_id}-{rid[:12]}.safetensors"
+        try:
+            if method == "shm":
+                exp = dict(await call(src, "export_weights", path=str(path)))
+                load: dict[str, Any] = {"path": str(path)}
+            elif method == "safetensors":
+                exp = dict(await call(src, "export_weights"))
+                load = {"blob": exp.pop("blob")}
+            else:  # cuda_ipc
+                exp = dict(await call(src, "export_weights", method=method))
+                load = {"method": method, "handles": exp.pop("handles")}
+            load["weight_version"] = version  # what the targets' results report once loaded
+            if "adapter_config" in exp:  # a LoRA job: a new adapter version (gateway/lora.py)
+                load["adapter_config"] = exp.pop("adapter_config")
+            await asyncio.gather(*(call(t, "load_weights", **load) for t in targets))
+        finally:
+            if method == "shm":
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return file_sync_result(method, exp, time.perf_counter() - t0)
 
     async def reset_prefix_cache(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job, sub = self.begin(ctx)

@@ -38,6 +38,7 @@ class FakeProfile:
     """Fake workers (`engines/fake/engine.py`): NUMERICS.md, any model name, no torch anywhere."""
 
     name = "fake"
+    collective_sync = False  # no torch in a fake worker: syncs go by file or through the gateway
     lora: LoraSupport = LORA_SUPPORT  # the fake's: LoRA jobs with adapter versions (NUMERICS.md §6)
 
     def __init__(self, settings: GatewaySettings) -> None:
@@ -110,6 +111,7 @@ class OnpremProfile:
     """The on-prem engines (`arctic_servers.engines`): DeepSpeed trainers, vLLM samplers."""
 
     name = "onprem"
+    collective_sync = True  # the trainer broadcasts to its targets (protocol/collective_sync.py)
 
     def __init__(self, settings: GatewaySettings) -> None:
         from ..engines.config import LORA

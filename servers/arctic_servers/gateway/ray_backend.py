@@ -1,7 +1,10 @@
 """Sub-jobs placed as Ray actors (the gateway's `--ray-address`).
 
 Each sub-job gets one detached, named actor that reserves its resources — `num_gpus = n_gpus` on a
-cluster with GPUs, one CPU otherwise — and starts the sub-job's worker host on its node (with
+cluster with GPUs, one CPU otherwise, and the custom resources the gateway's `--ray-resources`
+names for its role (how a trainer and its samplers are put on the nodes meant for them: nodes
+started with `ray start --resources '{"trainer_node": 1}'` and so on) — and starts the sub-job's
+worker host on its node (with
 `CUDA_VISIBLE_DEVICES` from Ray's assignment, listening on the node's address). The gateway then
 talks to the worker host exactly as to a local one; the actor is the placement and the lifetime:
 it is detached, so it outlives the gateway, and a restarted gateway finds it by name. Killing
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +160,9 @@ class WorkerActor(_Process):
                 raise RuntimeError(f"worker host did not listen (exit {self.proc.poll()})")
             time.sleep(0.02)
         st = json.loads(status.read_text())
-        out = {"pid": st["pid"], "address": st["address"], "node": host, "gpus": gpus}
+        node_id = ray.get_runtime_context().get_node_id()
+        out = {"pid": st["pid"], "address": st["address"], "node": host, "node_id": node_id,
+               "gpus": gpus}  # fmt: skip
         if isinstance(es.get("dist"), dict):
             out["dist"] = spec["engine_spec"]["dist"]
         return out
@@ -175,13 +181,28 @@ def ranks_of(sub: SubJob, spec: dict[str, Any]) -> int:
     return world_size(spec.get("engine_spec") or {})
 
 
+def node_alive(node_id: str) -> bool | None:
+    """Whether the Ray node `node_id` is alive (None: not known to the cluster)."""
+    for n in ray.nodes():  # type: ignore[no-untyped-call]
+        if n.get("NodeID") == node_id:
+            return bool(n.get("Alive"))
+    return None
+
+
 class RayPlacement:
-    def __init__(self, address: str, namespace: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        namespace: str,
+        resources: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
         self.namespace = namespace
+        self.resources = {k: dict(v) for k, v in (resources or {}).items()}
+        self._nodes: dict[str, str] = {}  # sub-job id -> the Ray node its worker is on
         if not ray.is_initialized():
             ray.init(address=address, namespace=namespace, log_to_driver=False)
-        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        self.gpu = float(resources.get("GPU", 0)) > 0
+        cluster = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        self.gpu = float(cluster.get("GPU", 0)) > 0
         self._alive: dict[str, str | None] = {}  # sub-job id -> why gone (None = alive)
         self._watch: asyncio.Task[None] | None = None
 
@@ -206,6 +227,8 @@ class RayPlacement:
             }
             if self.gpu:
                 o["num_gpus"] = 1 if world > 1 else sub.n_gpus
+            if sub.role in self.resources:  # custom resources: the nodes this role goes to
+                o["resources"] = dict(self.resources[sub.role])
             return o
 
         actors = [WorkerActor.options(**opts(0)).remote()]  # type: ignore[attr-defined]
@@ -239,6 +262,7 @@ class RayPlacement:
                 sub_job_id=sub.sub_job_id,
             ) from None
         self._alive[sub.sub_job_id] = None
+        self._nodes[sub.sub_job_id] = str(placed.get("node_id") or "")
         self._ensure_watch()
         return {"actor": actor_name(sub), "world_size": world, **placed}
 
@@ -262,10 +286,22 @@ class RayPlacement:
                     ok: bool = await asyncio.wait_for(actor.ping.remote(), 10)
                     self._alive[sid] = None if ok else "its worker host on the Ray node exited"
                 except (ValueError, TimeoutError, ray.exceptions.RayError) as exc:
-                    self._alive[sid] = f"its Ray actor is gone ({type(exc).__name__})"
+                    self._alive[sid] = self._why_gone(sid, exc)
+
+    def _why_gone(self, sid: str, exc: BaseException) -> str:
+        """Why an actor stopped answering: its node was lost, or the actor itself."""
+        node = self._nodes.get(sid, "")
+        alive = None
+        if node:
+            with contextlib.suppress(Exception):
+                alive = node_alive(node)
+        if alive is False:
+            return f"its Ray node {node[:12]} was lost (the actor went with it)"
+        return f"its Ray actor is gone ({type(exc).__name__})"
 
     def gone(self, sub: SubJob) -> str | None:
         if sub.sub_job_id not in self._alive:  # re-attached after a restart: watch it too
+            self._nodes[sub.sub_job_id] = str((sub.worker or {}).get("node_id") or "")
             self._alive[sub.sub_job_id] = None if self._actor(sub) else "its Ray actor is gone"
             with contextlib.suppress(RuntimeError):
                 self._ensure_watch()
@@ -273,6 +309,7 @@ class RayPlacement:
 
     async def stop(self, sub: SubJob) -> None:
         self._alive.pop(sub.sub_job_id, None)
+        self._nodes.pop(sub.sub_job_id, None)
         # rank 0 first (its followers end with it), then the rank actors of a multi-rank trainer
         for rank in range(max(1, sub.n_gpus)):
             actor = self._actor(sub, rank)

@@ -69,7 +69,9 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             vocab = (train.vocab_size if train else 0) or 151_936
             operations.check(_OperationChecks(vocab), fake_job, ctx, body)  # type: ignore[arg-type]
             if body.get("operation_type") == OP_WEIGHT_SYNC:
-                lora.check_sync(job, body.get("payload") or {}, "payload.")
+                payload = body.get("payload") or {}
+                lora.check_sync(job, payload, "payload.")
+                self.sync_method(job, payload, "payload.")
             return
         sub = self.target(job, ctx)
         if m in (M.FORWARD_BACKWARD, M.FORWARD, M.LOG_PROBS, M.GENERATE):
@@ -81,6 +83,7 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             operations.check_simple(fake_job, m, body, visible)
             if m is M.SYNC_WEIGHTS:
                 lora.check_sync(job, body, "")
+                self.sync_method(job, body)
 
     # ------------------------------------------------------------------ control plane
 
@@ -106,10 +109,12 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
     # ------------------------------------------------------------------ housekeeping
 
     def job_ended(self, job: Job) -> None:
-        """A job ended: its open chunk groups can never complete."""
+        """A job ended: its open chunk groups can never complete; its weight group goes with
+        its workers."""
         if self.core is not None:
             self.core.groups.forget_job(job.job_id)
         self._gates.pop(job.job_id, None)
+        self._weight_groups.pop(job.job_id, None)
 
     def worker_views(self, job: Job) -> list[dict[str, Any]]:
         """The admin view of a job's workers (no authkeys)."""

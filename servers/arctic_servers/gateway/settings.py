@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..protocol.collective_sync import SyncSettings
 from ..protocol.config import parse_tokens as parse_tokens  # re-exported: tests, older imports
 
 TOKENS_ENV = "ARCTIC_GATEWAY_TOKENS"
@@ -31,6 +32,10 @@ class GatewaySettings:
     sweep_interval_s: float = 60.0
     ray_address: str = ""  # place sub-jobs as Ray actors on this cluster ("" = local processes)
     ray_namespace: str = "arctic-gateway"
+    # Ray custom resources a role's actors ask for, e.g. {"training": {"trainer_node": 1}}: with
+    # nodes started with those resources, the trainer and the samplers land on the nodes meant
+    ray_resources: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    sync: SyncSettings = field(default_factory=SyncSettings)  # the collective weight sync
     worker_threads: int = 0  # threads per engine worker (0 = the engine's default)
     # Fake workers: seconds a command sleeps before it runs ({"step": 0.5}), for tests.
     fake_latency_s: Mapping[str, float] = field(default_factory=dict)
@@ -47,6 +52,28 @@ class GatewaySettings:
     @property
     def checkpoint_root(self) -> Path:
         return self.root / "checkpoints"
+
+
+ROLES = ("training", "sampling", "log_prob")
+
+
+def parse_ray_resources(specs: Iterable[str]) -> dict[str, dict[str, float]]:
+    """`--ray-resources ROLE=NAME:N[,NAME:N]` (repeatable) -> {role: {name: amount}}."""
+    out: dict[str, dict[str, float]] = {}
+    for spec in specs:
+        role, _, rest = spec.partition("=")
+        if role not in ROLES or not rest:
+            raise ValueError(f"--ray-resources {spec!r}: ROLE=NAME:N[,NAME:N], ROLE one of {ROLES}")
+        for part in rest.split(","):
+            name, _, n = part.partition(":")
+            try:
+                amount = float(n or 1)
+            except ValueError:
+                amount = -1.0
+            if not name or amount <= 0:
+                raise ValueError(f"--ray-resources {spec!r}: {part!r} is not NAME:N with N > 0")
+            out.setdefault(role, {})[name] = amount
+    return out
 
 
 def load_tokens(tokens_file: Path | None, env: Mapping[str, str] | None = None) -> frozenset[str]:

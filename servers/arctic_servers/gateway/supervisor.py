@@ -68,7 +68,9 @@ class Supervisor:
         if settings.ray_address:
             from .ray_backend import RayPlacement
 
-            self.ray = RayPlacement(settings.ray_address, settings.ray_namespace)
+            self.ray = RayPlacement(
+                settings.ray_address, settings.ray_namespace, settings.ray_resources
+            )
 
     # ------------------------------------------------------------------ launch
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..engines.install_check import check
+from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
 from ..protocol.observability_args import add_observability_arguments, observability_from_args
@@ -87,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
         help="start without checking the engines' Python first",
     )
     add_limit_arguments(p)
+    add_sync_arguments(p)
     add_tinker_arguments(p)
     add_observability_arguments(p)
     c = sub.add_parser("check", help="check that the engines' Python can run the engines")
@@ -109,6 +111,7 @@ async def _serve(args: argparse.Namespace) -> int:
         max_slots=args.max_slots,
         verbose_workers=args.verbose_workers,
         prewarm=tuple(x.strip() for x in args.prewarm.split(",") if x.strip()),
+        sync=sync_settings_from_args(args),
     )
     create = []
     if args.job:

@@ -15,9 +15,17 @@ from typing import Any
 from arctic_sdk.spec.tables import methods as M
 
 from ..engines import checks
-from ..engines.vllm.weight_sync import METHODS as SYNC_METHODS
-from ..engines.vllm.weight_sync import pick_method
 from ..protocol import forwarding
+from ..protocol.collective_sync import (
+    GROUP_METHODS,
+    SYNC_METHODS,
+    CollectiveSync,
+    Member,
+    Placement,
+    file_sync_result,
+    member_ranks,
+    pick_method,
+)
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.lora_config import adapter_sync, check_adapter, check_weight_format
@@ -27,6 +35,12 @@ from .base import OnpremBase
 from .jobs import Job, SubJob
 
 CPU_LIFECYCLE_REASON = "CPU server: nothing is colocated on a GPU, so there is nothing to offload"
+
+
+def _member(sub: SubJob) -> Member:
+    """A sub-job in its job's weight group: its worker process, and the ranks it joins with."""
+    w = sub.worker
+    return Member(sub, (sub.sub_job_id, w.pid if w else None), member_ranks(w.info if w else {}))
 
 
 class DataPlane(forwarding.WorkerForwarding, OnpremBase):
@@ -84,15 +98,14 @@ class DataPlane(forwarding.WorkerForwarding, OnpremBase):
         async for item in sub.worker.stream(STREAM_CMD, prompt=prompts[0], sampling_params=sp):
             yield {"weight_version": version, **item}
 
+    def _placement(self) -> Placement:
+        """Every worker of this server is on its host."""
+        return Placement(cuda=self.cuda, same_host=True, shm=Path("/dev/shm").is_dir())
+
     def _check_sync(self, job: Job, body: Mapping[str, Any], path: str) -> None:
         checks.one_of(body, "method", SYNC_METHODS, path)
         try:
-            pick_method(
-                body.get("method"),
-                cuda=self.cuda,
-                shm_ok=Path("/dev/shm").is_dir(),
-                cuda_ipc=body.get("cuda_ipc"),
-            )
+            pick_method(body.get("method"), self._placement(), cuda_ipc=body.get("cuda_ipc"))
         except ValueError as exc:
             raise ProtocolError(
                 "unsupported_option", str(exc), options=[f"{path}method"], field=f"{path}method"
@@ -104,87 +117,62 @@ class DataPlane(forwarding.WorkerForwarding, OnpremBase):
 
     async def _sync(self, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
         src, targets = sync_sub_jobs(job, body)
-        shm_dir = Path("/dev/shm")
-        method = pick_method(
-            body.get("method"),
-            cuda=self.cuda,
-            shm_ok=shm_dir.is_dir(),
-            cuda_ipc=body.get("cuda_ipc"),
-        )
-        if adapter_sync(job.lora):  # the adapter only, as a file or a blob (lora_sampler.py)
-            method = lora_method(method, shm_dir.is_dir())
+        where = self._placement()
+        method = pick_method(body.get("method"), where, cuda_ipc=body.get("cuda_ipc"))
+        if adapter_sync(job.lora):  # the adapter only (lora_sampler.py)
+            method = lora_method(method, where.shm)
         async with job.sync_lock:
             # new generates wait here; the sampler finishes those already sent before it swaps
             job.gate.clear()
             version = job.weight_version + 1  # what the targets' results report once loaded
-            t0 = time.perf_counter()
-            path: Path | None = None
             try:
-                if method == "shm":
-                    path = shm_dir / f"arctic-{job.job_id}-{uuid.uuid4().hex[:8]}.safetensors"
-                    exp = await self._call(src, "export_weights", path=str(path))
-                    load: dict[str, Any] = {"path": str(path)}
-                elif method == "safetensors":
-                    exp = await self._call(src, "export_weights")
-                    load = {"blob": exp.pop("blob")}
-                else:  # GPU paths (weight_sync.py)
-                    exp = await self._call(src, "export_weights", method=method)
-                    load = {"method": method, "handles": exp.pop("handles")}
-                    if method == "nccl":
-                        return await self._sync_nccl(job, src, targets, exp, load, t0)
-                load["weight_version"] = version
-                if "adapter_config" in exp:  # a LoRA job: a new adapter version
-                    load["adapter_config"] = exp.pop("adapter_config")
-                await asyncio.gather(*(self._call(t, "load_weights", **load) for t in targets))
+                if method in GROUP_METHODS:
+                    if job.weight_group is None:
+                        job.weight_group = CollectiveSync(job.job_id)
+                    res = await job.weight_group.run(
+                        self._call,
+                        _member(src),
+                        [_member(t) for t in targets],
+                        version=version,
+                        host="127.0.0.1",
+                        method=method,
+                        settings=self.settings.sync,
+                    )
+                else:
+                    res = await self._sync_by_file(job, src, targets, method, version)
                 job.weight_version = version
                 for t in targets:
                     t.weight_version = version
             finally:
-                if path is not None:
-                    with contextlib.suppress(OSError):
-                        path.unlink()
                 job.gate.set()
-            return {
-                "weight_version": job.weight_version,
-                "method": method,
-                "num_tensors": int(exp.get("num_tensors", 0)),
-                "num_bytes": int(exp.get("num_bytes", 0)),
-                "seconds": time.perf_counter() - t0,
-            }
+            return {"weight_version": job.weight_version, **res}
 
-    async def _sync_nccl(
-        self,
-        job: Job,
-        src: SubJob,
-        targets: list[SubJob],
-        exp: dict[str, Any],
-        load: dict[str, Any],
-        t0: float,
-    ) -> dict[str, Any]:  # pragma: no cover - GPU only
-        from ..protocol.serve import free_port
-
-        for t in targets:
-            port = free_port()
-            await asyncio.gather(
-                self._call(src, "nccl_broadcast", host="127.0.0.1", port=port),
-                self._call(
-                    t,
-                    "load_weights",
-                    method="nccl",
-                    handles=load["handles"],
-                    nccl_port=port,
-                    weight_version=job.weight_version + 1,
-                ),
-            )
-            t.weight_version = job.weight_version + 1
-        job.weight_version += 1
-        return {
-            "weight_version": job.weight_version,
-            "method": "nccl",
-            "num_tensors": exp["num_tensors"],
-            "num_bytes": exp["num_bytes"],
-            "seconds": time.perf_counter() - t0,
-        }
+    async def _sync_by_file(
+        self, job: Job, src: SubJob, targets: list[SubJob], method: str, version: int
+    ) -> dict[str, Any]:
+        """`shm`, `safetensors` and `cuda_ipc`: one export, loaded by every target."""
+        t0 = time.perf_counter()
+        path: Path | None = None
+        try:
+            if method == "shm":
+                path = Path("/dev/shm") / f"arctic-{job.job_id}-{uuid.uuid4().hex[:8]}.safetensors"
+                exp = await self._call(src, "export_weights", path=str(path))
+                load: dict[str, Any] = {"path": str(path)}
+            elif method == "safetensors":
+                exp = await self._call(src, "export_weights")
+                load = {"blob": exp.pop("blob")}
+            else:  # cuda_ipc (weight_sync.py)
+                exp = await self._call(src, "export_weights", method=method)
+                load = {"method": method, "handles": exp.pop("handles")}
+            load["weight_version"] = version
+            if "adapter_config" in exp:  # a LoRA job: a new adapter version
+                load["adapter_config"] = exp.pop("adapter_config")
+            await asyncio.gather(*(self._call(t, "load_weights", **load) for t in targets))
+        finally:
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return file_sync_result(method, exp, time.perf_counter() - t0)
 
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)

@@ -23,6 +23,7 @@ from typing import Any
 from ..engines.config import SubJobSpec, cpu_count, engine_kind, resolve_model
 from ..engines.worker.procs import WorkerHandle
 from ..protocol import jobs as pj
+from ..protocol.collective_sync import CollectiveSync
 from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import JobRecord, not_running_error, terminal_error
@@ -60,6 +61,7 @@ class Job(JobRecord[SubJob]):
     # generate waits while this is clear (a weight sync runs)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    weight_group: CollectiveSync | None = None  # built by its first collective sync
 
     @property
     def slots(self) -> int:

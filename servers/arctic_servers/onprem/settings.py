@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engines.config import ROLES, cpu_count, default_cache_dir
+from ..protocol.collective_sync import SyncSettings
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,4 @@ class ServerSettings:
     tiny_model_seed: int = 0
     # engines with one idle, pre-imported worker kept ready, so a job starts in seconds
     prewarm: tuple[str, ...] = ("deepspeed", "vllm")
+    sync: SyncSettings = field(default_factory=SyncSettings)  # the collective weight sync

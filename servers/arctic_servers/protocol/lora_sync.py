@@ -1,7 +1,8 @@
 """Weight sync of a LoRA job, on-prem and on the gateway (PROTOCOL.md §3.6): the adapter's tensors
-travel as one safetensors file (/dev/shm) or blob — a few hundred KiB to MiB, so the GPU
-hand-offs of full weights (`cuda_ipc`, `nccl`) are not used — into the job's sampling sub-jobs,
-each of which loads them as a new adapter version (`engines/vllm/lora_sampler.py`)."""
+(a few hundred KiB to MiB) travel as one safetensors file (/dev/shm), a blob, or over the job's
+weight group (`collective`, `nccl`: `protocol/collective_sync.py`) into the job's sampling
+sub-jobs, each of which loads them as a new adapter version (`engines/vllm/lora_sampler.py`).
+CUDA IPC handles of full weights (`cuda_ipc`) are not used for an adapter."""
 
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ from .errors import ProtocolError
 from .jobs import sub_job_by_id
 from .sub_jobs import field_error
 
-LORA_METHODS = ("auto", "shm", "safetensors")
+LORA_METHODS = ("auto", "shm", "safetensors", "collective", "nccl")
 
 
 def check_lora_sync(job: Any, body: Mapping[str, Any], path: str) -> None:
-    """A LoRA job's sync: a file or blob method, sampling targets only."""
+    """A LoRA job's sync: a file, blob or weight-group method, sampling targets only."""
     method = str(body.get("method") or "auto").lower()
     if method not in LORA_METHODS:
         opt = f"{path}method"
         raise ProtocolError(
             "unsupported_option",
-            f"{opt}: {method!r}; a LoRA job syncs its adapter as a file or a blob, one of "
+            f"{opt}: {method!r}; a LoRA job syncs its adapter as a file, a blob or over its "
+            "weight group, one of "
             f"{list(LORA_METHODS)}",
             options=[opt],
             field=opt,
@@ -40,10 +42,11 @@ def check_lora_sync(job: Any, body: Mapping[str, Any], path: str) -> None:
 
 
 def lora_method(method: str, shm_ok: bool) -> str:
-    """The method a LoRA sync runs with ("auto" on a GPU host picks a file or a blob too)."""
-    if method in ("shm", "safetensors"):
+    """The method a LoRA sync runs with: the picked one, except CUDA IPC (`auto` with the
+    legacy `cuda_ipc` knob), which becomes the file on one host or the weight group."""
+    if method != "cuda_ipc":
         return method
-    return "shm" if shm_ok else "safetensors"
+    return "shm" if shm_ok else "collective"
 
 
 def adapter_load_args(tag_dir: Path, ckpt: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ import torch
 from arctic_sdk.spec.tables import methods as M
 
 from ..losses import torch_losses as losses
+from ..weight_transfer.buckets import DEFAULT_BUCKET_BYTES
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
 from ..worker.worker import WorkerError
@@ -123,6 +124,7 @@ class RankTrainer(TrainingEngine):
             "load_state": self.rank_load_state,
             "join_forward": self.rank_join_forward,
             "join_gather": self.rank_join_gather,
+            "join_send": self.rank_join_send,
             "sleep_state": self.rank_sleep_state,
             "wake_state": self.rank_wake_state,
         }
@@ -295,12 +297,14 @@ class DataParallelTrainer(EngineBase):
             M.FORWARD.python_name: self.op_forward,
             M.LOG_PROBS.python_name: self.op_log_probs,
             "export_weights": self.op_export_weights,
-            "nccl_broadcast": self.op_nccl_broadcast,
             M.STEP.python_name: self.op_step,
             "save": self.op_save,  # not-an-op
             "load": self.op_load,  # not-an-op
             "sleep": self.op_sleep,
             "wake": self.op_wake,
+            # the weight group is rank 0's (the trainer's one sender); followers join gathers
+            **self.local.group_commands(),
+            "send_weights": self.op_send_weights,
         }
 
     def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -375,8 +379,15 @@ class DataParallelTrainer(EngineBase):
     def op_export_weights(self, path: str | None = None, method: str = "shm") -> dict[str, Any]:
         return self._on_rank0("join_gather", lambda: self.local.op_export_weights(path, method))
 
-    def op_nccl_broadcast(self, host: str, port: int) -> dict[str, Any]:  # pragma: no cover - GPU
-        return self._on_rank0("join_gather", lambda: self.local.op_nccl_broadcast(host, port))
+    def op_send_weights(self, group_id: str, version: int, **kw: Any) -> dict[str, Any]:
+        """Rank 0 broadcasts; under ZeRO-3 the followers join its per-bucket gathers."""
+        own = lambda: self.local.op_send_weights(group_id, version, **kw)  # noqa: E731
+        if self.stage != 3:
+            return dict(own())
+        args = {"bucket_bytes": kw.get("bucket_bytes", DEFAULT_BUCKET_BYTES)}
+        return dict(
+            self._collective("join_send", own, dict.fromkeys(range(1, self.world), args))[0]
+        )
 
     # -- ops on every rank ---------------------------------------------------------------------
 

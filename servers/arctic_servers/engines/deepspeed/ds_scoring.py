@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..weight_transfer.member import receive_into_module
 from ..worker.worker import WorkerError
 from .ds_setup import _merge, _unlink_allreduce_buffers, set_ds_env
 from .scoring import ScoringEngine
@@ -55,15 +56,27 @@ class DeepSpeedScoringEngine(ScoringEngine):
         return {**super().info(), "engine": "deepspeed", "zero_stage": self.stage}
 
     def op_load_weights(
-        self, path: str | None = None, blob: bytes | None = None, method: str = "shm", **_: Any
+        self,
+        path: str | None = None,
+        blob: bytes | None = None,
+        method: str = "shm",
+        group_id: str = "",
+        weight_version: int = 0,
+        **_: Any,
     ) -> dict[str, Any]:
         self.refuse_gpu_method(method)
         import deepspeed
         from safetensors.torch import load, load_file
 
         t = time.perf_counter()
-        sd = load_file(path) if path else load(blob or b"")
         params = dict(self.engine.module.named_parameters())
+        if method == "collective":  # every parameter whole (ZeRO-3), each bucket copied in
+            whole = deepspeed.zero.GatheredParameters(
+                list(params.values()), modifier_rank=0, enabled=self.stage == 3
+            )
+            with whole:
+                return receive_into_module(self, params, group_id, int(weight_version))
+        sd = load_file(path) if path else load(blob or b"")
         missing = [n for n in params if n not in sd]
         if missing:
             raise WorkerError(

@@ -16,6 +16,7 @@ import torch
 from arctic_sdk.spec.tables import methods as M
 
 from ..losses import torch_losses as losses
+from ..weight_transfer.member import GroupMember, receive_into_module
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
 from ..worker.worker import WorkerError
@@ -112,7 +113,7 @@ class _Forward(EngineBase):
         return {"loss": 0.0, "metrics": metrics, "outputs": outputs}
 
 
-class ScoringEngine(_Forward):
+class ScoringEngine(GroupMember, _Forward):
     """`log_prob` sub-job: a Hugging Face forward in eval mode (the reference model)."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
@@ -150,6 +151,7 @@ class ScoringEngine(_Forward):
             M.RESET_PREFIX_CACHE.python_name: self.op_reset_prefix_cache,
             "sleep": self.op_sleep,
             "wake": self.op_wake,
+            **self.group_commands(),
         }
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,20 +163,30 @@ class ScoringEngine(_Forward):
     ENGINE_NAME = "HF"
 
     def refuse_gpu_method(self, method: str) -> None:
-        """A log-prob engine takes weights by file or bytes only (cuda_ipc / nccl: the sampler)."""
-        if method in ("cuda_ipc", "nccl"):
+        """A log-prob engine takes weights by file, bytes or the weight group (cuda_ipc: the
+        sampler's)."""
+        if method == "cuda_ipc":
             raise WorkerError(
                 "unsupported_option",
-                f"the {self.ENGINE_NAME} log-prob engine takes weights by shm or safetensors, "
-                f"not {method}",
+                f"the {self.ENGINE_NAME} log-prob engine takes weights by shm, safetensors or "
+                f"the collective weight group, not {method}",
                 options=["method"],
             )
 
     def op_load_weights(
-        self, path: str | None = None, blob: bytes | None = None, method: str = "shm", **_: Any
+        self,
+        path: str | None = None,
+        blob: bytes | None = None,
+        method: str = "shm",
+        group_id: str = "",
+        weight_version: int = 0,
+        **_: Any,
     ) -> dict[str, Any]:
         self.refuse_gpu_method(method)
         t = time.perf_counter()
+        if method == "collective":
+            params = dict(self.model.named_parameters())
+            return receive_into_module(self, params, group_id, int(weight_version))
         n = load_state_file(self.model, path=path, blob=blob)
         return {"num_tensors": n, "seconds": time.perf_counter() - t}
 

@@ -44,13 +44,14 @@ from .hf_model import _read_vocab, enable_determinism, load_hf_model
 from .scoring import _Forward
 from .train_options import lr_factor
 from .training_weights import TrainerWeights
+from .weight_send import WeightSender
 
 CPU_TRAINER_REASON = (
     "CPU trainer: nothing to offload (weights and optimizer already live in host memory)"
 )
 
 
-class TrainingEngine(TrainerWeights, _Forward):
+class TrainingEngine(WeightSender, TrainerWeights, _Forward):
     def __init__(self, spec: Mapping[str, Any]) -> None:
         t0 = time.perf_counter()
         set_ds_env()
@@ -167,9 +168,9 @@ class TrainingEngine(TrainerWeights, _Forward):
             "sleep": self.op_sleep,
             "wake": self.op_wake,
             "export_weights": self.op_export_weights,
-            "nccl_broadcast": self.op_nccl_broadcast,
             "save": self.op_save,  # not-an-op
             "load": self.op_load,  # not-an-op
+            **self.send_commands(),  # the collective weight sync (weight_send.py)
         }
 
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,7 @@ class TrainerWeights:
         from safetensors.torch import save, save_file
 
         t = time.perf_counter()
-        if method in ("cuda_ipc", "nccl"):
+        if method == "cuda_ipc":
             from ..vllm.weight_sync import trainer_export_gpu
 
             return trainer_export_gpu(self, method)
@@ -69,11 +69,6 @@ class TrainerWeights:
             out["blob"] = save(sd)
         out["seconds"] = time.perf_counter() - t
         return out
-
-    def op_nccl_broadcast(self, host: str, port: int) -> dict[str, Any]:  # pragma: no cover - GPU
-        from ..vllm.weight_sync import trainer_nccl_broadcast
-
-        return trainer_nccl_broadcast(self, host, port)
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
 from ...protocol import checkpoint_ids
+from ...protocol.collective_sync import SYNC_METHODS, file_sync_result
 from ...protocol.context import CallContext
 from ...protocol.jobs import sub_job_by_id
 from ...protocol.lora_config import adapter_sync, check_weight_format, job_lora
@@ -25,8 +26,6 @@ from ...protocol.operation_types import (
 from ...protocol.sub_jobs import check_sync_sub_jobs, field_error, sync_sub_jobs
 from . import checkpoints as ck
 from .state import Job
-
-SYNC_METHODS = ("auto", "nccl", "cuda_ipc", "shm", "safetensors")
 
 
 def _one_of(body: Mapping[str, Any], name: str, allowed: tuple[str, ...], path: str = "") -> None:
@@ -79,13 +78,9 @@ def sync(job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
     n_tensors, n_bytes = (1, 4 * 259)
     if lora is not None and adapter_sync(lora):
         n_tensors, n_bytes = (2, 2 * 4 * 259 * int(lora["rank"]))
-    return {
-        "weight_version": job.weight_version,
-        "method": "shm" if method == "auto" else method,
-        "num_tensors": n_tensors,
-        "num_bytes": n_bytes,
-        "seconds": 0.0,
-    }
+    ran = "shm" if method == "auto" else "collective" if method == "nccl" else method
+    moved = {"num_tensors": n_tensors, "num_bytes": n_bytes}
+    return {"weight_version": job.weight_version, **file_sync_result(ran, moved, 0.0)}
 
 
 # ---------------------------------------------------------------------------- /operation

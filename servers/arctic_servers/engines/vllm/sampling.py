@@ -18,6 +18,7 @@ and every result carries the `weight_version` of the weights that produced it (s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
+from ...protocol.collective_sync import START_TIMEOUT_S
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
 from ..worker.worker import STREAM_CMD, WorkerError
@@ -33,6 +35,7 @@ from .engine_batch import EngineBatch, Finish
 from .vllm_scoring import VllmScoring
 
 EXT_CLS = "arctic_servers.engines.vllm.vllm_ext.OnpremWorkerExtension"
+COLLECTIVE_BACKEND = "arctic"  # collective.BACKEND (imported with vLLM, after set_vllm_env)
 MAX_LOGPROBS = 20
 # a command of the engine's continuous batch: its arguments -> (prompts, params, finish)
 BatchedCommand = Callable[..., tuple[list[Any], list[Any], Finish | None]]
@@ -98,6 +101,8 @@ class SamplingEngine(VllmScoring, EngineBase):
             "worker_extension_cls": EXT_CLS,
             "enable_prefix_caching": True,
             "max_num_seqs": 64,
+            # the collective weight sync: vLLM's weight-transfer hooks with our backend
+            "weight_transfer_config": {"backend": COLLECTIVE_BACKEND},
         }
         if max_len:
             kwargs["max_model_len"] = int(max_len)
@@ -107,6 +112,9 @@ class SamplingEngine(VllmScoring, EngineBase):
             kwargs["enforce_eager"] = True
         kwargs.update(lora_sampler.engine_args(spec))  # a LoRA job's sampler: adapter versions
         kwargs.update(dict(conf.get("vllm_config") or {}))
+        from .collective import register
+
+        register()  # in this process too (CPU: vLLM's worker runs in it)
         t = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.adapters = lora_sampler.adapters_of(self.llm, spec)
@@ -117,6 +125,9 @@ class SamplingEngine(VllmScoring, EngineBase):
         self.vocab_size = int(mc.get_vocab_size())
         self.sleeping = False
         self.weight_version = 0  # of the weights loaded (`load_weights`); results report it
+        self.torn = ""  # why the weights are part old, part new (a sync failed part way)
+        pc = self.llm.llm_engine.vllm_config.parallel_config
+        self.weight_ranks = int(pc.world_size)  # processes it joins a weight group with
         self._warm_up()
         self.batch = EngineBatch(self.llm.llm_engine)
         self._batched = self.batched_commands()
@@ -140,6 +151,7 @@ class SamplingEngine(VllmScoring, EngineBase):
             "engine_startup_s": round(self.startup_s, 3),
             "warmup_s": round(self.warmup_s, 3),
             "cuda": self.cuda,
+            "weight_ranks": self.weight_ranks,
         }
 
     def close(self) -> None:
@@ -172,6 +184,12 @@ class SamplingEngine(VllmScoring, EngineBase):
             raise WorkerError(
                 "unavailable", "the sampler is asleep (sleep-inference); wake it first"
             )
+        if self.torn:
+            raise WorkerError(
+                "unavailable",
+                f"the sampler's last weight sync failed part way ({self.torn}); its weights are "
+                "part old, part new until a sync succeeds",
+            )
         if not self.submits(cmd):
             raise WorkerError("unimplemented", f"{cmd!r} does not run in the engine's batch")
         inputs, params, finish = self._batched[cmd](**args)
@@ -198,6 +216,8 @@ class SamplingEngine(VllmScoring, EngineBase):
         return {
             "stream_stats": self.op_stream_stats,
             "load_weights": self.op_load_weights,
+            "weight_group_join": self.op_weight_group_join,
+            "weight_group_close": self.op_weight_group_close,
             M.RESET_PREFIX_CACHE.python_name: self.op_reset_prefix_cache,
             "sleep": self.op_sleep,
             "wake": self.op_wake,
@@ -359,37 +379,110 @@ class SamplingEngine(VllmScoring, EngineBase):
         blob: bytes | None = None,
         method: str = "shm",
         handles: Any = None,
-        nccl_port: int = 0,
         weight_version: int | None = None,
         adapter_config: Mapping[str, Any] | None = None,
+        group_id: str = "",
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> dict[str, Any]:
         """Swap the weights (the serve loop runs this only while no request is in the engine);
         `weight_version`: what results report from now on. A LoRA job's sync loads a new adapter
-        version instead (lora_sampler.py)."""
+        version instead (lora_sampler.py). `collective`: receive them from the job's weight
+        group (collective.py)."""
         t = time.perf_counter()
-        if adapter_config is not None or self.adapters is not None:
+        if method == "collective":
+            res = self._receive(group_id, int(weight_version or 0), start_timeout_s)
+        elif adapter_config is not None or self.adapters is not None:
             res = lora_sampler.load(self.llm, self.adapters, adapter_config, path, blob)
-            if weight_version is not None:
-                self.weight_version = int(weight_version)
-            return res
-        if method == "nccl" and nccl_port:  # pragma: no cover - GPU only
-            self.llm.collective_rpc("arctic_nccl_init", args=("127.0.0.1", nccl_port, 2, 1))
-        if method in ("cuda_ipc", "nccl"):
-            from .weight_sync import sampler_import_gpu
-
-            res = sampler_import_gpu(self, method, handles)
-        elif path:
-            res = self.llm.collective_rpc("arctic_reload_weights_from_file", args=(path,))[0]
         else:
-            res = self.llm.collective_rpc("arctic_reload_weights_from_bytes", args=(blob,))[0]
-        reset = bool(self.llm.reset_prefix_cache())
+            if method == "cuda_ipc":
+                from .weight_sync import sampler_import_gpu
+
+                out = sampler_import_gpu(self, handles)
+            elif path:
+                out = self.llm.collective_rpc("arctic_reload_weights_from_file", args=(path,))[0]
+            else:
+                out = self.llm.collective_rpc("arctic_reload_weights_from_bytes", args=(blob,))[0]
+            res = {
+                "num_tensors": int(out.get("n", 0)),
+                "reset": bool(self.llm.reset_prefix_cache()),
+            }
+        self.torn = ""
         if weight_version is not None:
             self.weight_version = int(weight_version)
-        return {
-            "num_tensors": int(res.get("n", 0)),
-            "seconds": time.perf_counter() - t,
-            "reset": reset,
+        return {**res, "seconds": time.perf_counter() - t}
+
+    # -- the collective weight sync (collective.py: vLLM's weight-transfer hooks) ---------------
+
+    def op_weight_group_join(
+        self,
+        group_id: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float = 120.0,
+    ) -> dict[str, Any]:
+        info = {
+            "group_id": group_id, "host": host, "port": int(port), "rank_offset": int(rank),
+            "world_size": int(world_size), "backend": backend, "timeout_s": float(timeout_s),
+            "mode": "adapter" if self.adapters is not None else "full",
+        }  # fmt: skip
+        try:
+            self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
+        except Exception as exc:
+            raise WorkerError("unavailable", f"joining weight group {group_id}: {exc}") from None
+        return dict(self.llm.collective_rpc("arctic_weight_transfer_last")[0].get("joined") or {})
+
+    def op_weight_group_close(self, group_id: str = "") -> dict[str, Any]:
+        with contextlib.suppress(Exception):
+            self.llm.collective_rpc("shutdown_weight_transfer_engine")
+        return {"closed": True}
+
+    def _buckets_loaded(self) -> int:
+        with contextlib.suppress(Exception):
+            last = self.llm.collective_rpc("arctic_weight_transfer_last")[0]
+            return int(last.get("buckets_loaded", 0))
+        return 1  # unknown: assume the worst
+
+    def _receive(self, group_id: str, version: int, start_timeout_s: float) -> dict[str, Any]:
+        """One collective sync: vLLM's start / update / finish weight update, or for a LoRA
+        sampler the adapter into a file, registered as its next version."""
+        rpc = self.llm.collective_rpc
+        update: dict[str, Any] = {
+            "version": version,
+            "group_id": group_id,
+            "start_timeout_s": float(start_timeout_s),
         }
+        adapter_file = ""
+        if self.adapters is not None:
+            adapter_file = str(self.adapters.root / f"incoming-{version}.safetensors")
+            update["adapter_path"] = adapter_file
+        try:
+            if self.adapters is not None:
+                last = dict(rpc("arctic_receive_adapter", args=(update,))[0])
+            else:
+                rpc("start_weight_update")
+                rpc("update_weights", kwargs={"update_info": update})
+                rpc("finish_weight_update")
+                last = dict(rpc("arctic_weight_transfer_last")[0])
+        except Exception as exc:
+            if self.adapters is None and self._buckets_loaded():
+                # the layers it got have the new weights, the others the old (collective.py)
+                self.torn = f"weight version {version}: {exc}"
+            raise WorkerError("unavailable", f"receiving weight version {version}: {exc}") from None
+        if self.adapters is not None:
+            try:
+                res = lora_sampler.load(
+                    self.llm, self.adapters, last.pop("adapter_config", {}), adapter_file, None
+                )
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(adapter_file)
+        else:
+            res = {"num_tensors": last.get("num_tensors", 0),
+                   "reset": bool(self.llm.reset_prefix_cache())}  # fmt: skip
+        return {**last, **res}
 
     def op_reset_prefix_cache(self) -> dict[str, Any]:
         return {"reset": bool(self.llm.reset_prefix_cache())}

@@ -1,15 +1,13 @@
 """The on-prem server's vLLM worker extension: the engines' reload extension plus GPU paths.
 
 `ArcticWorkerExtension` (engines/vllm_worker_ext.py) reloads weights from a safetensors file or
-blob — the CPU paths the server uses and tests. This subclass adds the two GPU hand-offs:
-
-- CUDA IPC (trainer and sampler on the same GPU host): the trainer pickles
-  `torch.multiprocessing.reductions.reduce_tensor` handles of its gathered weights; the sampler's
-  worker rebuilds the tensors in its own process (no copy through host memory) and reloads.
-- NCCL (different GPUs or hosts): trainer (rank 0) and sampler worker (rank 1) form a stateless
-  two-rank group; the trainer broadcasts every tensor, the worker receives into fresh buffers.
-
-Both are GPU-only and were not exercised on the CPU machines this project is tested on.
+blob. Importing this module registers the `arctic` weight-transfer backend (`collective.py`,
+the collective sync on gloo or NCCL, which `nccl` now names too) in the vLLM worker's process.
+This subclass adds the CUDA IPC hand-off (trainer and sampler on the same GPU host): the trainer
+pickles `torch.multiprocessing.reductions.reduce_tensor` handles of its gathered weights; the
+sampler's worker rebuilds the tensors in its own process (no copy through host memory) and
+reloads. It is GPU-only and has not run on the CPU machines this project is tested on
+(`tools/gpu_check.sh` runs it on a CUDA machine).
 """
 
 from __future__ import annotations
@@ -17,10 +15,23 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from arctic_servers.engines.vllm.collective import register
 from arctic_servers.engines.vllm_worker_ext import ArcticWorkerExtension
+
+register()  # the `arctic` weight-transfer backend, in every process that hosts a vLLM worker
 
 
 class OnpremWorkerExtension(ArcticWorkerExtension):
+    def arctic_weight_transfer_last(self) -> dict[str, Any]:
+        """What the weight-transfer engine's last join or receive reported (collective.py)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        return dict(getattr(engine, "last", {}) or {})
+
+    def arctic_receive_adapter(self, update_info: dict[str, Any]) -> dict[str, Any]:
+        """A LoRA sampler's collective sync: the adapter into a file (collective.py)."""
+        engine = self.weight_transfer_engine  # type: ignore[attr-defined]
+        return dict(engine.receive_adapter(engine.parse_update_info(update_info)))
+
     def arctic_reload_weights_from_ipc(self, handles_blob: bytes) -> dict[str, Any]:
         """`handles_blob` = pickle of [(name, (rebuild_fn, args)), ...] from the trainer."""
         import torch
@@ -32,31 +43,5 @@ class OnpremWorkerExtension(ArcticWorkerExtension):
             args = list(args)
             args[6] = dev.index  # rebuild on this worker's device (reduce_tensor's device slot)
             weights.append((name, fn(*args)))
-        self._arctic_reload(weights)
-        return {"n": len(weights)}
-
-    def arctic_nccl_init(self, host: str, port: int, world_size: int, rank: int) -> bool:
-        import torch
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-        self._arctic_nccl = PyNcclCommunicator(
-            pg, device=torch.device("cuda", torch.cuda.current_device())
-        )
-        return True
-
-    def arctic_reload_weights_from_nccl(self, meta_blob: bytes) -> dict[str, Any]:
-        """`meta_blob` = pickle of [(name, shape, dtype_name), ...]; tensors arrive by broadcast."""
-        import torch
-
-        meta = pickle.loads(meta_blob)
-        comm = self._arctic_nccl
-        weights = []
-        for name, shape, dtype in meta:
-            buf = torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
-            comm.broadcast(buf, src=0, stream=torch.cuda.current_stream())
-            weights.append((name, buf))
-        torch.cuda.synchronize()
         self._arctic_reload(weights)
         return {"n": len(weights)}

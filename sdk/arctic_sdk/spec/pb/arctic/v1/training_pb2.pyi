@@ -1020,7 +1020,13 @@ class SyncWeightsRequest(_message.Message):
     source_sub_job_id: _builtins.str
     """Default: the job's training sub-job."""
     method: _builtins.str
-    """"auto" (default), "nccl", "cuda_ipc", "shm", "safetensors"."""
+    """"auto" (default), "collective", "nccl", "shm", "safetensors", "cuda_ipc" (PROTOCOL.md §3.4):
+    "collective" broadcasts the trainer's weights, in buckets, over a torch.distributed group of
+    the trainer and its targets (gloo on CPU, NCCL on CUDA; the server carries no weight byte);
+    "nccl" is the same on NCCL only; "shm" a file under /dev/shm (one host); "safetensors" the
+    bytes through the server (anywhere); "cuda_ipc" CUDA IPC handles (one GPU host). "auto": on
+    one host the method measured fastest there, across hosts "collective".
+    """
     cuda_ipc: _builtins.bool
     """Legacy knobs; honoured when the method allows."""
     low_memory: _builtins.bool
@@ -1064,11 +1070,39 @@ class SyncWeightsResult(_message.Message):
     NUM_TENSORS_FIELD_NUMBER: _builtins.int
     NUM_BYTES_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    NUM_BUCKETS_FIELD_NUMBER: _builtins.int
+    BUCKET_BYTES_FIELD_NUMBER: _builtins.int
+    SETUP_SECONDS_FIELD_NUMBER: _builtins.int
+    SOURCE_PEAK_BYTES_FIELD_NUMBER: _builtins.int
+    TARGET_PEAK_BYTES_FIELD_NUMBER: _builtins.int
     weight_version: _builtins.int
     method: _builtins.str
+    """The method that ran: "collective", "shm", "safetensors" or "cuda_ipc" ("nccl" runs as
+    "collective" with `backend` "nccl").
+    """
     num_tensors: _builtins.int
     num_bytes: _builtins.int
+    """Bytes the trainer sent (the adapter's only, for a LoRA job whose samplers load adapters)."""
     seconds: _builtins.float
+    """Wall time of the whole sync, as the server saw it (set-up included)."""
+    backend: _builtins.str
+    """"collective": the process group's backend, "gloo" or "nccl"; "" for the other methods."""
+    num_buckets: _builtins.int
+    """Buckets the weights went in ("collective": whole layers packed up to the server's bucket
+    size; the other methods move one file or blob: 1).
+    """
+    bucket_bytes: _builtins.int
+    """Bytes of the largest bucket: what each side held beyond its model while moving them."""
+    setup_seconds: _builtins.float
+    """Part of `seconds` spent building the weight group ("collective": 0 when the job's group was
+    kept from an earlier sync; it is rebuilt when the targets change or a sync failed).
+    """
+    source_peak_bytes: _builtins.int
+    """Extra device memory the sync took at its peak on the trainer, and the most on one target
+    (CUDA allocator); 0 when not measured (CPU workers, whose host memory the benchmark reads).
+    """
+    target_peak_bytes: _builtins.int
     def __init__(
         self,
         *,
@@ -1077,10 +1111,16 @@ class SyncWeightsResult(_message.Message):
         num_tensors: _builtins.int = ...,
         num_bytes: _builtins.int = ...,
         seconds: _builtins.float = ...,
+        backend: _builtins.str = ...,
+        num_buckets: _builtins.int = ...,
+        bucket_bytes: _builtins.int = ...,
+        setup_seconds: _builtins.float = ...,
+        source_peak_bytes: _builtins.int = ...,
+        target_peak_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "num_bytes", b"num_bytes", "num_tensors", b"num_tensors", "seconds", b"seconds", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "bucket_bytes", b"bucket_bytes", "method", b"method", "num_buckets", b"num_buckets", "num_bytes", b"num_bytes", "num_tensors", b"num_tensors", "seconds", b"seconds", "setup_seconds", b"setup_seconds", "source_peak_bytes", b"source_peak_bytes", "target_peak_bytes", b"target_peak_bytes", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
