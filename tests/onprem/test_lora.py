@@ -7,7 +7,8 @@ On the session's shared server (`onprem`), beside the full-weight `shared_job`:
   base model; after a sync the sampler's log-probs equal the trainer's (max |Δ| <= 1e-3 on >= 256
   sampled tokens, the full-weight proof's bound), `weight_version` follows adapter versions, the
   base model is still sampleable (`adapter: "base"`) and unchanged, and a second sync is a new
-  version (not the cached old one); the sync moves the adapter's bytes only;
+  version (not the cached old one, and sent over the job's weight group: `collective`); the
+  sync moves the adapter's bytes only;
 - a ZeRO-3 LoRA job on two ranks: the same parity after training and a sync.
 """
 
@@ -114,12 +115,14 @@ async def test_lora_sft_sync_parity_and_versions(http: Http, lora_z1: str, share
     assert base["weight_version"] == 0
     assert sampled(base)[0] == sampled(g0)[0]
     assert np.allclose(np.concatenate(sampled(base)[2]), np.concatenate(sampled(g0)[2]), atol=1e-4)
-    # a second version replaces the first (a reused vLLM adapter id would keep the old one)
+    # a second version replaces the first (a reused vLLM adapter id would keep the old one);
+    # it goes over the job's weight group: the adapter only, into a new adapter version
     await _sft(http, job, 2)
-    sync2 = await http.run(M.SYNC_WEIGHTS, job, {})
+    sync2 = await http.run(M.SYNC_WEIGHTS, job, {"method": "collective"})
     after2, g2 = await _parity(http, job)
-    print(f"second adapter version: max|Δ| {after2.max():.3g}")
+    print(f"second adapter version (collective): {sync2}; max|Δ| {after2.max():.3g}")
     assert sync2["weight_version"] == 2 == g2["weight_version"] and after2.max() <= 1e-3
+    assert sync2["method"] == "collective" and sync2["num_bytes"] == 4 * 32_768
 
 
 async def test_lora_refusals_on_a_live_job(http: Http, lora_z1: str, shared_job: str) -> None:

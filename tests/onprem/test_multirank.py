@@ -56,7 +56,15 @@ def trainer_job(n_gpus: int, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def mr_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    srv = start_server(tmp_path_factory.mktemp("multirank"), "--prewarm", "", name="multirank")
+    # 1 MiB weight-sync buckets: the tiny model's collective sync goes in several
+    srv = start_server(
+        tmp_path_factory.mktemp("multirank"),
+        "--prewarm",
+        "",
+        "--weight-sync-bucket-mib",
+        "1",
+        name="multirank",
+    )
     try:
         yield srv
     finally:
@@ -199,6 +207,36 @@ async def test_two_ranks_micro_batched_and_two_calls(mr_http: Http, mr_server: S
     finally:
         for job in (w1, *w2.values()):
             await mr_http.control(M.CANCEL_JOB, job_id=job)
+
+
+async def test_zero3_two_ranks_collective_sync(mr_http: Http, mr_server: ServerInfo) -> None:
+    """A ZeRO-3 trainer on two ranks broadcasts its weights in 1 MiB buckets, each gathered for
+    its bucket only (rank 1 joins every gather: `join_send`); the sampler then equals it."""
+    from .helpers import CHAT, TEXTS, pad, sampled, trainer_vs_sampler
+
+    body = trainer_job(2, zero_stage=3)
+    body["sub_job_configs"].append({"job_type": "sampling", "dtype": "float32"})
+    job = create_job(mr_server, body)
+    try:
+        await mr_http.run(M.FORWARD_BACKWARD, job, sft_body(ROWS))
+        await mr_http.run(M.STEP, job, {})
+        sync = await mr_http.run(M.SYNC_WEIGHTS, job, {"method": "collective"})
+        prompts = [CHAT.format(t) for t in TEXTS]
+        params = {"n": 4, "max_tokens": 16, "ignore_eos": True, "logprobs": 0, "seed": 3}
+        gen = await mr_http.run(M.GENERATE, job, {"prompts": prompts, "sampling_params": params})
+        rows, plens, lps = sampled(gen)
+        ids, mask = pad(rows, left=True)
+        fwd = await mr_http.run(
+            M.FORWARD, job, {"kwargs": {"input_ids": ids, "attention_mask": mask}}
+        )
+        d = trainer_vs_sampler(fwd["outputs"]["logprobs_shifted"], rows, plens, lps, left=True)
+        print(f"\nZeRO-3 x2 collective sync: {sync}; sampler vs trainer max|d| {d.max():.3g}")
+        assert sync["method"] == "collective" and sync["num_buckets"] > 1
+        assert sync["bucket_bytes"] <= 1 << 20
+        assert gen["weight_version"] == sync["weight_version"] == 1
+        assert d.size >= 128 and d.max() <= 1e-4
+    finally:
+        await mr_http.control(M.CANCEL_JOB, job_id=job)
 
 
 async def test_sdk_round_trip_on_two_ranks(mr_server: ServerInfo) -> None:
