@@ -7,8 +7,13 @@ built here: an HF directory that ``transformers`` (``AutoConfig``/``AutoTokenize
 Configurations (``CONFIGS``, by name): ``tiny`` is the default model (2 layers, hidden 128, a
 random model whose logits are far from uniform, so log-prob checks have signal); ``tiny-4l`` is
 the main job's trainable model (4 layers, hidden 128, initialised as Hugging Face initialises
-Qwen2 but with N(0, 0.08) weights, zero biases). Both share the tokenizer of
-:mod:`~arctic_servers.engines.tiny_tokenizer`.
+Qwen2 but with N(0, 0.08) weights, zero biases); ``qwen2.5-0.5b-shape`` has Qwen2.5-0.5B's shape
+(24 layers, hidden 896, 14 heads, 2 key-value heads, MLP 4864, vocabulary 151,936, tied
+embeddings, rope theta 1e6, 32k positions: 494 M parameters, 1.98 GB in fp32) with HF-initialised
+random weights: the real-size model of the benchmarks (bench/weight_sync.py,
+bench/real_size.py), not of the test suite. All share the tokenizer of
+:mod:`~arctic_servers.engines.tiny_tokenizer` (padded with never-produced tokens up to a larger
+model's vocabulary, so every id the model can sample decodes).
 
 Determinism: every file is written from explicit Python data (``json.dumps`` of dicts built here,
 weights from a seeded ``numpy`` PCG64 stream, ``safetensors`` with fixed metadata), not through
@@ -16,7 +21,9 @@ weights from a seeded ``numpy`` PCG64 stream, ``safetensors`` with fixed metadat
 version give byte-identical files on any machine.
 
 Cache: the directory holds ``MARKER_NAME`` with the build spec and the sha256 of every file;
-:func:`build_tiny_model` returns at once when the spec matches and every hash verifies.
+:func:`build_tiny_model` returns at once when the spec matches and every hash verifies. A model
+above ``STREAM_ABOVE`` parameters has its weights written tensor by tensor (a safetensors file
+of this module's own layout), never whole in memory.
 
 Needs ``numpy``, ``safetensors`` and ``tokenizers`` (no torch, no transformers).
 
@@ -36,6 +43,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +87,14 @@ class TinyConfig:
     intermediate_size: int = 256
     init: str = "sharp"
     init_std: float = 0.02  # "normal" only
+    vocab_size: int = VOCAB_SIZE  # above the tokenizer's: padded with never-produced tokens
+    tie_word_embeddings: bool = TIE_WORD_EMBEDDINGS
+    rope_theta: float = ROPE_THETA
+    max_positions: int = MAX_POSITIONS
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(shape) for _, shape, _ in _param_specs(self))
 
 
 DEFAULT_CONFIG = "tiny"
@@ -88,7 +104,24 @@ CONFIGS: dict[str, TinyConfig] = {
     # addition sat on a plateau for 600+ steps in most seeds; at 0.08 it left it within ~200
     # 2 key-value heads (no GQA): with one shared key-value head, learning addition was slower
     "tiny-4l": TinyConfig("tiny-4l", num_layers=4, num_kv_heads=2, init="normal", init_std=0.08),
+    # Qwen2.5-0.5B's config.json (hidden, layers, heads, MLP, vocabulary, tying, rope, positions)
+    "qwen2.5-0.5b-shape": TinyConfig(
+        "qwen2.5-0.5b-shape",
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        init="normal",
+        init_std=0.02,
+        vocab_size=151_936,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        max_positions=32_768,
+    ),
 }
+STREAM_ABOVE = 50_000_000  # parameters: a larger model's weights are written tensor by tensor
 
 
 def get_config(name: str) -> TinyConfig:
@@ -127,20 +160,20 @@ def _config_files(c: TinyConfig) -> dict[str, bytes]:
         "head_dim": c.head_dim,
         "initializer_range": c.init_std,
         "intermediate_size": c.intermediate_size,
-        "max_position_embeddings": MAX_POSITIONS,
+        "max_position_embeddings": c.max_positions,
         "max_window_layers": c.num_layers,
         "num_attention_heads": c.num_heads,
         "num_hidden_layers": c.num_layers,
         "num_key_value_heads": c.num_kv_heads,
         "rms_norm_eps": RMS_NORM_EPS,
-        "rope_theta": ROPE_THETA,
+        "rope_theta": c.rope_theta,
         "rope_scaling": None,
         "sliding_window": None,
         "use_sliding_window": False,
-        "tie_word_embeddings": TIE_WORD_EMBEDDINGS,
+        "tie_word_embeddings": c.tie_word_embeddings,
         "torch_dtype": "float32",
         "use_cache": True,
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": c.vocab_size,
     }
     generation_config = {
         "bos_token_id": pad,
@@ -160,7 +193,7 @@ def _param_specs(c: TinyConfig) -> list[tuple[str, tuple[int, ...], str]]:
     q_out = c.num_heads * c.head_dim
     kv_out = c.num_kv_heads * c.head_dim
     specs: list[tuple[str, tuple[int, ...], str]] = [
-        ("model.embed_tokens.weight", (VOCAB_SIZE, h), "embed"),
+        ("model.embed_tokens.weight", (c.vocab_size, h), "embed"),
     ]
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
@@ -179,8 +212,8 @@ def _param_specs(c: TinyConfig) -> list[tuple[str, tuple[int, ...], str]]:
             (p + "mlp.down_proj.weight", (h, ff), "linear"),
         ]
     specs.append(("model.norm.weight", (h,), "norm"))
-    if not TIE_WORD_EMBEDDINGS:
-        specs.append(("lm_head.weight", (VOCAB_SIZE, h), "head"))
+    if not c.tie_word_embeddings:
+        specs.append(("lm_head.weight", (c.vocab_size, h), "head"))
     return specs
 
 
@@ -198,21 +231,41 @@ def _scale(kind: str, shape: tuple[int, ...], c: TinyConfig) -> float:
     return 1.0 / math.sqrt(shape[1])  # linear: 1/sqrt(fan_in)
 
 
-def _weights_file(c: TinyConfig, seed: int) -> bytes:
+def _tensors(c: TinyConfig, seed: int) -> Iterator[tuple[str, Any]]:
+    """(name, fp32 array) of every weight, drawn in order from one seeded stream."""
     import numpy as np
-    from safetensors.numpy import save
 
     rng = np.random.Generator(np.random.PCG64(seed))
-    tensors: dict[str, Any] = {}
     for name, shape, kind in _param_specs(c):
         if kind == "norm":
             arr = np.ones(shape, dtype=np.float32)
         else:
             # every tensor draws from the stream, so each keeps its values whatever the scale
-            z = rng.standard_normal(shape, dtype=np.float32)
-            arr = z * np.float32(_scale(kind, shape, c))
-        tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
-    return save(tensors, metadata={"format": "pt"})
+            arr = rng.standard_normal(shape, dtype=np.float32)
+            arr *= np.float32(_scale(kind, shape, c))
+        yield name, arr
+
+
+def _weights_file(c: TinyConfig, seed: int) -> bytes:
+    from safetensors.numpy import save
+
+    return save(dict(_tensors(c, seed)), metadata={"format": "pt"})
+
+
+def _write_weights_streaming(c: TinyConfig, seed: int, path: Path) -> None:
+    """A safetensors file written tensor by tensor (its header first: offsets in spec order)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for name, shape, _ in _param_specs(c):
+        n = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with path.open("wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for _, arr in _tensors(c, seed):
+            f.write(memoryview(arr).cast("B"))
 
 
 # --- build / cache ------------------------------------------------------------------------------
@@ -233,12 +286,14 @@ def _spec(c: TinyConfig, seed: int) -> dict[str, Any]:
         "num_kv_heads": c.num_kv_heads,
         "head_dim": c.head_dim,
         "intermediate_size": c.intermediate_size,
-        "vocab_size": VOCAB_SIZE,
-        "max_position_embeddings": MAX_POSITIONS,
-        "tie_word_embeddings": TIE_WORD_EMBEDDINGS,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_positions,
+        "tie_word_embeddings": c.tie_word_embeddings,
     }
     if c.name != DEFAULT_CONFIG:  # the default's spec (and its caches' markers) stay as they were
         spec.update(config=c.name, init=c.init, init_std=c.init_std)
+    if c.rope_theta != ROPE_THETA:
+        spec["rope_theta"] = c.rope_theta
     return spec
 
 
@@ -246,8 +301,17 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def build_files(*, seed: int = 0, config: str = DEFAULT_CONFIG) -> dict[str, bytes]:
-    """Every file of the checkpoint, name -> bytes (no marker)."""
+    """Every file of the checkpoint, name -> bytes (no marker); a model above `STREAM_ABOVE`
+    parameters without its weights (`build_tiny_model` streams them to disk)."""
     c = get_config(config)
     if c.init not in INITS:
         raise ValueError(f"config {c.name!r}: init {c.init!r} is not one of {INITS}")
@@ -262,8 +326,9 @@ def build_files(*, seed: int = 0, config: str = DEFAULT_CONFIG) -> dict[str, byt
         raise ValueError(f"config {c.name!r}: num_heads must be a multiple of num_kv_heads")
     files: dict[str, bytes] = {}
     files.update(_config_files(c))
-    files.update(tokenizer_files(MAX_POSITIONS))
-    files["model.safetensors"] = _weights_file(c, seed)
+    files.update(tokenizer_files(c.max_positions, c.vocab_size))
+    if c.num_params <= STREAM_ABOVE:
+        files["model.safetensors"] = _weights_file(c, seed)
     return dict(sorted(files.items()))
 
 
@@ -289,7 +354,7 @@ def check_tiny_model(out_dir: Path, *, seed: int = 0, config: str = DEFAULT_CONF
         return False
     for name, digest in files.items():
         try:
-            if _sha256((Path(out_dir) / name).read_bytes()) != digest:
+            if _file_sha256(Path(out_dir) / name) != digest:
                 return False
         except OSError:
             return False
@@ -309,16 +374,21 @@ def build_tiny_model(
     out_dir = Path(out_dir)
     if not force and check_tiny_model(out_dir, seed=seed, config=config):
         return out_dir
+    c = get_config(config)
     files = build_files(seed=seed, config=config)
     hashes = {name: _sha256(data) for name, data in files.items()}
-    spec = _spec(get_config(config), seed)
-    meta = {"spec": spec, "files": hashes, "content_hash": content_hash(hashes)}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it 0700
         for name, data in files.items():
             (tmp / name).write_bytes(data)
+        if "model.safetensors" not in files:  # a large model: its weights streamed to disk
+            _write_weights_streaming(c, seed, tmp / "model.safetensors")
+            hashes["model.safetensors"] = _file_sha256(tmp / "model.safetensors")
+            hashes = dict(sorted(hashes.items()))
+        spec = _spec(c, seed)
+        meta = {"spec": spec, "files": hashes, "content_hash": content_hash(hashes)}
         (tmp / MARKER_NAME).write_bytes(_dumps(meta))
         if out_dir.exists():
             # another builder may have won the race

@@ -10,6 +10,7 @@ tokens: the Qwen2 pre-tokenizer splits numbers into digits).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from itertools import pairwise
@@ -173,9 +174,30 @@ def _learn_merges(corpus: str, num_tokens: int) -> tuple[dict[str, int], list[tu
     return vocab, merges
 
 
-def tokenizer_files(model_max_length: int) -> dict[str, bytes]:
-    """Every tokenizer file of the checkpoint, name -> bytes."""
+def _padding(vocab: dict[str, int], vocab_size: int) -> dict[str, int]:
+    """Tokens for the ids from `VOCAB_SIZE` up to `vocab_size` (a larger model's vocabulary):
+    two- then three-symbol byte-level strings not in `vocab`. No merge makes them, so encoding
+    never produces one; each decodes to its bytes, so any id a model samples has a token."""
+    syms = sorted(_bytes_to_unicode().values())
+    out: dict[str, int] = {}
+    nxt = VOCAB_SIZE
+    for width in (2, 3):
+        for combo in itertools.product(syms, repeat=width):
+            if nxt >= vocab_size:
+                return out
+            tok = "".join(combo)
+            if tok not in vocab:
+                out[tok] = nxt
+                nxt += 1
+    raise ValueError(f"vocab_size {vocab_size} is too large to pad")
+
+
+def tokenizer_files(model_max_length: int, vocab_size: int = VOCAB_SIZE) -> dict[str, bytes]:
+    """Every tokenizer file of the checkpoint, name -> bytes (`vocab_size` above `VOCAB_SIZE`:
+    padded with tokens no text encodes to, `_padding`)."""
     vocab, merges = _learn_merges(_CORPUS, NUM_BPE_TOKENS)
+    if vocab_size > VOCAB_SIZE:
+        vocab = {**vocab, **_padding(vocab, vocab_size)}
     specials = {tok: NUM_BPE_TOKENS + i for i, tok in enumerate(SPECIAL_TOKENS)}
     added_tokens = [
         {

@@ -181,6 +181,9 @@ def ranks_of(sub: SubJob, spec: dict[str, Any]) -> int:
     return world_size(spec.get("engine_spec") or {})
 
 
+UNREACHABLE_S = 60.0  # an actor Ray calls unavailable this long is gone
+
+
 def node_alive(node_id: str) -> bool | None:
     """Whether the Ray node `node_id` is alive (None: not known to the cluster)."""
     for n in ray.nodes():  # type: ignore[no-untyped-call]
@@ -277,7 +280,11 @@ class RayPlacement:
             self._watch = asyncio.get_running_loop().create_task(self._watch_loop())
 
     async def _watch_loop(self) -> None:
-        """Ping every placed actor: the answer feeds `gone` (which must not block)."""
+        """Ping every placed actor: the answer feeds `gone` (which must not block). An actor
+        Ray calls unavailable (its node not answering, not yet declared dead: Ray's health
+        checks take ~15 s here) is given `UNREACHABLE_S` before it counts as gone, so that the
+        reason can name a lost node once Ray has declared it dead."""
+        unreachable: dict[str, float] = {}
         while True:
             await asyncio.sleep(1.0)
             for sid in list(self._alive):
@@ -285,10 +292,15 @@ class RayPlacement:
                     actor = ray.get_actor(f"arctic-worker:{sid}", namespace=self.namespace)
                     ok: bool = await asyncio.wait_for(actor.ping.remote(), 10)
                     self._alive[sid] = None if ok else "its worker host on the Ray node exited"
+                    unreachable.pop(sid, None)
+                except ray.exceptions.ActorUnavailableError as exc:
+                    since = unreachable.setdefault(sid, time.monotonic())
+                    if time.monotonic() - since > UNREACHABLE_S:
+                        self._alive[sid] = self._why_gone(sid, exc, UNREACHABLE_S)
                 except (ValueError, TimeoutError, ray.exceptions.RayError) as exc:
                     self._alive[sid] = self._why_gone(sid, exc)
 
-    def _why_gone(self, sid: str, exc: BaseException) -> str:
+    def _why_gone(self, sid: str, exc: BaseException, waited: float = 0.0) -> str:
         """Why an actor stopped answering: its node was lost, or the actor itself."""
         node = self._nodes.get(sid, "")
         alive = None
@@ -297,6 +309,8 @@ class RayPlacement:
                 alive = node_alive(node)
         if alive is False:
             return f"its Ray node {node[:12]} was lost (the actor went with it)"
+        if waited:
+            return f"its Ray actor has been unreachable for {waited:.0f} s"
         return f"its Ray actor is gone ({type(exc).__name__})"
 
     def gone(self, sub: SubJob) -> str | None:

@@ -125,6 +125,7 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
                 "backend": s.worker.get("backend"),
                 "pid": s.worker.get("pid"),
                 "address": s.worker.get("address"),
+                "node_id": s.worker.get("node_id"),  # the Ray node (Ray placement only)
                 "log": s.worker.get("log"),
                 "info": s.worker.get("info"),
             }
