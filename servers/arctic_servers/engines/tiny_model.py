@@ -253,19 +253,11 @@ def _weights_file(c: TinyConfig, seed: int) -> bytes:
 
 
 def _write_weights_streaming(c: TinyConfig, seed: int, path: Path) -> None:
-    """A safetensors file written tensor by tensor (its header first: offsets in spec order)."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for name, shape, _ in _param_specs(c):
-        n = 4 * math.prod(shape)
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    with path.open("wb") as f:
-        f.write(len(head).to_bytes(8, "little") + head)
-        for _, arr in _tensors(c, seed):
-            f.write(memoryview(arr).cast("B"))
+    """A safetensors file written tensor by tensor (`safetensors_stream`: the header first)."""
+    from .safetensors_stream import write
+
+    specs = [(name, "float32", shape) for name, shape, _ in _param_specs(c)]
+    write(path, specs, (arr for _, arr in _tensors(c, seed)))
 
 
 # --- build / cache ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ or the engine's dtype).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -32,15 +33,20 @@ class ArcticWorkerExtension:
     # -- weight loading --------------------------------------------------------------------------
 
     def arctic_reload_weights_from_file(self, path: str) -> dict[str, Any]:
-        """Reload every weight from one safetensors file (e.g. under /dev/shm); HF tensor names."""
-        from safetensors.torch import load_file
+        """Reload every weight from one safetensors file (e.g. under /dev/shm); HF tensor names.
+        The tensors are read as the reload takes them (never the whole file in memory)."""
+        from arctic_servers.engines.safetensors_stream import read_torch
 
         t0 = time.perf_counter()
-        tensors = load_file(path, device="cpu")
-        t1 = time.perf_counter()
-        self._arctic_reload(list(tensors.items()))
-        t2 = time.perf_counter()
-        return {"n": len(tensors), "read_s": t1 - t0, "load_s": t2 - t1}
+        n = [0]
+
+        def counted() -> Any:
+            for item in read_torch(path):
+                n[0] += 1
+                yield item
+
+        self._arctic_reload(counted())
+        return {"n": n[0], "load_s": time.perf_counter() - t0}
 
     def arctic_reload_weights_from_bytes(self, blob: bytes) -> dict[str, Any]:
         """Reload weights sent inline through ``collective_rpc`` as one safetensors blob.
@@ -71,7 +77,7 @@ class ArcticWorkerExtension:
         loaded = model.load_weights(weights=list(tensors.items()))
         return {"n": len(tensors), "loaded": len(loaded or ())}
 
-    def _arctic_reload(self, weights: list[tuple[str, Any]]) -> None:
+    def _arctic_reload(self, weights: Iterable[tuple[str, Any]]) -> None:
         runner = self.model_runner  # type: ignore[attr-defined]
         if hasattr(runner, "reload_weights"):
             # Worker.reload_weights sets the current vllm config; go through the worker when it can.

@@ -163,9 +163,9 @@ class ScoringEngine(GroupMember, _Forward):
     ENGINE_NAME = "HF"
 
     def refuse_gpu_method(self, method: str) -> None:
-        """A log-prob engine takes weights by file, bytes or the weight group (cuda_ipc: the
-        sampler's)."""
-        if method == "cuda_ipc":
+        """A log-prob engine takes weights by file, bytes or the weight group (the server sends
+        `nccl` as `collective`; cuda_ipc is the sampler's)."""
+        if method not in ("shm", "safetensors", "collective"):
             raise WorkerError(
                 "unsupported_option",
                 f"the {self.ENGINE_NAME} log-prob engine takes weights by shm, safetensors or "

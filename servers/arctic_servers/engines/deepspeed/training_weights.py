@@ -43,7 +43,9 @@ class TrainerWeights:
         return {n: p.detach().cpu().contiguous() for n, p in module.named_parameters()}
 
     def op_export_weights(self, path: str | None = None, method: str = "shm") -> dict[str, Any]:
-        from safetensors.torch import save, save_file
+        from safetensors.torch import save
+
+        from ..safetensors_stream import write_torch
 
         t = time.perf_counter()
         if method == "cuda_ipc":
@@ -60,9 +62,9 @@ class TrainerWeights:
             sd = self.state_dict()
         nbytes = sum(v.numel() * v.element_size() for v in sd.values())
         out.update(num_tensors=len(sd), num_bytes=nbytes)
-        if path:
+        if path:  # tensor by tensor: no second copy of the weights (safetensors_stream.py)
             tmp = path + ".tmp"
-            save_file(sd, tmp)
+            write_torch(Path(tmp), sd)
             os.replace(tmp, path)
             out["path"] = path
         else:
