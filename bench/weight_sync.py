@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Weight sync of a real-size model over every method this host runs, against the floor of the
-same bytes moved by a bare `torch.distributed.broadcast` between two processes, in one run.
+same bytes moved by a bare `torch.distributed.broadcast` between two processes, in one run; and
+the real-size model end to end on the on-prem server and the gateway (two Ray nodes): create,
+forward-backward, step, sync, generate, checkpoint save / load, cancel, full and LoRA, with each
+process's peak memory.
 
     python bench/weight_sync.py                      # qwen2.5-0.5b-shape (1.98 GB fp32), 3 reps
     python bench/weight_sync.py --reps 5 --json out/weight_sync.json
@@ -47,7 +50,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.scaleout import Server, gib, job_body, servers, uptime, write_json
+from common.scaleout import Server, gib, job_body, servers, timed, uptime, write_json
 
 ROWS = [
     [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114],
@@ -133,18 +136,27 @@ async def agreement(client: Any) -> tuple[float, int]:
 
 
 async def syncs(
-    srv: Server, model: str, methods: list[str], reps: int, lora: dict[str, Any] | None
+    srv: Server,
+    model: str,
+    methods: list[str],
+    reps: int,
+    lora: dict[str, Any] | None,
+    optimizer: str,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One job; per method a warm-up sync, then `reps` measured ones. Rows, and the job's
-    figures (agreement after a collective sync, process peaks)."""
+    """One job, end to end: create, forward-backward, step, then per method a warm-up sync and
+    `reps` measured ones, generate, a weights-only checkpoint saved and loaded back, cancel.
+    Rows, and the job's figures (each op's seconds, the agreement after a collective sync,
+    each process's peak resident memory over the job)."""
     rows: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
+    ops: dict[str, float] = {}
+    body = job_body(model, lora=lora, optimizer=optimizer)
     async with srv.client() as client:
-        await client.create_job(job_body(model, lora=lora))
-        await client.wait_until_running(timeout=3600)
+        _, ops["create_job"] = await timed(client.create_job(body))
+        _, ops["wait_running"] = await timed(client.wait_until_running(timeout=3600))
         srv.track(str(client.job_id))
-        await client.forward_backward(train_body())
-        await client.step()
+        _, ops["forward_backward"] = await timed(client.forward_backward(train_body()))
+        _, ops["step"] = await timed(client.step())
         for method in methods:
             first = dict(await client.sync_weights(method=method))
             runs = []
@@ -168,11 +180,15 @@ async def syncs(
                 "all_seconds": [r["seconds"] for r in runs],
             })  # fmt: skip
             if method == "collective":
-                d, n = await agreement(client)
+                (d, n), ops["generate_and_forward"] = await timed(agreement(client))
                 extra[f"max_abs_delta_{method}"] = d
                 extra["tokens_compared"] = n
+        ck = {"checkpoint_id": "bench", "checkpoint_type": "weights-only"}
+        _, ops["save_checkpoint"] = await timed(client.save_checkpoint(**ck))
+        _, ops["load_checkpoint"] = await timed(client.load_checkpoint(checkpoint_id="bench"))
         extra["process_peaks"] = srv.peaks()
-        await client.cancel_job()
+        _, ops["cancel_job"] = await timed(client.cancel_job())
+    extra["op_seconds"] = ops
     return rows, extra
 
 
@@ -208,9 +224,9 @@ def targets(
         p = r["extra_peak"]
         out.append(f"{r['kind']} {r['where']}: collective {ratio:.2f}x the floor (target <= 1.5): "
                    f"{'met' if ratio <= 1.5 else 'MISSED'}")  # fmt: skip
-        for side in ("training", "sampling"):
+        for side in ("training", "sampling") if r["kind"] == "full" else ():
             got = p.get(side, 0)
-            ok = got <= max(b, 1) * 1.1
+            ok = got <= b * 1.1 + (8 << 20)  # allocator noise: 8 MiB
             out.append(f"{r['kind']} {r['where']}: {side} extra peak {got / 2**20:.0f} MiB vs "
                        f"one bucket {b / 2**20:.0f} MiB: {'met' if ok else 'MISSED'}")  # fmt: skip
         srv, mib = p.get("server", 0), r["num_bytes"] / 2**20
@@ -238,13 +254,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         if "onprem" in phases:
             with servers("onprem", tmp / f"onprem-{kind}", extra=bucket) as srv:
-                r, e = await syncs(srv, model, ["shm", "safetensors", "collective"], reps, lo)
+                methods = ["collective", "shm", "safetensors"]
+                r, e = await syncs(srv, model, methods, reps, lo, args.optimizer)
             rows += r
             extra.update({f"onprem {kind} {k}": v for k, v in e.items()})
             print("\n".join(table(r, {})), flush=True)
         if "nodes" in phases:
             with servers("gateway", tmp / f"gw-{kind}", two_nodes=True, extra=bucket) as srv:
-                r, e = await syncs(srv, model, ["collective", "safetensors"], reps, lo)
+                r, e = await syncs(
+                    srv, model, ["collective", "safetensors"], reps, lo, args.optimizer
+                )
             rows += r
             extra.update({f"2 nodes {kind} {k}": v for k, v in e.items()})
             print("\n".join(table(r, {})), flush=True)
@@ -262,6 +281,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for k, v in extra.items():
         if k.endswith("process_peaks"):
             print(f"{k}: " + ", ".join(f"{p} {gib(b)} GiB" for p, b in v.items()))
+        if k.endswith("op_seconds"):
+            print(f"{k}: " + ", ".join(f"{op} {s:.1f}" for op, s in v.items()))
     return {"model": model, "reps": reps, "bucket_mib": args.bucket_mib, "load": uptime(),
             "rows": rows, "floors": floors, "extra": extra, "table": lines,
             "targets": tlines}  # fmt: skip
@@ -273,6 +294,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bucket-mib", type=int, default=256)
     ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=("sgd", "adamw"),
+        help="the trainer's (AdamW: 8 bytes a parameter more, 4 GB for 0.5B)",
+    )
     ap.add_argument(
         "--phases",
         default="onprem,nodes,lora,floor",
