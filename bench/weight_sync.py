@@ -254,7 +254,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         if "onprem" in phases:
             with servers("onprem", tmp / f"onprem-{kind}", extra=bucket) as srv:
-                methods = ["collective", "shm", "safetensors"]
+                methods = args.onprem_methods.split(",")
                 r, e = await syncs(srv, model, methods, reps, lo, args.optimizer)
             rows += r
             extra.update({f"onprem {kind} {k}": v for k, v in e.items()})
@@ -304,6 +304,11 @@ def main() -> int:
         "--phases",
         default="onprem,nodes,lora,floor",
         help="any of onprem, nodes (the gateway on two Ray nodes), lora, floor",
+    )
+    ap.add_argument(
+        "--onprem-methods",
+        default="collective,shm,safetensors",
+        help="the on-prem rows (a one-GPU host: cuda_ipc,safetensors)",
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="the tiny model, one rep (CI)")

@@ -116,25 +116,36 @@ def _argv(kind: str, tmp: Path, threads: int, extra: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def servers(
-    kind: str, tmp: Path, *, threads: int = 1, two_nodes: bool = False, extra: list[str] = ()
+    kind: str,
+    tmp: Path,
+    *,
+    threads: int = 1,
+    two_nodes: bool = False,
+    ray_gpus: int = 0,
+    extra: list[str] = (),
 ) -> Iterator[Server]:
     """An on-prem server, or a gateway; `two_nodes`: the gateway over a local Ray cluster of
-    two nodes, the trainer on one and the samplers on the other (`--ray-resources`)."""
+    two nodes, the trainer on one and the samplers on the other (`--ray-resources`);
+    `ray_gpus`: over a one-node cluster with that many GPUs (each actor gets its own)."""
     tmp.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         args = list(extra)
-        if kind == "gateway" and two_nodes:
+        if kind == "gateway" and (two_nodes or ray_gpus):
             from arctic_servers.gateway.ray_local import local_ray_cluster
 
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             os.environ["ARCTIC_GATEWAY_RAY_BIND"] = "127.0.0.1"
-            nodes = [
-                {"num_cpus": 2, "resources": {"trainer_node": 2}},
-                {"num_cpus": 2, "resources": {"sampler_node": 2}},
-            ]
+            if two_nodes:
+                nodes = [
+                    {"num_cpus": 2, "resources": {"trainer_node": 2}},
+                    {"num_cpus": 2, "resources": {"sampler_node": 2}},
+                ]
+                args += ["--ray-resources", "training=trainer_node:1",
+                         "--ray-resources", "sampling=sampler_node:1"]  # fmt: skip
+            else:
+                nodes = [{"num_cpus": 4, "num_gpus": ray_gpus}]
             address, _ = stack.enter_context(local_ray_cluster(nodes))
-            args += ["--ray-address", address, "--ray-resources", "training=trainer_node:1",
-                     "--ray-resources", "sampling=sampler_node:1"]  # fmt: skip
+            args += ["--ray-address", address]
         proc, info = _start(_argv(kind, tmp, threads, args), tmp, kind, new_mark())
         try:
             yield Server(kind, info, proc, tmp, 2 if two_nodes else 1)

@@ -25,7 +25,8 @@ FAKE_NODES = Placement(cuda=False, same_host=False, shm=True, collective=False)
 def test_auto_picks_by_where_the_workers_are() -> None:
     assert pick_method(None, CPU_HOST) == cs.AUTO_SAME_HOST["cpu"]
     assert pick_method("auto", Placement(cuda=False, same_host=True, shm=False)) == "collective"
-    assert pick_method("auto", GPU_HOST) == "collective"
+    assert pick_method("auto", GPU_HOST) == "cuda_ipc"  # one GPU shared: no NCCL group on it
+    assert pick_method("auto", Placement(True, True, True, shared_gpu=False)) == "collective"
     assert pick_method("auto", GPU_HOST, cuda_ipc=True) == "cuda_ipc"  # the legacy knob
     assert pick_method("auto", CPU_NODES) == "collective"
     assert pick_method("auto", Placement(cuda=True, same_host=False, shm=True)) == "collective"
@@ -48,7 +49,10 @@ def test_methods_that_cannot_run_are_refused_by_name() -> None:
         pick_method("collective", FAKE_NODES)
     with pytest.raises(ValueError, match="not one of"):
         pick_method("pigeon", CPU_HOST)
-    assert pick_method("NCCL", GPU_HOST) == "nccl"
+    with pytest.raises(ValueError, match="one device per rank"):
+        pick_method("nccl", GPU_HOST)
+    assert pick_method("NCCL", Placement(True, True, True, shared_gpu=False)) == "nccl"
+    assert pick_method("nccl", Placement(cuda=True, same_host=False, shm=True)) == "nccl"
     assert pick_method("safetensors", CPU_NODES) == "safetensors"
 
 

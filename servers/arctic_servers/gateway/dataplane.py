@@ -121,6 +121,7 @@ class DataPlane(forwarding.WorkerForwarding, GatewayBase):
             same_host=same,
             shm=Path("/dev/shm").is_dir(),
             collective=self.profile.collective_sync,
+            shared_gpu=local,  # Ray gives each actor GPUs of its own
         )
 
     def sync_method(self, job: Job, body: Mapping[str, Any], path: str = "") -> str:

@@ -116,9 +116,10 @@ def local_ray_cluster(
     nodes: list[dict[str, Any]], start_timeout: float = 120.0
 ) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     """A head and worker nodes on this machine (`ray start --head`, then `ray start --address`),
-    each `{"num_cpus": N, "resources": {...}}` (the first is the head), each in a session of
-    its own; yields the address and the node processes (`kill_node` loses one); stops them all
-    and checks that none of their processes is left (AssertionError naming them otherwise)."""
+    each `{"num_cpus": N, "num_gpus": G, "resources": {...}}` (the first is the head), each in
+    a session of its own; yields the address and the node processes (`kill_node` loses one);
+    stops them all and checks that none of their processes is left (AssertionError naming
+    them otherwise)."""
     tmp = tempfile.mkdtemp(prefix="arcray")  # short: Ray's socket paths must stay < 108 bytes
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -126,7 +127,8 @@ def local_ray_cluster(
     try:
         for i, spec in enumerate(nodes):
             argv = [*py, "--node-ip-address", "127.0.0.1", "--num-cpus", str(spec["num_cpus"]),
-                    "--num-gpus", "0", "--disable-usage-stats", *_ports(i)]  # fmt: skip
+                    "--num-gpus", str(spec.get("num_gpus", 0)), "--disable-usage-stats",
+                    *_ports(i)]  # fmt: skip
             if spec.get("resources"):
                 argv += ["--resources", json.dumps(spec["resources"])]
             if i == 0:

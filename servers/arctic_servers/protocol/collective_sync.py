@@ -14,7 +14,10 @@ Methods (`SyncWeightsRequest.method`; PROTOCOL.md §3.4):
 - `cuda_ipc`: CUDA IPC handles of the trainer's weights (one GPU host; `weight_sync.py`).
 
 `auto` picks, for workers on one host, the one measured fastest there (`AUTO_SAME_HOST`:
-bench/weight_sync.py), and `collective` for workers on several hosts.
+bench/weight_sync.py), and `collective` for workers on several hosts. Workers that share one GPU
+(the on-prem server's, and a gateway's local ones: nothing assigns them devices) cannot form an
+NCCL group — NCCL refuses two ranks on one device — so there `auto` is `cuda_ipc`; a gateway over
+Ray gives each actor its own GPUs, so its workers on one node sync over the group.
 
 `CollectiveSync` is one job's weight group as a server sees it: it is built at the job's first
 collective sync (the trainer binds a rendezvous on its node, then every member joins) and kept
@@ -40,9 +43,9 @@ from .errors import ProtocolError
 SYNC_METHODS = ("auto", "collective", "nccl", "shm", "safetensors", "cuda_ipc")
 GROUP_METHODS = ("collective", "nccl")
 # `auto` for workers on one host, by host kind: what bench/weight_sync.py measured faster there
-# (CPU: README "Weight sync", run on the 2-core machine; GPU: not measured yet, the bucketed
-# NCCL broadcast that also serves other hosts)
-AUTO_SAME_HOST = {"cpu": "shm", "cuda": "collective"}
+# (CPU: bench/README "weight_sync.py", the 2-core machine; GPU: not measured yet — workers on
+# their own GPUs take the bucketed NCCL broadcast, workers sharing one GPU CUDA IPC)
+AUTO_SAME_HOST = {"cpu": "shm", "cuda": "collective", "shared_gpu": "cuda_ipc"}
 
 DEFAULT_BUCKET_BYTES = 256 << 20
 JOIN_TIMEOUT_S = 120.0  # every member joins the group within this
@@ -94,6 +97,7 @@ class Placement:
     same_host: bool  # the trainer and every target on one host
     shm: bool  # /dev/shm exists (on that host)
     collective: bool = True  # the workers' engines take the collective path (not the fake's)
+    shared_gpu: bool = True  # on CUDA: the workers share one device (nothing assigned theirs)
 
 
 def pick_method(requested: str | None, where: Placement, *, cuda_ipc: bool | None = None) -> str:
@@ -103,7 +107,8 @@ def pick_method(requested: str | None, where: Placement, *, cuda_ipc: bool | Non
         if cuda_ipc and where.cuda and where.same_host:
             return "cuda_ipc"
         if where.same_host:
-            m = AUTO_SAME_HOST["cuda" if where.cuda else "cpu"]
+            kind = "cpu" if not where.cuda else "shared_gpu" if where.shared_gpu else "cuda"
+            m = AUTO_SAME_HOST[kind]
             if m == "shm" and not where.shm:
                 m = "collective"
         else:
@@ -120,6 +125,11 @@ def pick_method(requested: str | None, where: Placement, *, cuda_ipc: bool | Non
         )
     if m in GROUP_METHODS and not where.collective:
         raise ValueError(f"method {m!r}: these workers do not take weights over a process group")
+    if m == "nccl" and where.same_host and where.shared_gpu:
+        raise ValueError(
+            "method 'nccl': the trainer and its targets share one GPU here, and NCCL takes one "
+            "device per rank (use cuda_ipc)"
+        )
     if m in ("shm", "cuda_ipc") and not where.same_host:
         raise ValueError(
             f"method {m!r} needs the trainer and its targets on one host; they are not "
