@@ -9,8 +9,9 @@ vLLM's layerwise reload keeps a layer's loaded tensors until the layer is comple
 boundary inside a layer would keep the previous bucket alive.
 
 Memory: the sender packs into one reusable buffer of the largest bucket (a bucket of one tensor
-is sent from the tensor itself, no copy); the receiver allocates each bucket as it comes and
-drops it once loaded. Neither side ever holds a second copy of the model.
+is sent from the tensor itself, no copy); the receiver allocates each bucket as it comes, posts
+the next one's receive before it loads this one (the wire and the load overlap: two buckets at
+most) and drops it once loaded. Neither side ever holds a second copy of the model.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class SyncStats:
     bucket_bytes: int = 0  # the largest bucket
     seconds: float = 0.0
     wait_seconds: float = 0.0  # for the first collective: the other ranks reaching the sync
+    load_seconds: float = 0.0  # a receiver: loading what arrived (overlaps the next bucket)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -176,13 +178,26 @@ def receive(
     if on_header is not None:
         on_header(header)
     metas = [TensorMeta(n, tuple(s), d) for n, s, d in header["tensors"]]
-    st = SyncStats(len(metas), sum(m.nbytes for m in metas), len(header["buckets"]))
+    plan = [(int(s), int(e), int(n)) for s, e, n in header["buckets"]]
+    st = SyncStats(len(metas), sum(m.nbytes for m in metas), len(plan))
     st.wait_seconds = time.perf_counter() - t0
-    for s, e, n in header["buckets"]:
-        buf = torch.empty(int(n), dtype=torch.uint8, device=group.device)
-        group.broadcast(buf)
+
+    def post(i: int) -> tuple[torch.Tensor, Any]:
+        buf = torch.empty(plan[i][2], dtype=torch.uint8, device=group.device)
+        return buf, group.post(buf)
+
+    # the next bucket arrives while this one loads: at most two buckets held, and the wire
+    # never waits for the load (nor the load for the wire, when the load is the slower)
+    nxt = post(0) if plan else None
+    for i, (s, e, n) in enumerate(plan):
+        assert nxt is not None
+        buf, work = nxt
+        group.wait(work)
+        nxt = post(i + 1) if i + 1 < len(plan) else None
+        t1 = time.perf_counter()
         consume(list(unpack(buf, metas[s:e])))
-        st.bucket_bytes = max(st.bucket_bytes, int(n))
+        st.load_seconds += time.perf_counter() - t1
+        st.bucket_bytes = max(st.bucket_bytes, n)
         del buf
     st.seconds = time.perf_counter() - t0
     return st

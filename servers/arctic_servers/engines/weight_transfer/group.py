@@ -21,7 +21,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -160,26 +160,39 @@ class WeightGroup:
     def broadcast(self, tensor: torch.Tensor, timeout_s: float | None = None) -> None:
         """Rank 0's `tensor` into every rank's (in place); raises `GroupError` (and closes the
         group) when it fails or does not finish within the timeout."""
+        self.wait(self.post(tensor, timeout_s), timeout_s)
+
+    def post(self, tensor: torch.Tensor, timeout_s: float | None = None) -> Any:
+        """Start a broadcast into `tensor` (the caller `wait`s for it): a receiver posts the
+        next bucket before it loads the one it has, so the wire and the load overlap."""
         from torch.distributed.distributed_c10d import BroadcastOptions
 
         if self.pg is None:
             raise GroupError(f"weight group {self.group_id} is closed")
         opts = BroadcastOptions()
         opts.rootRank = 0
-        limit = self.timeout if timeout_s is None else dt.timedelta(seconds=timeout_s)
-        opts.timeout = limit
+        opts.timeout = self.timeout if timeout_s is None else dt.timedelta(seconds=timeout_s)
         try:
-            work = self.pg.broadcast([tensor], opts)
+            return self.pg.broadcast([tensor], opts)
+        except Exception as exc:
+            self._fail(exc)
+
+    def wait(self, work: Any, timeout_s: float | None = None) -> None:
+        limit = self.timeout if timeout_s is None else dt.timedelta(seconds=timeout_s)
+        try:
             if not work.wait(limit):
                 raise TimeoutError(f"not done within {limit.total_seconds():.0f} s")
             if self.backend == "nccl":
                 torch.cuda.current_stream().synchronize()
         except Exception as exc:
-            self.close()
-            raise GroupError(
-                f"weight group {self.group_id}: a broadcast failed on rank {self.rank} of "
-                f"{self.world_size} ({type(exc).__name__}: {exc})"
-            ) from None
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        self.close()
+        raise GroupError(
+            f"weight group {self.group_id}: a broadcast failed on rank {self.rank} of "
+            f"{self.world_size} ({type(exc).__name__}: {exc})"
+        ) from None
 
     def send_header(self, header: dict[str, Any], timeout_s: float | None = None) -> None:
         """Rank 0: a small JSON document to every rank (its length, then its bytes)."""
