@@ -15,7 +15,23 @@ import pytest
 
 from arctic_servers.gateway.ray_local import kill_node, local_ray_cluster, local_ray_head
 
-__all__ = ["kill_node", "local_ray_cluster", "local_ray_head", "require_ray"]
+__all__ = ["TWO_NODES", "kill_node", "local_ray_cluster", "local_ray_head", "require_ray",
+           "two_node_args"]  # fmt: skip
+
+# a trainer's node and a sampler's, each with its own custom resource
+TWO_NODES = [
+    {"num_cpus": 1, "resources": {"trainer_node": 1}},
+    {"num_cpus": 1, "resources": {"sampler_node": 1}},
+]
+
+
+def two_node_args(address: str) -> tuple[str, ...]:
+    """A gateway's arguments that put the trainer on the one node and the sampler on the other
+    (the local loopback binding: ARCTIC_GATEWAY_RAY_BIND, set by the caller)."""
+    return ("--ray-address", address, "--gpus", "2",
+            "--ray-resources", "training=trainer_node:1",
+            "--ray-resources", "sampling=sampler_node:1")  # fmt: skip
+
 
 RAY_MISSING = "ray is not installed: pip install -e '.[ray]' (the dev extra has it)"
 

@@ -20,7 +20,14 @@ import pytest
 from arctic_sdk.spec.tables import methods as M
 
 from .harness import SAMPLE, TRAIN, Client, Gateway, fb_body
-from .rayhead import kill_node, local_ray_cluster, local_ray_head, require_ray
+from .rayhead import (
+    TWO_NODES,
+    kill_node,
+    local_ray_cluster,
+    local_ray_head,
+    require_ray,
+    two_node_args,
+)
 from .test_jobs import admin, pids_gone_wait
 
 
@@ -85,15 +92,8 @@ def test_two_nodes_by_resources_and_a_lost_node_fails_its_job(
     require_ray()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setenv("ARCTIC_GATEWAY_RAY_BIND", "127.0.0.1")
-    nodes = [
-        {"num_cpus": 1, "resources": {"trainer_node": 1}},
-        {"num_cpus": 1, "resources": {"sampler_node": 1}},
-    ]
-    with local_ray_cluster(nodes) as (address, procs):
-        args = ("--ray-address", address, "--gpus", "2",
-                "--ray-resources", "training=trainer_node:1",
-                "--ray-resources", "sampling=sampler_node:1")  # fmt: skip
-        g = Gateway(tmp_path, args=args)
+    with local_ray_cluster(TWO_NODES) as (address, procs):
+        g = Gateway(tmp_path, args=two_node_args(address))
         try:
             g.start(timeout=120)
             c = Client(g.prefix_url)

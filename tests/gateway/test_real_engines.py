@@ -44,7 +44,7 @@ from conformance.runner import cli as conformance_cli
 from conformance.runner.model import load_cases
 
 from .harness import Client, Gateway
-from .rayhead import local_ray_cluster, require_ray
+from .rayhead import TWO_NODES, local_ray_cluster, require_ray, two_node_args
 from .test_jobs import admin, pids_gone_wait
 
 pytestmark = pytest.mark.slow
@@ -458,15 +458,8 @@ def test_a_real_engine_job_on_two_ray_nodes(
     require_ray()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setenv("ARCTIC_GATEWAY_RAY_BIND", "127.0.0.1")
-    nodes = [
-        {"num_cpus": 1, "resources": {"trainer_node": 1}},
-        {"num_cpus": 1, "resources": {"sampler_node": 1}},
-    ]
-    with local_ray_cluster(nodes) as (address, _):
-        args = (*_engine_args(), "--ray-address", address, "--gpus", "2",
-                "--ray-resources", "training=trainer_node:1",
-                "--ray-resources", "sampling=sampler_node:1")  # fmt: skip
-        g = Gateway(tmp_path, args=args)
+    with local_ray_cluster(TWO_NODES) as (address, _):
+        g = Gateway(tmp_path, args=(*_engine_args(), *two_node_args(address)))
         try:
             g.start(timeout=120)
             c = Client(g.prefix_url, timeout=300)
