@@ -310,6 +310,11 @@ def main() -> int:
         default="collective,shm,safetensors",
         help="the on-prem rows (a one-GPU host: cuda_ipc,safetensors)",
     )
+    ap.add_argument(
+        "--nodes-methods",
+        default="collective,safetensors",
+        help="the two-node rows (safetensors: the bytes through the gateway)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="the tiny model, one rep (CI)")
     ap.add_argument("--floor-rank", type=int, default=-1, help=argparse.SUPPRESS)

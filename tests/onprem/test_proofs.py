@@ -57,7 +57,7 @@ async def test_sync_weights_makes_sampler_and_trainer_agree(http: Http, shared_j
         ), gen["weight_version"]
 
     before, v0 = await compare()
-    sync = await http.run(M.SYNC_WEIGHTS, job, {})
+    sync = await http.run(M.SYNC_WEIGHTS, job, {"method": "shm"})  # (collective: its own tests)
     after, v1 = await compare()
     print(
         f"\nsync proof: {after.size} tokens; before sync max|Δ| {before.max():.4g} "

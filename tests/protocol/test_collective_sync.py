@@ -25,6 +25,7 @@ FAKE_NODES = Placement(cuda=False, same_host=False, shm=True, collective=False)
 def test_auto_picks_by_where_the_workers_are() -> None:
     assert pick_method(None, CPU_HOST) == cs.AUTO_SAME_HOST["cpu"]
     assert pick_method("auto", Placement(cuda=False, same_host=True, shm=False)) == "collective"
+    assert cs.AUTO_SAME_HOST["cpu"] == "collective"  # measured faster than /dev/shm here
     assert pick_method("auto", GPU_HOST) == "cuda_ipc"  # one GPU shared: no NCCL group on it
     assert pick_method("auto", Placement(True, True, True, shared_gpu=False)) == "collective"
     assert pick_method("auto", GPU_HOST, cuda_ipc=True) == "cuda_ipc"  # the legacy knob

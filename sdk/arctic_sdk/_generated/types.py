@@ -1233,6 +1233,11 @@ class SyncWeightsResult(TypedDict, total=False):
 
     target_peak_bytes: int
 
+    load_seconds: float
+    """\"collective": the most seconds one target spent loading what arrived into its engine (it
+    overlaps the transfer of the next bucket); 0 for the other methods.
+    """
+
 
 class ResetPrefixCacheRequest(TypedDict, total=False):
     """JSON body of reset-prefix-cache."""

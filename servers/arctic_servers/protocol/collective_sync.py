@@ -43,9 +43,10 @@ from .errors import ProtocolError
 SYNC_METHODS = ("auto", "collective", "nccl", "shm", "safetensors", "cuda_ipc")
 GROUP_METHODS = ("collective", "nccl")
 # `auto` for workers on one host, by host kind: what bench/weight_sync.py measured faster there
-# (CPU: bench/README "weight_sync.py", the 2-core machine; GPU: not measured yet — workers on
-# their own GPUs take the bucketed NCCL broadcast, workers sharing one GPU CUDA IPC)
-AUTO_SAME_HOST = {"cpu": "shm", "cuda": "collective", "shared_gpu": "cuda_ipc"}
+# (CPU: the 0.5B model, 12.4 s by the weight group against 16.6 s by /dev/shm, bench/README
+# "weight_sync.py"; GPU: not measured yet — workers on their own GPUs take the bucketed NCCL
+# broadcast, workers sharing one GPU CUDA IPC)
+AUTO_SAME_HOST = {"cpu": "collective", "cuda": "collective", "shared_gpu": "cuda_ipc"}
 
 DEFAULT_BUCKET_BYTES = 256 << 20
 JOIN_TIMEOUT_S = 120.0  # every member joins the group within this
@@ -154,6 +155,7 @@ def file_sync_result(method: str, exported: dict[str, Any], seconds: float) -> d
         "seconds": seconds,
         "source_peak_bytes": 0,
         "target_peak_bytes": 0,
+        "load_seconds": 0.0,
     }
 
 

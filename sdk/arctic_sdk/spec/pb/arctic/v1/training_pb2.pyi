@@ -1076,6 +1076,7 @@ class SyncWeightsResult(_message.Message):
     SETUP_SECONDS_FIELD_NUMBER: _builtins.int
     SOURCE_PEAK_BYTES_FIELD_NUMBER: _builtins.int
     TARGET_PEAK_BYTES_FIELD_NUMBER: _builtins.int
+    LOAD_SECONDS_FIELD_NUMBER: _builtins.int
     weight_version: _builtins.int
     method: _builtins.str
     """The method that ran: "collective", "shm", "safetensors" or "cuda_ipc" ("nccl" runs as
@@ -1103,6 +1104,10 @@ class SyncWeightsResult(_message.Message):
     (CUDA allocator); 0 when not measured (CPU workers, whose host memory the benchmark reads).
     """
     target_peak_bytes: _builtins.int
+    load_seconds: _builtins.float
+    """"collective": the most seconds one target spent loading what arrived into its engine (it
+    overlaps the transfer of the next bucket); 0 for the other methods.
+    """
     def __init__(
         self,
         *,
@@ -1117,10 +1122,11 @@ class SyncWeightsResult(_message.Message):
         setup_seconds: _builtins.float = ...,
         source_peak_bytes: _builtins.int = ...,
         target_peak_bytes: _builtins.int = ...,
+        load_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "bucket_bytes", b"bucket_bytes", "method", b"method", "num_buckets", b"num_buckets", "num_bytes", b"num_bytes", "num_tensors", b"num_tensors", "seconds", b"seconds", "setup_seconds", b"setup_seconds", "source_peak_bytes", b"source_peak_bytes", "target_peak_bytes", b"target_peak_bytes", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "bucket_bytes", b"bucket_bytes", "load_seconds", b"load_seconds", "method", b"method", "num_buckets", b"num_buckets", "num_bytes", b"num_bytes", "num_tensors", b"num_tensors", "seconds", b"seconds", "setup_seconds", b"setup_seconds", "source_peak_bytes", b"source_peak_bytes", "target_peak_bytes", b"target_peak_bytes", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
