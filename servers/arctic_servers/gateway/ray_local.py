@@ -40,7 +40,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+# Ray's memory monitor kills the actor with the largest process tree once the machine is 95%
+# full: on a machine shared with other work that is the memory of others' processes (it killed
+# a 0.5B trainer's actor in bench/weight_sync.py here); the kernel's OOM killer stays the limit
+ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+       "RAY_memory_monitor_refresh_ms": "0"}  # fmt: skip
 
 
 def session_pids(sid: int) -> set[int]:
