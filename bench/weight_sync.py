@@ -167,6 +167,7 @@ async def syncs(
                 res["wall"] = time.perf_counter() - t0
                 res["extra_peak"] = srv.extra_peaks(before)
                 runs.append(res)
+            print(f"  {method}: " + ", ".join(f"{r['seconds']:.2f} s" for r in runs), flush=True)
             sec = statistics.median(r["seconds"] for r in runs)
             peak = {k: max(r["extra_peak"].get(k, 0) for r in runs) for k in srv.pids}
             rows.append({
@@ -179,10 +180,12 @@ async def syncs(
                 "backend": runs[-1].get("backend", ""), "extra_peak": peak,
                 "all_seconds": [r["seconds"] for r in runs],
             })  # fmt: skip
+            print(f"  {rows[-1]}", flush=True)
             if method == "collective":
                 (d, n), ops["generate_and_forward"] = await timed(agreement(client))
                 extra[f"max_abs_delta_{method}"] = d
                 extra["tokens_compared"] = n
+                print(f"  sampler vs trainer max|d| {d:.3g} over {n} tokens", flush=True)
         ck = {"checkpoint_id": "bench", "checkpoint_type": "weights-only"}
         _, ops["save_checkpoint"] = await timed(client.save_checkpoint(**ck))
         _, ops["load_checkpoint"] = await timed(client.load_checkpoint(checkpoint_id="bench"))
