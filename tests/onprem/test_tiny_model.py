@@ -14,9 +14,18 @@ from arctic_servers.engines.config import embedded_model_names, resolve_model
 from arctic_servers.onprem.settings import ServerSettings
 from arctic_servers.protocol.errors import ProtocolError
 
-# The default model's content hash before named configs existed: every test and cache built on
-# it keeps the same bytes.
-DEFAULT_CONTENT_HASH = "a552b53e164008d525fdd8c264f50bb212a426549a2e3546e13f2f4e0f07d1a7"
+# The default model's content hash (builder version 2: the chat template renders tools); its
+# weights and vocabulary are the bytes every earlier build had (builder version 1, the hash
+# a552b53e...), so every figure measured on them holds.
+DEFAULT_CONTENT_HASH = "ad05af2a14211fd055f147b3e34d619d96b1560a7afb36a1bcc7102b34a0fe7e"
+DEFAULT_WEIGHTS_SHA256 = "a2a9e566db4830ad866df0f7d79c812e0e1001032d7b75bbd17fa3b3f3047d75"
+UNCHANGED_SINCE_V1 = {  # sha256 of the files builder version 2 left as version 1 wrote them
+    "model.safetensors": DEFAULT_WEIGHTS_SHA256,
+    "tokenizer.json": "3c43d8a2c3784405e3fc6eaf3fc36ee019b1621384c821781b21db84c1c0833d",
+    "vocab.json": "cb7a60e5bd8a28f9117e8a6fc8d8988cade0485ece9030fe43c46ef65630dbd7",
+    "merges.txt": "8d16e76c9705ca2a72cb6a5d30fdce8a5b97e6b04c5865a63833b57295e8e44b",
+    "config.json": "b64a97d5d9291b050a316eddef1d17c476e006c4a7ee75ae38e7eeaccf1459cf",
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +37,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_default_model_is_byte_identical(built: dict[str, Path]) -> None:
     assert tm.tiny_model_content_hash(built["tiny"]) == DEFAULT_CONTENT_HASH
     assert tm.cache_dir_name() == "tiny-qwen2-seed0"
+    files = json.loads((built["tiny"] / tm.MARKER_NAME).read_text())["files"]
+    assert {k: files[k] for k in UNCHANGED_SINCE_V1} == UNCHANGED_SINCE_V1
 
 
 def test_named_config_architecture_and_init(built: dict[str, Path]) -> None:

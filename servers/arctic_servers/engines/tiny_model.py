@@ -57,7 +57,7 @@ from .tiny_tokenizer import (
     tokenizer_files,
 )
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: the chat template renders tools, tool calls and tool messages
 MARKER_NAME = ".arctic_tiny_model.json"
 
 # --- architecture -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ test can prove the first chunk left before the last token existed.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from ..engines.fake import sampling as fake_sampling
 from ..engines.fake import tokenizer
 from ..engines.fake.numerics import draws, token_logprob
+from ..engines.tiny_tokenizer import TOOLS_POSTAMBLE, TOOLS_PREAMBLE
 from .sampler import ModelCard, OpenAIError, Sample, StreamEvent, cut_at_stop
 from .tokenized import FakeTokenizer, TokenizedSampler, content_text
 
@@ -27,11 +29,40 @@ def render_qwen_chat(
     messages: Sequence[Mapping[str, Any]],
     *,
     add_generation_prompt: bool,
+    tools: Sequence[Any] | None = None,
 ) -> str:
-    """`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (the tiny model's template)."""
+    """The tiny model's chat template (`engines/tiny_tokenizer.CHAT_TEMPLATE`: ChatML with hermes
+    tool calls) in Python, for the fake engine (no jinja2 in the base install). Messages are as
+    `render_chat` hands them to a template: `content` a string, tool-call `arguments` objects."""
     out = []
-    for m in messages:
-        out.append(f"<|im_start|>{m['role']}\n{content_text(m.get('content'))}<|im_end|>\n")
+    first_system = bool(tools) and bool(messages) and messages[0].get("role") == "system"
+    if tools:
+        out.append("<|im_start|>system\n")
+        if first_system:
+            out.append(content_text(messages[0].get("content")) + "\n\n")
+        out.append(TOOLS_PREAMBLE)
+        out.extend(json.dumps(t, ensure_ascii=False) + "\n" for t in tools)
+        out.append(TOOLS_POSTAMBLE + "<|im_end|>\n")
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), content_text(m.get("content"))
+        if i == 0 and first_system:
+            continue
+        if role == "assistant" and m.get("tool_calls"):
+            out.append("<|im_start|>assistant" + ("\n" + content if content else ""))
+            for call in m["tool_calls"]:
+                fn = call.get("function", call)
+                args = json.dumps(fn.get("arguments"), ensure_ascii=False)
+                out.append(f'\n<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args}}}')
+                out.append("\n</tool_call>")
+            out.append("<|im_end|>\n")
+        elif role == "tool":
+            if i == 0 or messages[i - 1].get("role") != "tool":
+                out.append("<|im_start|>user")
+            out.append(f"\n<tool_response>\n{content}\n</tool_response>")
+            if i == len(messages) - 1 or messages[i + 1].get("role") != "tool":
+                out.append("<|im_end|>\n")
+        else:
+            out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)

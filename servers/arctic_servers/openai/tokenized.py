@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -41,6 +42,7 @@ __all__ = [
     "samples_of",
     "stream_body",
     "stream_events",
+    "template_messages",
 ]
 
 SEED_STRIDE = 1_000_003  # the seed of a stream's index-th sample: seed + index * SEED_STRIDE
@@ -93,11 +95,14 @@ class FakeTokenizer:
         *,
         tokenize: bool = False,
         add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
         **_: Any,
     ) -> str:
         from .fake import render_qwen_chat
 
-        return render_qwen_chat(messages, add_generation_prompt=add_generation_prompt)
+        return render_qwen_chat(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools
+        )
 
 
 def content_text(content: Any) -> str:
@@ -105,6 +110,45 @@ def content_text(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a chat template reads them (vLLM's `_postprocess_messages`): `content` as text,
+    and an assistant's tool-call `arguments` (a JSON string in OpenAI's format) as an object
+    (400 naming the message when they are not JSON)."""
+    out = []
+    for i, m in enumerate(messages):
+        msg = {**m, "content": content_text(m.get("content"))}
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list):
+            fixed = []
+            for j, call in enumerate(calls):
+                fn = call.get("function") if isinstance(call, Mapping) else None
+                if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                    raise OpenAIError(
+                        400,
+                        f"messages[{i}].tool_calls[{j}]: expected "
+                        '{"type": "function", "function": {"name", "arguments"}}',
+                        param=f"messages[{i}].tool_calls[{j}]",
+                        code="invalid_value",
+                    )
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        raise OpenAIError(
+                            400,
+                            f"messages[{i}].tool_calls[{j}].function.arguments: not JSON",
+                            param=f"messages[{i}].tool_calls[{j}].function.arguments",
+                            code="invalid_value",
+                        ) from None
+                fixed.append({**call, "function": {**fn, "arguments": args}})
+            msg["tool_calls"] = fixed
+            if not fixed:
+                msg.pop("tool_calls")
+        out.append(msg)
+    return out
 
 
 def samples_of(res: Mapping[str, Any]) -> list[list[Sample]]:
@@ -163,7 +207,7 @@ class TokenizedSampler:
     ) -> str:
         if not getattr(self.tok, "chat_template", None):
             raise NoChatTemplateError(self.model_id)
-        msgs = [{**m, "content": content_text(m.get("content"))} for m in messages]
+        msgs = template_messages(messages)
         kw: dict[str, Any] = dict(template_kwargs)
         if tools:
             kw["tools"] = tools
