@@ -102,6 +102,7 @@ __all__ = [
     "SleepTrainingRequest",
     "StepRequest",
     "StepResult",
+    "StructuredOutputs",
     "SubJob",
     "SubJobConfig",
     "SubJobConfigKeys",
@@ -1074,6 +1075,27 @@ class SamplingParams(TypedDict, total=False):
     """Log-probs of the prompt tokens (`Completion.prompt_logprobs`): 0 = each prompt token's
     log-prob given the tokens before it; k > 0 = also the top k (`prompt_top_logprobs`);
     absent = none. At most 20.
+    """
+
+    structured_outputs: StructuredOutputs
+    """Constrained decoding (vLLM's structured outputs): every sample is a string of the constraint's
+    language. A server that cannot honour a constraint refuses it (`unsupported_option`, naming
+    `sampling_params.structured_outputs.<field>`), never samples unconstrained.
+    """
+
+
+class StructuredOutputs(TypedDict, total=False):
+    """One constraint (exactly one field set), as vLLM's `StructuredOutputsParams` takes it. The
+    OpenAI-compatible routes use it for forced tool calls (`tool_choice` "required" or a named
+    function): vLLM's structural tag of the tool-call format with each tool's parameter schema.
+    """
+
+    json: str
+    """A JSON schema, as JSON text: the sample is a JSON value valid under it."""
+
+    structural_tag: str
+    """An xgrammar structural tag (`{"type": "structural_tag", "format": {...}}`), as JSON text:
+    the sample follows its format (constant strings, JSON-schema regions, tags, repetitions).
     """
 
 

@@ -20,6 +20,7 @@ from arctic_sdk.spec.tables.request_rules import BOUNDS
 from ..protocol import checkpoint_ids
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
+from . import structured
 from .losses import table as loss_config
 
 POST = ("compute_logprobs", "compute_entropy")
@@ -224,6 +225,7 @@ def sampling_params(body: Mapping[str, Any]) -> None:
             raise bad(
                 f"sampling_params.stop[{i}]", "an empty stop string", expected="non-empty strings"
             )
+    structured.parse(sp)  # one constraint, JSON text of the right shape
 
 
 def checkpoint_id(value: Any, path: str = "checkpoint_id") -> str:

@@ -6,8 +6,9 @@ so the fake refuses what the on-prem server refuses; the fake adds its own resou
 
 from __future__ import annotations
 
+import itertools
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +17,15 @@ import numpy as np
 from ...protocol import fields
 from ...protocol.errors import ProtocolError
 from .. import checks
-from . import tokenizer
+from .. import structured as structured_outputs
+from ..structured import Constraint
+from . import structured, tokenizer
 from .numerics import (
     PRINTABLE_IDS,
     draws,
+    generation_seed,
     min_p_candidates,
+    splitmix64,
     token_logprob,
     top_logprobs,
 )
@@ -55,6 +60,7 @@ class Params:
     greedy: bool = False
     min_p: float = 0.0
     include_stop_str: bool = False
+    structured: Constraint | None = None  # constrained decoding (NUMERICS.md §5.1)
 
 
 def _bad(path: str, message: str, **details: Any) -> ProtocolError:
@@ -94,6 +100,17 @@ def parse_params(body: Mapping[str, Any]) -> Params:
     p.greedy = temp is not None and float(temp) == 0.0
     p.min_p = fields.min_p(sp) or 0.0
     p.include_stop_str = bool(sp.get("include_stop_str_in_output"))
+    p.structured = structured_outputs.parse(sp)
+    if p.structured is not None:  # refuse what the fake cannot write before anything runs
+        structured.write(p.structured, itertools.count(), 1)
+    if p.structured is not None and (p.min_tokens or p.min_p):
+        name = "min_tokens" if p.min_tokens else "min_p"
+        raise ProtocolError(
+            "unsupported_option",
+            f"field sampling_params.{name}: the fake engine's constrained decoding writes the "
+            f"constraint's text as it is; it does not combine with {name}",
+            field=f"sampling_params.{name}",
+        )
     if body.get("strict"):
         bad = [
             f"sampling_params.{k}={sp.get(k)!r}"
@@ -175,6 +192,34 @@ def next_token(
     return cands[z % len(cands)]
 
 
+def _z_stream(seed: int, idx: int, weight_version: int, prompt: Sequence[int]) -> Iterator[int]:
+    """The sample's SplitMix64 outputs z_1, z_2, ... without end (`draws` takes a count)."""
+    state = generation_seed(seed, idx, weight_version, prompt)
+    while True:
+        state, z = splitmix64(state)
+        yield z
+
+
+def _candidates(
+    prompt: Sequence[int],
+    p: Params,
+    seed: int,
+    idx: int,
+    weight_version: int,
+    model_step: int,
+    budget: int,
+) -> list[int]:
+    """The tokens a sample may run through (its stop rules cut them): the draws' printable ids,
+    or with `structured_outputs` the constraint's text written from the draws (§5.1) and eos."""
+    if p.structured is None:
+        tokens: list[int] = []
+        for z in draws(seed, idx, weight_version, prompt, budget):
+            tokens.append(next_token(z, prompt, tokens, p, model_step))
+        return tokens
+    text = structured.write(p.structured, _z_stream(seed, idx, weight_version, prompt), budget)
+    return [*tokenizer.encode(text), tokenizer.EOS_ID][:budget]
+
+
 def sample(
     prompt: Sequence[int],
     idx: int,
@@ -192,9 +237,11 @@ def sample(
     tokens: list[int] = []
     text_end: int | None = None
     finish, stop_reason = "length", ""
-    for z in draws(s_seed, s_idx, weight_version, prompt, budget):
-        t = next_token(z, prompt, tokens, p, model_step)
+    for t in _candidates(prompt, p, s_seed, s_idx, weight_version, model_step, budget):
         tokens.append(t)
+        if t == tokenizer.EOS_ID and p.structured is not None:  # the constraint is complete
+            finish = "stop"
+            break
         if len(tokens) < p.min_tokens:
             continue
         if t in p.stop_token_ids:

@@ -27,6 +27,7 @@ from typing import Any
 from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.collective_sync import START_TIMEOUT_S
+from .. import structured
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
 from ..worker.worker import STREAM_CMD, WorkerError
@@ -263,6 +264,11 @@ class SamplingEngine(VllmScoring, EngineBase):
             kw["min_p"] = float(sp["min_p"])
         if sp.get("include_stop_str_in_output"):
             kw["include_stop_str_in_output"] = True
+        constraint = structured.parse(sp)
+        if constraint is not None:  # xgrammar decodes it (vLLM's structured outputs)
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kw["structured_outputs"] = StructuredOutputsParams(**{constraint.kind: constraint.text})
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as exc:
