@@ -17,9 +17,8 @@ from typing import Any
 
 from ..engines.fake import sampling as fake_sampling
 from ..engines.fake import tokenizer
-from ..engines.fake.numerics import draws, token_logprob
 from ..engines.tiny_tokenizer import TOOLS_POSTAMBLE, TOOLS_PREAMBLE
-from .sampler import ModelCard, OpenAIError, Sample, StreamEvent, cut_at_stop
+from .sampler import ModelCard, OpenAIError, Sample, StreamEvent
 from .tokenized import FakeTokenizer, TokenizedSampler, content_text
 
 __all__ = ["FakeResolver", "FakeSampler", "render_qwen_chat"]
@@ -136,41 +135,29 @@ class FakeSampler(TokenizedSampler):
         params: Mapping[str, Any],
         index: int = 0,
     ) -> AsyncIterator[StreamEvent]:
-        """The tokens of `fake_sampling.sample`, released one at a time."""
+        """The tokens of `fake_sampling.sample` (the same sample `generate` answers), released
+        one at a time."""
         p = self._params(params)
         self._check(prompt)
         self.requests.append({"prompts": [list(prompt)], "params": dict(params), "stream": True})
         seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
-        s_seed, s_idx = (0, 0) if p.greedy else (seed, index)
-        budget = min(p.max_tokens, self.max_model_len - len(prompt))
         version = self.weight_version  # the weights this sample is drawn from, start to end
-        stream = draws(s_seed, s_idx, version, prompt, budget)
-        tokens: list[int] = []
-        for j, z in enumerate(stream):
+        s = fake_sampling.sample(
+            prompt, index, p, seed, version, self.model_step, self.max_model_len
+        )
+        tokens, lps = s["token_ids"], s.get("logprobs")
+        for j, t in enumerate(tokens):
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
-            prev = tokens[-1] if tokens else prompt[-1]
-            t = fake_sampling.next_token(z, prompt, tokens, p, self.model_step)
-            tokens.append(t)
-            lp = None
-            if p.logprobs is not None:
-                lp = [float(token_logprob(t, len(prompt) + j, prev, self.model_step))]
-            text = tokenizer.decode(tokens)
-            ev = StreamEvent([t], lp, text, time.time(), weight_version=version)
-            if len(tokens) >= p.min_tokens:
-                if t in p.stop_token_ids:
-                    ev.text = text if p.include_stop_str else tokenizer.decode(tokens[:-1])
-                    ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", t
-                else:
-                    cut, stop = cut_at_stop(text, p.stop)
-                    if stop is not None:
-                        ev.text = cut + stop if p.include_stop_str else cut
-                        ev.finished, ev.finish_reason, ev.stop_reason = True, "stop", stop
-            if not ev.finished and j == len(stream) - 1:
-                ev.finished, ev.finish_reason = True, "length"
+            last = j == len(tokens) - 1
+            text = s["text"] if last else tokenizer.decode(tokens[: j + 1])
+            ev = StreamEvent(
+                [t], None if lps is None else [lps[j]], text, time.time(), weight_version=version
+            )
+            if last:
+                ev.finished, ev.finish_reason = True, s["finish_reason"]
+                ev.stop_reason = s.get("stop_reason") or None
             yield ev
-            if ev.finished:
-                return
         if not tokens:
             yield StreamEvent([], None, "", time.time(), True, "length")
 

@@ -13,7 +13,9 @@ from aiohttp import web
 
 from . import request_fields
 from .requests import Request, token_strings
-from .sampler import Sampler
+from .sampler import Sample, Sampler
+from .sessions import record_turn
+from .tool_calls import raw_text
 
 log = logging.getLogger("arctic_servers.openai")
 FINISH = {"stop": "stop", "length": "length", "abort": "content_filter"}
@@ -78,6 +80,52 @@ def text_logprobs(
         "top_logprobs": None,
         "text_offset": offsets,
     }
+
+
+def chat_message(sampler: Sampler, req: Request, s: Sample) -> tuple[dict[str, Any], str]:
+    """One sample's reply message (tool calls parsed when the request asks for them) and its
+    OpenAI finish reason."""
+    reason = finish_reason(s.finish_reason)
+    if req.tools is None or not req.tools.parses:
+        return {"role": "assistant", "content": s.text, "tool_calls": []}, reason
+    text = raw_text(sampler, s.token_ids, s.finish_reason, s.stop_reason, s.text)
+    return req.tools.message(text, s.token_ids, reason)
+
+
+def chat_reply(
+    sampler: Sampler, req: Request, samples: Sequence[Sample], version: int
+) -> dict[str, Any]:
+    """The whole `chat.completion` of one prompt's samples; a session's turn is recorded."""
+    choices = []
+    for i, s in enumerate(samples):
+        message, reason = chat_message(sampler, req, s)
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": chat_logprobs(sampler, req, s.token_ids, s.logprobs),
+                "finish_reason": reason,
+                "stop_reason": s.stop_reason,
+                "token_ids": s.token_ids,
+            }
+        )
+        if i == 0 and req.session is not None and req.continuation is not None:
+            record_turn(
+                req.session,
+                req.raw["messages"],
+                req.continuation,
+                req.prompt_text,
+                message,
+                s.token_ids,
+                s.logprobs,
+                version,
+                reason,
+            )
+    out = envelope("chat.completion", "chatcmpl", req, version)
+    out["choices"] = choices
+    out["usage"] = usage(req.prompts, sum(len(s.token_ids) for s in samples))
+    out["prompt_token_ids"] = req.prompts[0]
+    return out
 
 
 def envelope(obj: str, prefix: str, req: Request, version: int | None) -> dict[str, Any]:

@@ -7,9 +7,9 @@ vLLM 0.32) and OpenAI's. A field is one of:
   reply;
 - **no effect by nature** (`NO_EFFECT`): bookkeeping that changes no token of the reply
   (`user`, `metadata`, `request_id`, ...; `cache_salt`: each job's engine serves one token's
-  calls, so there is no one to isolate its prefix cache from; `parallel_tool_calls`: the reply
-  carries no parsed tool calls to limit; `truncation_side`: only read with
-  `truncate_prompt_tokens`, which is refused);
+  calls, so there is no one to isolate its prefix cache from; `truncation_side`: only read
+  with `truncate_prompt_tokens`, which is refused; `session_id` on `/v1/completions`: a
+  completion has no conversation to keep, chat's sessions are `sessions.py`);
 - **refused unless at its default** (`REFUSED`): a field that would change the prompt, the
   sampling or the reply and that this server does not implement — 400 `unsupported_value` naming
   the field and the value (absent, null or the listed default values are accepted: a client that
@@ -47,13 +47,14 @@ _USED_BOTH = {
 USED_CHAT = frozenset(
     _USED_BOTH
     | {"messages", "top_logprobs", "tools", "tool_choice", "add_generation_prompt"}
-    | {"chat_template_kwargs"}
+    | {"chat_template_kwargs", "parallel_tool_calls", "session_id"}
 )
 USED_COMPLETIONS = frozenset(_USED_BOTH | {"prompt", "echo"})
 
 NO_EFFECT = frozenset({
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-    "request_id", "session_id", "cache_salt", "parallel_tool_calls", "truncation_side",
+    "request_id", "cache_salt", "truncation_side",
+    "session_id",  # completions: no conversation to keep (chat uses it: sessions.py)
     "mm_payload", "prediction",
 })  # fmt: skip
 
@@ -95,7 +96,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "media_io_kwargs": (({},), _PROMPT),
     "mm_processor_kwargs": (({},), _PROMPT),
     "functions": (([],), _PROMPT + " (use tools)"),
-    "function_call": (("none", "auto"), "the reply carries no parsed tool calls"),
+    "function_call": (("none", "auto"), "the legacy function-call form (use tool_choice)"),
     "modalities": ((["text"],), "only text is generated"),
     "audio": ((), "only text is generated"),
     "web_search_options": ((), _VLLM + " it lacks"),
@@ -112,7 +113,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 # chat only: `echo` (vLLM's: the last message echoed back); completions use their own `echo`
 _REFUSED_CHAT = {"echo": ((False,), _REPLY)}
-_TOOL_CHOICES = (None, "none", "auto")  # "required" or a named tool would force a tool call
 
 
 def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
@@ -159,8 +159,6 @@ def check(body: Mapping[str, Any], *, chat: bool) -> list[str]:
             continue
         elif name not in NO_EFFECT:
             unknown.append(str(name))
-    if chat and body.get("tool_choice") not in _TOOL_CHOICES:
-        raise _refuse("tool_choice", body["tool_choice"], "a tool call cannot be forced", ("auto",))
     opts = body.get("stream_options")
     if isinstance(opts, Mapping) and opts.get("continuous_usage_stats"):
         raise _refuse(

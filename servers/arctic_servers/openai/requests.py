@@ -12,6 +12,8 @@ from typing import Any
 
 from . import request_fields
 from .sampler import OpenAIError, Sampler
+from .sessions import Continuation, Session, continue_prompt
+from .tool_calls import ToolCalls, ToolTurn
 
 __all__ = ["Request", "chat_request", "completion_request"]
 
@@ -32,6 +34,10 @@ class Request:
     raw: Mapping[str, Any]
     stream_interval: int = 1  # vLLM's: a streamed chunk per this many tokens (first, last at once)
     ignored: tuple[str, ...] = ()  # unknown fields, named in the reply (request_fields.py)
+    tools: ToolTurn | None = None  # chat: tool calls to force or parse (tool_calls.py)
+    session: Session | None = None  # chat: the session this turn continues (sessions.py)
+    continuation: Continuation | None = None
+    prompt_text: str = ""
 
 
 def _bad(param: str, message: str) -> OpenAIError:
@@ -157,7 +163,12 @@ def _model(body: Mapping[str, Any]) -> str:
     return model
 
 
-def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
+def chat_request(
+    body: Mapping[str, Any],
+    sampler: Sampler,
+    tool_calls: ToolCalls | None = None,
+    session: Session | None = None,
+) -> Request:
     ignored = request_fields.check(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -166,17 +177,39 @@ def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}]", "expected an object with a role")
     kwargs = dict(body.get("chat_template_kwargs") or {})
-    text = sampler.render_chat(
-        messages,
-        add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-        tools=body.get("tools"),
-        **kwargs,
-    )
+    tools = (tool_calls or ToolCalls()).for_request(body, getattr(sampler, "tok", None))
+    special = special_tokens(body, False)
+
+    def render(msgs: Sequence[Mapping[str, Any]], gen: bool) -> str:
+        return sampler.render_chat(
+            msgs, add_generation_prompt=gen, tools=body.get("tools"), **kwargs
+        )
+
+    text = render(messages, bool(body.get("add_generation_prompt", True)))
+    params = sampling_params(body, chat=True)
+    if tools is not None and tools.constraint is not None:
+        params["structured_outputs"] = tools.constraint
+    cont = None
+    if session is not None:
+        if int(params.get("n") or 1) != 1:
+            raise _bad("n", "a session continues one conversation: n must be 1 (session_id)")
+        params.setdefault("logprobs", 0)  # a session's turns keep the sampler's log-probs
+        cont = continue_prompt(
+            session,
+            messages,
+            text,
+            lambda msgs: render(msgs, False),
+            lambda t: sampler.encode(t, add_special_tokens=False),
+            sampler.decode_special,
+            str(getattr(getattr(sampler, "tok", None), "eos_token", None) or ""),
+        )
+        if not cont.extends:
+            cont.prompt = sampler.encode(text, add_special_tokens=special)
     stream, usage = _stream_flags(body)
     return Request(
         model=_model(body),
-        prompts=[sampler.encode(text, add_special_tokens=special_tokens(body, False))],
-        params=sampling_params(body, chat=True),
+        prompts=[cont.prompt if cont else sampler.encode(text, add_special_tokens=special)],
+        params=params,
         stream=stream,
         include_usage=usage,
         logprobs=bool(body.get("logprobs")),
@@ -186,6 +219,10 @@ def chat_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
         raw=body,
         stream_interval=_stream_interval(body),
         ignored=tuple(ignored),
+        tools=tools,
+        session=session,
+        continuation=cont,
+        prompt_text=text,
     )
 
 

@@ -34,7 +34,7 @@ from ..protocol import limits as input_limits
 from ..protocol.errors import ProtocolError
 from . import request_fields
 from .reply_parts import (
-    chat_logprobs,
+    chat_reply,
     envelope,
     finish_reason,
     ignored_header,
@@ -42,8 +42,10 @@ from .reply_parts import (
     usage,
 )
 from .requests import chat_request, completion_request, special_tokens
-from .sampler import OpenAIError, Resolver
+from .sampler import OpenAIError, Resolver, Sampler
+from .sessions import SessionStore, session_id
 from .streaming import stream_reply
+from .tool_calls import ToolCalls, ToolSettings
 
 __all__ = ["add_openai_routes"]
 
@@ -51,13 +53,26 @@ log = logging.getLogger("arctic_servers.openai")
 Handler = Callable[[web.Request], Any]
 
 
+def _owner(token: str | None) -> str:
+    """Whose sessions: a digest of the caller's token ("" on a server without auth)."""
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
+
+
 class OpenAIRoutes:
     def __init__(
-        self, resolver: Resolver, tokens: Iterable[str] = (), token_sha256: Iterable[str] = ()
+        self,
+        resolver: Resolver,
+        tokens: Iterable[str] = (),
+        token_sha256: Iterable[str] = (),
+        *,
+        tools: ToolSettings | None = None,
+        sessions: SessionStore | None = None,
     ) -> None:
         self.resolver = resolver
         self.tokens = frozenset(tokens)
         self.token_sha256 = frozenset(token_sha256)
+        self.tool_calls = ToolCalls(tools)
+        self.sessions = sessions or SessionStore()
 
     def _accepted(self, token: str) -> bool:
         if token in self.tokens:
@@ -142,30 +157,23 @@ class OpenAIRoutes:
         token = self._token(request)
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
-        req = chat_request(body, sampler)
+        sid = session_id(body, request.headers)
+        if sid is None:
+            return await self._chat(request, body, sampler, None)
+        session = self.sessions.open(_owner(token), sid, sampler.model_id)
+        async with session.lock:  # one session's turns run one at a time
+            return await self._chat(request, body, sampler, session)
+
+    async def _chat(
+        self, request: web.Request, body: dict[str, Any], sampler: Sampler, session: Any
+    ) -> web.StreamResponse:
+        req = chat_request(body, sampler, self.tool_calls, session)
         headers = ignored_header(request, req.ignored)
         with sampler.admit():
             if req.stream:
                 return await stream_reply(request, sampler, req, chat=True)
             results, version = await sampler.generate(req.prompts, req.params)
-        samples = results[0]
-        choices = []
-        for i, s in enumerate(samples):
-            choices.append(
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": s.text, "tool_calls": []},
-                    "logprobs": chat_logprobs(sampler, req, s.token_ids, s.logprobs),
-                    "finish_reason": finish_reason(s.finish_reason),
-                    "stop_reason": s.stop_reason,
-                    "token_ids": s.token_ids,
-                }
-            )
-        out = envelope("chat.completion", "chatcmpl", req, version)
-        out["choices"] = choices
-        out["usage"] = usage(req.prompts, sum(len(s.token_ids) for s in samples))
-        out["prompt_token_ids"] = req.prompts[0]
-        return web.json_response(out, headers=headers)
+        return web.json_response(chat_reply(sampler, req, results[0], version), headers=headers)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         token = self._token(request)
@@ -201,6 +209,19 @@ class OpenAIRoutes:
         out["usage"] = usage(req.prompts, n_tokens)
         out["prompt_token_ids"] = req.prompts[0]
         return web.json_response(out, headers=headers)
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        """A session's token history (`sessions.py`): 404 for another token's or an expired
+        one."""
+        token = self._token(request)
+        sid = session_id({"session_id": request.match_info["session_id"]}, {})
+        return web.json_response(self.sessions.get(_owner(token), str(sid)).record())
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        token = self._token(request)
+        sid = str(session_id({"session_id": request.match_info["session_id"]}, {}))
+        self.sessions.delete(_owner(token), sid)
+        return web.json_response({"id": sid, "object": "session", "deleted": True})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's `/tokenize`: `{model, prompt}` or `{model, messages}` → `{tokens, count}`."""
@@ -248,12 +269,16 @@ def add_openai_routes(
     *,
     tokens: Iterable[str] = (),
     token_sha256: Iterable[str] = (),
+    tools: ToolSettings | None = None,
+    sessions: SessionStore | None = None,
 ) -> OpenAIRoutes:
-    """Mount `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/tokenize`,
-    `/detokenize` on `app`."""
-    routes = OpenAIRoutes(resolver, tokens, token_sha256)
+    """Mount `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/sessions/{id}`,
+    `/tokenize`, `/detokenize` on `app`."""
+    routes = OpenAIRoutes(resolver, tokens, token_sha256, tools=tools, sessions=sessions)
     app.router.add_get("/v1/models", routes.wrap(routes.list_models))
     app.router.add_post("/v1/chat/completions", routes.wrap(routes.chat))
+    app.router.add_get("/v1/sessions/{session_id}", routes.wrap(routes.get_session))
+    app.router.add_delete("/v1/sessions/{session_id}", routes.wrap(routes.delete_session))
     app.router.add_post("/v1/completions", routes.wrap(routes.completions))
     app.router.add_post("/tokenize", routes.wrap(routes.tokenize))
     app.router.add_post("/detokenize", routes.wrap(routes.detokenize))
@@ -267,10 +292,14 @@ async def start_openai_server(
     port: int = 0,
     tokens: Iterable[str] = (),
     token_sha256: Iterable[str] = (),
+    tools: ToolSettings | None = None,
+    sessions: SessionStore | None = None,
 ) -> tuple[web.AppRunner, str]:
     """A standalone server of the routes (tests, a driver-side proxy): (runner, base URL)."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    add_openai_routes(app, resolver, tokens=tokens, token_sha256=token_sha256)
+    add_openai_routes(
+        app, resolver, tokens=tokens, token_sha256=token_sha256, tools=tools, sessions=sessions
+    )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

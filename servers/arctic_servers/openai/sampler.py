@@ -144,6 +144,10 @@ class Sampler(Protocol):
         """The text of one token (for log-prob entries)."""
         ...
 
+    def decode_special(self, ids: Sequence[int]) -> str:
+        """`ids` decoded with their special tokens (what a tool parser reads)."""
+        ...
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .reply_parts import (
     chat_logprobs,
+    chat_message,
     envelope,
     finish_reason,
     ignored_header,
@@ -23,7 +24,27 @@ from .reply_parts import (
     usage,
 )
 from .requests import Request
-from .sampler import OpenAIError, Sampler, StreamEvent, hold_back, merge_events
+from .sampler import OpenAIError, Sample, Sampler, StreamEvent, hold_back, merge_events
+from .sessions import record_turn
+from .tool_calls import raw_text
+
+
+def _record(sampler: Sampler, req: Request, ev: StreamEvent, version: int | None) -> None:
+    """A streamed session turn, recorded as its whole reply would be (`chat_reply`)."""
+    sample = Sample(ev.token_ids, ev.text, ev.finish_reason or "stop", ev.logprobs, ev.stop_reason)
+    message, reason = chat_message(sampler, req, sample)
+    assert req.session is not None and req.continuation is not None
+    record_turn(
+        req.session,
+        req.raw["messages"],
+        req.continuation,
+        req.prompt_text,
+        message,
+        ev.token_ids,
+        ev.logprobs,
+        int(version or 0),
+        reason,
+    )
 
 
 async def stream_reply(
@@ -71,6 +92,10 @@ async def stream_reply(
     stops = list(params.get("stop") or [])
     sent = {c: "" for c in range(len(jobs))}
     held: dict[int, list[StreamEvent]] = {}  # stream_interval: each choice's unsent events
+    got: dict[int, StreamEvent] = {}  # each choice's tokens and log-probs so far (merged)
+    parsed = {c: "" for c in range(len(jobs))}  # tool parsing: the text handed to the parser
+    called: set[int] = set()  # the choices whose tool calls streamed
+    tools = req.tools if chat and req.tools is not None and req.tools.parses else None
     started: set[int] = set()  # the choices whose first tokens went out
     done, total = 0, 0
     try:
@@ -107,22 +132,41 @@ async def stream_reply(
                 ev = merge_events(held.pop(c))
                 started.add(c)
             total += len(ev.token_ids)
+            so_far = got[c] = merge_events([got[c], ev]) if c in got else ev
             text = ev.text if ev.finished else ev.text[: len(ev.text) - hold_back(ev.text, stops)]
             delta = text[len(sent[c]) :] if text.startswith(sent[c]) else ""
             sent[c] += delta
+            reason = finish_reason(ev.finish_reason) if ev.finished else None
             choice: dict[str, Any] = {
                 "index": c,
                 "token_ids": ev.token_ids,
-                "finish_reason": finish_reason(ev.finish_reason) if ev.finished else None,
+                "finish_reason": reason,
             }
-            if chat:
+            if tools is not None:
+                raw = raw_text(
+                    sampler, so_far.token_ids, ev.finish_reason, ev.stop_reason, so_far.text
+                )
+                if not ev.finished:
+                    raw = raw.rstrip("\ufffd")  # an incomplete character: wait for its bytes
+                fresh = raw[len(parsed[c]) :] if raw.startswith(parsed[c]) else ""
+                parsed[c] += fresh
+                d = tools.delta(c, fresh, ev.token_ids, req.prompts[pi], ev.finished)
+                if d and d.get("tool_calls"):
+                    called.add(c)
+                choice["delta"] = d or {}
+                if reason is not None:
+                    choice["finish_reason"] = tools.stream_finish(c in called, reason)
+            elif chat:
                 choice["delta"] = {"content": delta}
+            if chat:
                 choice["logprobs"] = chat_logprobs(sampler, req, ev.token_ids, ev.logprobs)
             else:
                 choice["text"] = delta
                 choice["logprobs"] = text_logprobs(sampler, req, ev.token_ids, ev.logprobs)
             if ev.finished:
                 choice["stop_reason"] = ev.stop_reason
+                if c == 0 and req.session is not None and req.continuation is not None:
+                    _record(sampler, req, so_far, ev.weight_version)
             chunk: dict[str, Any] = {**env, "choices": [choice]}
             if ev.weight_version is not None:
                 chunk["weight_version"] = ev.weight_version  # the weights of these tokens

@@ -69,6 +69,9 @@ class FakeTokenizer:
     tiny model's Qwen-style chat template (none: a base model's), in the shape of a Hugging Face
     tokenizer."""
 
+    eos_token = "<|im_end|>"  # the template's end of a turn (as text: the byte tokenizer's eos
+    # id 2 has none)
+
     def __init__(self, chat_template: bool = True) -> None:
         self.chat_template = (
             "qwen-style (arctic_servers.openai.fake.render_qwen_chat)" if chat_template else None
@@ -100,9 +103,7 @@ class FakeTokenizer:
     ) -> str:
         from .fake import render_qwen_chat
 
-        return render_qwen_chat(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools
-        )
+        return render_qwen_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
 
 def content_text(content: Any) -> str:
@@ -196,6 +197,10 @@ class TokenizedSampler:
 
     def token_text(self, token_id: int) -> str:
         return str(self.tok.decode([token_id], skip_special_tokens=False))
+
+    def decode_special(self, ids: Sequence[int]) -> str:
+        """`ids` decoded with their special tokens (what a tool parser reads)."""
+        return str(self.tok.decode(list(ids), skip_special_tokens=False))
 
     def render_chat(
         self,
