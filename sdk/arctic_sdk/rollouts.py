@@ -59,6 +59,7 @@ __all__ = [
     "forward_backward_frame",
     "from_generate",
     "pad_rollouts",
+    "session_rows",
     "turn_from_response",
 ]
 
@@ -75,6 +76,8 @@ class Turn:
     completion_token_ids: list[int]
     #: Sampler log-prob of each completion token (None when not requested).
     logprobs: list[float] | None = None
+    #: The weights that sampled it (the reply's `weight_version`; None when not given).
+    weight_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ class FlatRollout:
     fell_back: bool
     #: Why the fallback happened ("" when it did not).
     reason: str = ""
+    #: The `weight_version` of each trained turn, in order (None where a turn did not say).
+    weight_versions: tuple[int | None, ...] = ()
 
 
 def _ids(seq: Sequence[Any], what: str) -> list[int]:
@@ -206,6 +211,7 @@ def flatten_turns(
         trained_turns=len(kept),
         fell_back=bool(reason),
         reason=reason,
+        weight_versions=tuple(t.weight_version for t in kept),
     )
 
 
@@ -249,7 +255,49 @@ def turn_from_response(response: Any, choice: int = 0) -> Turn:
             lps = [float(x) for x in _get(lp_obj, "token_logprobs")]
         if lps is not None and len(lps) != len(completion):
             lps = None
-    return Turn(_ids(prompt, "prompt_token_ids"), _ids(completion, "token_ids"), lps)
+    version = _get(response, "weight_version")
+    return Turn(
+        _ids(prompt, "prompt_token_ids"),
+        _ids(completion, "token_ids"),
+        lps,
+        None if version is None else int(version),
+    )
+
+
+def session_rows(record: Mapping[str, Any]) -> list[FlatRollout]:
+    """Training rows of a server-side session (`GET /v1/sessions/{id}` of the OpenAI-compatible
+    endpoint): one per segment (a session whose conversation was never edited has one), its
+    `input_ids` the segment's token history — every prompt and the ids each turn *sampled*,
+    verbatim — `loss_mask` 1 exactly on the sampled ids, the sampler's log-probs there, and the
+    `weight_version` of each turn."""
+    rows = []
+    turns = list(record.get("turns") or [])
+    for k, seg in enumerate(record.get("segments") or []):
+        ids = _ids(seg["input_ids"], f"segments[{k}].input_ids")
+        mine = [t for t in turns if int(t["segment"]) == k]
+        mask = [0] * len(ids)
+        have_lp = all(t.get("logprobs") is not None for t in mine)
+        lps = [0.0] * len(ids) if have_lp else None
+        for t in mine:
+            start, comp = int(t["start"]), _ids(t["completion_token_ids"], "completion_token_ids")
+            if ids[start : start + len(comp)] != comp:
+                raise ValueError(f"segment {k}: a turn's sampled ids are not at its offset {start}")
+            for j in range(len(comp)):
+                mask[start + j] = 1
+                if lps is not None:
+                    lps[start + j] = float(t["logprobs"][j])
+        rows.append(
+            FlatRollout(
+                input_ids=ids,
+                loss_mask=mask,
+                logprobs=lps,
+                num_turns=len(mine),
+                trained_turns=len(mine),
+                fell_back=False,
+                weight_versions=tuple(int(t["weight_version"]) for t in mine),
+            )
+        )
+    return rows
 
 
 def from_generate(result: Mapping[str, Any]) -> list[FlatRollout]:

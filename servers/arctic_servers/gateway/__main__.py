@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
+from ..openai.tool_calls import ToolSettings, add_tool_args
 from ..protocol.config import ProtocolLimits
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
@@ -88,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     add_sync_arguments(ap)
     add_tinker_arguments(ap)
     add_observability_arguments(ap)
+    add_tool_args(ap)
     ap.add_argument("command", nargs="*", help="hash-token TOKEN")
     return ap
 
@@ -139,6 +141,7 @@ async def _serve(args: argparse.Namespace) -> int:
         admin=args.admin,
         tinker=tinker_settings_from_args(args),
         **observability_from_args(args, "arctic-gateway"),
+        tools=ToolSettings.from_args(args),
     )
     info = {
         "base_url": gw.base_url,

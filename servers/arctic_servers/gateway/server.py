@@ -160,11 +160,13 @@ async def start_gateway(
     inline_wait_seconds: float = 2.0,
     admin: bool = False,
     tinker: Any = None,
+    tools: Any = None,
     **config_fields: Any,
 ) -> RunningGateway:
     """Serve the gateway on HTTP (and gRPC unless `grpc_port` is None); 0 = a free port.
     `tinker`: the Tinker surface's `TinkerSettings` (default ones when None); other keywords
-    are `ProtocolConfig` fields (the metrics listener and operator tokens)."""
+    are `ProtocolConfig` fields (the metrics listener and operator tokens);
+    `tools`: the OpenAI routes' `openai.tool_calls.ToolSettings` (defaults when None)."""
     settings.root.mkdir(parents=True, exist_ok=True)
     settings.db.parent.mkdir(parents=True, exist_ok=True)
     stores = (
@@ -203,7 +205,7 @@ async def start_gateway(
     if grpc_port is not None:
         gserver, grpc_port = await start_grpc_server(core, host=host, port=grpc_port)
     app = make_app(core)
-    install_openai(app, servicer, token_sha256)  # /v1/models, /v1/chat/completions, ...
+    install_openai(app, servicer, token_sha256, tools)  # /v1/models, /v1/chat/completions, ...
     # Tinker's /api/v1/... over the models of the gateway's engine (tinker/catalog.py)
     mount_tinker(
         app,

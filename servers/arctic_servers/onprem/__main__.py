@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..engines.install_check import check
 from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
+from ..openai.tool_calls import ToolSettings, add_tool_args
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
 from ..protocol.observability_args import add_observability_arguments, observability_from_args
@@ -91,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
     add_sync_arguments(p)
     add_tinker_arguments(p)
     add_observability_arguments(p)
+    add_tool_args(p)
     c = sub.add_parser("check", help="check that the engines' Python can run the engines")
     c.add_argument(
         "--worker-python", default=sys.executable, help="interpreter of the engine workers"
@@ -128,6 +130,7 @@ async def _serve(args: argparse.Namespace) -> int:
         limits=limits_from_args(args),
         tinker=tinker_settings_from_args(args),
         **observability_from_args(args, "arctic-onprem"),
+        tools=ToolSettings.from_args(args),
     )
     info = {
         "base_url": srv.base_url,

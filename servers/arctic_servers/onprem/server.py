@@ -62,7 +62,11 @@ def _admin_routes(servicer: OnpremServicer, tokens: frozenset[str]) -> Any:
 
 
 def _configure(
-    servicer: OnpremServicer, tokens: frozenset[str], admin: bool, tinker: Any = None
+    servicer: OnpremServicer,
+    tokens: frozenset[str],
+    admin: bool,
+    tinker: Any = None,
+    tools: Any = None,
 ) -> Any:
     """Routes beside the protocol: the OpenAI-compatible surface, Tinker's (`/api/v1/`,
     `arctic_servers.tinker`; `tinker` = its `TinkerSettings`), and `/_admin/` when asked."""
@@ -71,7 +75,7 @@ def _configure(
     from ..tinker.mount import mount as mount_tinker
 
     def configure(app: web.Application, core: ProtocolCore) -> None:
-        install_openai(app, servicer, tokens)
+        install_openai(app, servicer, tokens, tools=tools)
         mount_tinker(
             app,
             tinker,
@@ -96,10 +100,12 @@ async def start_onprem(
     create_jobs: Sequence[Mapping[str, Any]] = (),
     limits: ProtocolLimits | None = None,
     tinker: Any = None,
+    tools: Any = None,
     **config_fields: Any,
 ) -> tuple[RunningOnprem, list[str]]:
     """Serve on HTTP (and gRPC unless `grpc_port` is None); the server and pre-created job ids.
-    Other keywords are `ProtocolConfig` fields (the metrics listener and operator tokens)."""
+    Other keywords are `ProtocolConfig` fields (the metrics listener and operator tokens);
+    `tools`: the OpenAI routes' `openai.tool_calls.ToolSettings` (defaults when None)."""
     settings = settings or ServerSettings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     toks = frozenset(tokens)
@@ -120,7 +126,7 @@ async def start_onprem(
         host=host,
         http_port=port,
         grpc_port=grpc_port,
-        configure_app=_configure(servicer, toks, admin, tinker),
+        configure_app=_configure(servicer, toks, admin, tinker, tools),
     )
     servicer.core = running.core
     servicer.jobs.refill_pool()

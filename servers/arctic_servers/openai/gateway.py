@@ -154,8 +154,9 @@ class GatewayResolver:
         )
 
 
-def install(app: Any, servicer: Any, token_sha256: frozenset[str]) -> None:
-    """Mount the OpenAI-compatible routes of the gateway's sampling sub-jobs on `app`."""
+def install(app: Any, servicer: Any, token_sha256: frozenset[str], tools: Any = None) -> None:
+    """Mount the OpenAI-compatible routes of the gateway's sampling sub-jobs on `app`
+    (`tools`: the server's `tool_calls.ToolSettings`)."""
     from .routes import add_openai_routes
 
-    add_openai_routes(app, GatewayResolver(servicer), token_sha256=token_sha256)
+    add_openai_routes(app, GatewayResolver(servicer), token_sha256=token_sha256, tools=tools)

@@ -96,8 +96,9 @@ class OnpremResolver:
         return OnpremSampler(self.servicer, job.job_id, sub, token, tok, _max_len(sub))
 
 
-def install(app: Any, servicer: Any, tokens: Any = ()) -> None:
-    """Mount the OpenAI-compatible routes of an on-prem server's sampling sub-jobs on `app`."""
+def install(app: Any, servicer: Any, tokens: Any = (), tools: Any = None) -> None:
+    """Mount the OpenAI-compatible routes of an on-prem server's sampling sub-jobs on `app`
+    (`tools`: the server's `tool_calls.ToolSettings`)."""
     from .routes import add_openai_routes
 
-    add_openai_routes(app, OnpremResolver(servicer), tokens=tokens)
+    add_openai_routes(app, OnpremResolver(servicer), tokens=tokens, tools=tools)

@@ -45,7 +45,7 @@ from .requests import chat_request, completion_request, special_tokens
 from .sampler import OpenAIError, Resolver, Sampler
 from .sessions import SessionStore, session_id
 from .streaming import stream_reply
-from .tool_calls import ToolCalls, ToolSettings
+from .tool_calls import ToolCalls, ToolSettings, load_vllm
 
 __all__ = ["add_openai_routes"]
 
@@ -157,6 +157,8 @@ class OpenAIRoutes:
         token = self._token(request)
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
+        if body.get("tools") or body.get("tool_choice"):
+            await asyncio.to_thread(load_vllm)  # the first time: seconds of imports
         sid = session_id(body, request.headers)
         if sid is None:
             return await self._chat(request, body, sampler, None)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,28 @@ def add_tool_args(ap: Any) -> None:
         help="vLLM's floor for tool-call grammars (default parameter: forced calls follow each "
         "tool's parameter schema; vLLM's own default is auto)",
     )
+
+
+_LOADED: list[bool] = []
+
+
+def load_vllm() -> bool:
+    """Import vLLM's parser and request modules once (seconds: call it off the event loop,
+    `asyncio.to_thread`); their import-time deprecation warnings are vLLM's and torch's, not the
+    caller's. False when vLLM is not installed."""
+    with _LOCK:
+        if not _LOADED:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    import vllm.entrypoints.openai.chat_completion.protocol
+                    import vllm.parser
+                    import vllm.renderers.chat_utils  # noqa: F401
+
+                    _LOADED.append(True)
+                except ImportError:
+                    _LOADED.append(False)
+        return _LOADED[0]
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
@@ -243,11 +266,13 @@ class ToolCalls:
                 from vllm.parser import ParserManager
 
                 try:
-                    _PARSERS[key] = ParserManager.get_parser(
-                        tool_parser_name=s.tool_call_parser,
-                        enable_auto_tools=True,
-                        tool_strict_level=s.tool_strict_level,
-                    )
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        _PARSERS[key] = ParserManager.get_parser(
+                            tool_parser_name=s.tool_call_parser,
+                            enable_auto_tools=True,
+                            tool_strict_level=s.tool_strict_level,
+                        )
                 except TypeError as exc:
                     raise OpenAIError(
                         500, f"--tool-call-parser: {exc}", type="server_error"
@@ -263,15 +288,13 @@ class ToolCalls:
         if choice == "none" and tools is not None:
             _vllm_request(body)  # the tools are still vLLM-valid: they are rendered
             return None
-        try:
-            import vllm.parser  # noqa: F401
-        except ImportError:
+        if not load_vllm():
             raise _bad(
                 "tool_choice",
                 f"{json.dumps(choice or 'auto')}: tool calls need vLLM's tool parsers, which "
                 "this server does not have (install the on-prem extra); send tool_choice 'none'",
                 code="unsupported_value",
-            ) from None
+            )
         req = _vllm_request(body)
         s = self.settings
         parser_cls = self._parser_cls()
@@ -321,6 +344,8 @@ def raw_text(
 
 def _vllm_request(body: Mapping[str, Any]) -> Any:
     """vLLM's ChatCompletionRequest of the tool fields (its validators, its messages)."""
+    if not load_vllm():
+        return None
     try:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     except ImportError:

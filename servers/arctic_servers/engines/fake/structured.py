@@ -41,19 +41,21 @@ def _refuse(path: str, what: str) -> ProtocolError:
 
 
 def _bounds(s: Mapping[str, Any], integer: bool) -> tuple[float, float]:
-    lo, hi = s.get("minimum"), s.get("maximum")
+    lo: float | None = None if s.get("minimum") is None else float(s["minimum"])
+    hi: float | None = None if s.get("maximum") is None else float(s["maximum"])
     step = 1 if integer else 0
     if s.get("exclusiveMinimum") is not None:
         lo = float(s["exclusiveMinimum"]) + step
     if s.get("exclusiveMaximum") is not None:
         hi = float(s["exclusiveMaximum"]) - step
     if lo is None and hi is None:
-        lo, hi = 0, _SPAN
-    elif lo is None:
-        lo = float(hi) - _SPAN
-    elif hi is None:
-        hi = float(lo) + _SPAN
-    return float(lo), float(hi)
+        return 0.0, float(_SPAN)
+    if lo is None:
+        assert hi is not None
+        return hi - _SPAN, hi
+    if hi is None:
+        return lo, lo + _SPAN
+    return lo, hi
 
 
 def value(schema: Any, draw: Draw, path: str) -> Any:
@@ -110,8 +112,10 @@ def value(schema: Any, draw: Draw, path: str) -> Any:
 
 
 def _tag(fmt: Mapping[str, Any], draw: Draw, path: str, budget: int) -> str:
-    return str(fmt["begin"]) + _format(fmt["content"], draw, f"{path}.content", budget) + str(
-        fmt["end"]
+    return (
+        str(fmt["begin"])
+        + _format(fmt["content"], draw, f"{path}.content", budget)
+        + str(fmt["end"])
     )
 
 
@@ -123,13 +127,13 @@ def _format(fmt: Any, draw: Draw, path: str, budget: int) -> str:
     if kind == "const_string":
         return str(fmt["value"])
     if kind == "json_schema":
-        return json.dumps(value(fmt["json_schema"], draw, f"{path}.json_schema"), ensure_ascii=False)
+        found = value(fmt["json_schema"], draw, f"{path}.json_schema")
+        return json.dumps(found, ensure_ascii=False)
     if kind == "any_text":  # the fake's free text: printable bytes, as its plain samples
         return "".join(chr(32 + draw() % 95) for _ in range(budget))
     if kind == "sequence":
         return "".join(
-            _format(e, draw, f"{path}.elements[{i}]", budget)
-            for i, e in enumerate(fmt["elements"])
+            _format(e, draw, f"{path}.elements[{i}]", budget) for i, e in enumerate(fmt["elements"])
         )
     if kind == "or":
         k = draw() % len(fmt["elements"])

@@ -111,8 +111,8 @@ class EngineBatch:
             if ids:
                 self.engine.abort_request(ids)
             if any(getattr(p, "structured_outputs", None) is not None for p in params):
-                field = "sampling_params.structured_outputs"  # vLLM refused the constraint
-                raise WorkerError("invalid_argument", f"field {field}: {exc}", field=field) from None
+                path = "sampling_params.structured_outputs"  # vLLM refused the constraint
+                raise WorkerError("invalid_argument", f"field {path}: {exc}", field=path) from None
             raise WorkerError("invalid_argument", f"{what}: {exc}") from None
         call = _Call(msg_id, what, ids, finish, version)
         if finish is None:
