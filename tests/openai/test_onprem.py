@@ -233,3 +233,104 @@ def test_litellm(onprem: dict[str, Any]) -> None:
     )
     assert chunks
     asyncio.get_event_loop_policy()
+
+
+# ----------------------------------------------------------------- tool calls and sessions
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                "b": {"type": "integer", "minimum": 0, "maximum": 99},
+            },
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_forced_tool_calls_of_the_random_model_are_schema_valid(onprem: dict[str, Any]) -> None:
+    """The embedded (random) model under vLLM's structured-output decoding: `required` and a
+    named function give a call valid under the tool's schema, whole and streamed."""
+    import json
+
+    jsonschema = pytest.importorskip("jsonschema")
+    client = openai.OpenAI(base_url=onprem["v1"], api_key=KEY, max_retries=0)
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    named = {"type": "function", "function": {"name": "add"}}
+    for choice, reason in (("required", "tool_calls"), (named, "stop")):
+        for seed in range(3):
+            out = client.chat.completions.create(
+                model=onprem["job"], messages=msgs, tools=[ADD], tool_choice=choice,
+                parallel_tool_calls=False, max_tokens=96, seed=seed, temperature=1.0,
+            )  # fmt: skip
+            ch = out.choices[0]
+            assert ch.finish_reason == reason, ch
+            (call,) = ch.message.tool_calls
+            assert call.function.name == "add" and call.id
+            jsonschema.validate(json.loads(call.function.arguments), ADD["function"]["parameters"])
+    args = ""
+    for chunk in client.chat.completions.create(
+        model=onprem["job"], messages=msgs, tools=[ADD], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=96, seed=5, stream=True,
+    ):  # fmt: skip
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            args += (d.function.arguments or "") if d.function else ""
+    jsonschema.validate(json.loads(args), ADD["function"]["parameters"])
+
+
+def test_session_keeps_sampled_ids_where_rerendering_drifts(onprem: dict[str, Any]) -> None:
+    """Plain-text turns of the random model: its sampled ids are rarely what the tokenizer makes
+    of their text (non-canonical merges, bytes that are not UTF-8), so the re-rendered next
+    prompt drifts; in a session the next prompt holds them verbatim, and the server's record
+    is a training row with the mask on exactly the sampled ids."""
+    from arctic_sdk.rollouts import session_rows
+
+    client = openai.OpenAI(base_url=onprem["v1"], api_key=KEY, max_retries=0)
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    drift = kept = 0
+    for seed in range(4):
+        for sid in (None, f"story-{seed}"):
+            extra = {"session_id": sid} if sid else {}
+            first = client.chat.completions.create(
+                model=onprem["job"], messages=msgs, max_tokens=12, seed=seed,
+                temperature=1.0, extra_body=extra,
+            )  # fmt: skip
+            t1 = turn_from_response(first)
+            msgs2 = [
+                *msgs,
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "go on"},
+            ]
+            second = client.chat.completions.create(
+                model=onprem["job"], messages=msgs2, max_tokens=4, seed=seed, extra_body=extra
+            )
+            t2 = turn_from_response(second)
+            head = t1.prompt_token_ids + t1.completion_token_ids
+            verbatim = t2.prompt_token_ids[: len(head)] == head
+            if sid:
+                assert verbatim, seed
+                kept += 1
+                rec = requests_get(onprem, f"/sessions/{sid}")
+                (row,) = session_rows(rec)
+                assert row.input_ids[: len(t2.prompt_token_ids)] == t2.prompt_token_ids
+                assert sum(row.loss_mask) == len(t1.completion_token_ids) + len(
+                    t2.completion_token_ids
+                )
+            else:
+                drift += not verbatim
+    print(f"re-rendered prompts that lost the sampled ids: {drift} of 4; in a session: 0 of {kept}")
+    assert drift >= 1  # the measured failure the session fixes (the issue: 12 ids lost)
+
+
+def requests_get(onprem: dict[str, Any], path: str) -> Any:
+    import requests
+
+    r = requests.get(onprem["v1"] + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    r.raise_for_status()
+    return r.json()
