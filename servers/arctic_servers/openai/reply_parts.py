@@ -92,6 +92,25 @@ def chat_message(sampler: Sampler, req: Request, s: Sample) -> tuple[dict[str, A
     return req.tools.message(text, s.token_ids, reason)
 
 
+def record_session_turn(
+    req: Request, message: dict[str, Any], s: Sample, version: int | None, reason: str
+) -> None:
+    """A session's turn, once its reply is known (whole or streamed alike)."""
+    if req.session is None or req.continuation is None:
+        return
+    record_turn(
+        req.session,
+        req.raw["messages"],
+        req.continuation,
+        req.prompt_text,
+        message,
+        s.token_ids,
+        s.logprobs,
+        int(version or 0),
+        reason,
+    )
+
+
 def chat_reply(
     sampler: Sampler, req: Request, samples: Sequence[Sample], version: int
 ) -> dict[str, Any]:
@@ -109,18 +128,8 @@ def chat_reply(
                 "token_ids": s.token_ids,
             }
         )
-        if i == 0 and req.session is not None and req.continuation is not None:
-            record_turn(
-                req.session,
-                req.raw["messages"],
-                req.continuation,
-                req.prompt_text,
-                message,
-                s.token_ids,
-                s.logprobs,
-                version,
-                reason,
-            )
+        if i == 0:
+            record_session_turn(req, message, s, version, reason)
     out = envelope("chat.completion", "chatcmpl", req, version)
     out["choices"] = choices
     out["usage"] = usage(req.prompts, sum(len(s.token_ids) for s in samples))

@@ -20,12 +20,12 @@ from .reply_parts import (
     envelope,
     finish_reason,
     ignored_header,
+    record_session_turn,
     text_logprobs,
     usage,
 )
 from .requests import Request
 from .sampler import OpenAIError, Sample, Sampler, StreamEvent, hold_back, merge_events
-from .sessions import record_turn
 from .tool_calls import raw_text
 
 
@@ -33,18 +33,7 @@ def _record(sampler: Sampler, req: Request, ev: StreamEvent, version: int | None
     """A streamed session turn, recorded as its whole reply would be (`chat_reply`)."""
     sample = Sample(ev.token_ids, ev.text, ev.finish_reason or "stop", ev.logprobs, ev.stop_reason)
     message, reason = chat_message(sampler, req, sample)
-    assert req.session is not None and req.continuation is not None
-    record_turn(
-        req.session,
-        req.raw["messages"],
-        req.continuation,
-        req.prompt_text,
-        message,
-        ev.token_ids,
-        ev.logprobs,
-        int(version or 0),
-        reason,
-    )
+    record_session_turn(req, message, sample, version, reason)
 
 
 async def stream_reply(

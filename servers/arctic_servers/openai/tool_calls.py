@@ -234,7 +234,7 @@ class ToolTurn:
         )
         if msg is None:
             return None
-        out = msg.model_dump(exclude_none=True)
+        out: dict[str, Any] = msg.model_dump(exclude_none=True)
         out.pop("role", None)
         calls = [c for c in out.get("tool_calls") or [] if c]
         if self.request.parallel_tool_calls is False:
