@@ -197,7 +197,7 @@ async def evaluate(agent: Agent, step: int) -> tuple[float, float]:
     for traj, _, _ in done:
         row = agent.proxy.row(traj)
         probe += float(sum(row.logprobs or []))
-        agent.proxy.proxy.pop(traj)
+    await asyncio.gather(*(asyncio.to_thread(agent.proxy.finish, t) for t, _, _ in done))
     return float(np.mean([ok for _, _, ok in done])), probe
 
 
@@ -242,8 +242,7 @@ async def rl_step(
     ]
     done = await asyncio.gather(*jobs)
     rows: list[FlatRollout] = [agent.proxy.row(traj) for traj, _, _ in done]
-    for traj, _, _ in done:
-        agent.proxy.proxy.pop(traj)
+    await asyncio.gather(*(asyncio.to_thread(agent.proxy.finish, t) for t, _, _ in done))
     rewards = np.array([rw for _, rw, _ in done], np.float32).reshape(r.prompts, r.group)
     adv = (rewards - rewards.mean(axis=1, keepdims=True)).reshape(-1)
     frame = forward_backward_frame(rows, adv, loss_fn="grpo", config={"eps_clip": 0.2})

@@ -130,8 +130,20 @@ class ChatCompletionsProxy:
         return flatten_turns(turns)
 
     def pop(self, trajectory: str) -> list[RecordedTurn]:
+        """Forget a trajectory's record here (its server-side session stays: `finish`)."""
         with self._lock:
             return self.turns.pop(trajectory, [])
+
+    async def finish(self, trajectory: str) -> list[RecordedTurn]:
+        """A finished trajectory: its record, forgotten here and its session deleted on the
+        server (`DELETE /v1/sessions/{id}`; a token holds a bounded number of live sessions)."""
+        turns = self.pop(trajectory)
+        async with self._client().delete(
+            f"{self.target}/v1/sessions/{trajectory}", headers=self._auth()
+        ) as r:
+            if r.status not in (200, 404):
+                r.raise_for_status()
+        return turns
 
     async def session_rows(self, trajectory: str) -> list[FlatRollout]:
         """The server's own record of the trajectory's session (`GET /v1/sessions/{id}`)."""
@@ -306,6 +318,11 @@ class BackgroundProxy:
 
     def session_rows(self, trajectory: str) -> list[FlatRollout]:
         fut = asyncio.run_coroutine_threadsafe(self.proxy.session_rows(trajectory), self.loop)
+        return fut.result(60)
+
+    def finish(self, trajectory: str) -> list[RecordedTurn]:
+        """`ChatCompletionsProxy.finish`: the record, and the server's session deleted."""
+        fut = asyncio.run_coroutine_threadsafe(self.proxy.finish(trajectory), self.loop)
         return fut.result(60)
 
     def __exit__(self, *exc: object) -> None:

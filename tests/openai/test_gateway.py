@@ -286,6 +286,64 @@ def test_sampling_backpressure_429_with_retry_after(fake_gw: dict[str, Any]) -> 
     assert caps["limits"]["max_sampling_requests_per_job"] == SAMPLING_BOUND
 
 
+def test_tool_calls_and_sessions_through_the_gateway(fake_gw: dict[str, Any]) -> None:
+    """The gateway's routes (fake workers): a forced call valid under the tool's schema, whole
+    and streamed (a fake worker's stream of a constrained sample is generated whole, then sent:
+    a continuation would restart the constraint), and a session's second turn holding the first
+    turn's sampled ids verbatim; another token cannot read the session."""
+    import json
+
+    pytest.importorskip("vllm")
+    jsonschema = pytest.importorskip("jsonschema")
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["a"],
+            },
+        },
+    }
+    client = _client(fake_gw)
+    kw: dict[str, Any] = {"model": fake_gw["job"], "messages": MESSAGES, "tools": [tool]}
+    first = client.chat.completions.create(
+        **kw, tool_choice="required", parallel_tool_calls=False, max_tokens=80, seed=1,
+        extra_body={"session_id": "gw-1"},
+    )  # fmt: skip
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    args = ""
+    for chunk in client.chat.completions.create(
+        **kw, tool_choice="required", parallel_tool_calls=False, max_tokens=80, seed=2,
+        stream=True,
+    ):  # fmt: skip
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            args += (d.function.arguments or "") if d.function else ""
+    jsonschema.validate(json.loads(args), tool["function"]["parameters"])
+    msgs = [
+        *MESSAGES,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "3"},
+    ]
+    second = client.chat.completions.create(
+        model=fake_gw["job"], messages=msgs, tools=[tool], tool_choice="none", max_tokens=4,
+        seed=1, extra_body={"session_id": "gw-1"},
+    )  # fmt: skip
+    head = first.model_extra["prompt_token_ids"] + first.choices[0].model_extra["token_ids"]
+    assert second.model_extra["prompt_token_ids"][: len(head)] == head
+    own = requests.get(
+        fake_gw["v1"] + "/sessions/gw-1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    )
+    assert own.status_code == 200 and len(own.json()["turns"]) == 2
+    theirs = requests.get(
+        fake_gw["v1"] + "/sessions/gw-1", headers={"Authorization": f"Bearer {OTHER}"}, timeout=10
+    )
+    assert theirs.status_code == 404
+
+
 # LiteLLM's own imports warn (pydantic ReadOnly TypedDicts, deprecations): not ours to fix
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

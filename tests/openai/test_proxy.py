@@ -76,6 +76,10 @@ def test_proxy_records_a_token_exact_row(openai_server: OpenAIServer, stream: bo
         assert server_row.logprobs == row.logprobs
         frame = forward_backward_frame([row], [1.0], loss_fn="grpo")
         assert frame["context"]["loss_mask"].sum() == sum(row.loss_mask)
+        # a finished trajectory: forgotten here, its session deleted on the server
+        assert len(proxy.finish(traj)) == 2 and not proxy.recorded(traj)
+        with pytest.raises(Exception, match="404"):
+            proxy.session_rows(traj)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

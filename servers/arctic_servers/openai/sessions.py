@@ -146,7 +146,7 @@ class SessionStore:
         self,
         *,
         ttl_s: float = 3600.0,
-        max_per_owner: int = 256,
+        max_per_owner: int = 1024,
         max_total: int = 4096,
         max_turns: int = 1024,
     ) -> None:

@@ -11,9 +11,10 @@ result) and `stream`; `ServicerSampler` supplies both through a server's own ser
 `continuation_stream` streams a sample through a worker that answers one reply per command:
 each step asks for up to `chunk_tokens` more tokens of the same sample (prompt + tokens so far;
 the prefix cache makes the re-read cheap) and yields them at once. Stop strings are applied on
-the whole text; the EOS / stop tokens end the stream. Penalties and `min_tokens` depend on the
-whole completion, which a continuation would reset, so such requests are generated in one call
-and then streamed in one event (`NOT_INCREMENTAL`).
+the whole text; the EOS / stop tokens end the stream. Penalties, `min_tokens` and a
+`structured_outputs` constraint (a forced tool call) depend on the whole completion, which a
+continuation would reset, so such requests are generated in one call and then streamed in one
+event (`NOT_INCREMENTAL`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ __all__ = [
 ]
 
 SEED_STRIDE = 1_000_003  # the seed of a stream's index-th sample: seed + index * SEED_STRIDE
-NOT_INCREMENTAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+NOT_INCREMENTAL = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "structured_outputs",  # a constraint holds over the whole sample, not per continuation
+)
 _TOKENIZERS: dict[Path, Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()  # concurrent first requests: one import, one load
 
