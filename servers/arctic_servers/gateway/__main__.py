@@ -22,8 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..openai.tool_calls import ToolSettings, add_tool_args
+from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..protocol.config import ProtocolLimits
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args

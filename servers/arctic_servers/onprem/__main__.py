@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..engines.install_check import check
-from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..openai.tool_calls import ToolSettings, add_tool_args
+from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
 from ..protocol.observability_args import add_observability_arguments, observability_from_args
