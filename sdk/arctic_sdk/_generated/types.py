@@ -71,6 +71,7 @@ __all__ = [
     "LoadCheckpointResult",
     "LogProbsRequest",
     "LoraConfig",
+    "LoraPool",
     "LoraSupport",
     "LossAggMode",
     "LossConfig",
@@ -620,13 +621,44 @@ class LoraSupport(TypedDict, total=False):
     """
 
     shared_sampler: bool
-    """Several LoRA jobs over one base model share one sampling engine."""
+    """Several LoRA jobs over one base model share one trainer and one sampling engine (a LoRA
+    pool, `pools`; PROTOCOL.md §3.6).
+    """
 
     merged_sync: bool
     """A LoRA job whose adapter the samplers cannot serve (`train_embeddings` / `train_lm_head`
     where `sampler_embeddings` is false) is accepted: each sync merges the adapter into the full
     weights on the trainer and pushes them to the samplers (a full-weight sync: PROTOCOL.md §3.6).
     """
+
+    pools: list[LoraPool]
+    """The base models whose LoRA jobs share a pool (one trainer and one sampler holding the base
+    weights once; each job its own adapter, optimizer state, schedule, weight_version and
+    checkpoints), with each pool's adapter limit. Empty: every LoRA job has its own engines.
+    """
+
+
+class LoraPool(TypedDict, total=False):
+    """A base model whose poolable LoRA jobs share one trainer and one sampler (PROTOCOL.md §3.6)."""
+
+    base_model: str
+    """The base model as CreateJob's `model_name` names it ("" = the server's default model);
+    "*" = any model not listed on its own.
+    """
+
+    max_adapters: int
+    """Jobs (adapters) one pool holds at once; a poolable job past it is refused at CreateJob with
+    `rate_limited` (retryable; `details.pool`, `details.limit`, `Retry-After`).
+    """
+
+    adapters: int
+    """Jobs in the pool now."""
+
+    max_rank: int
+    """The largest `LoraConfig.rank` a pooled job may have (a larger one gets its own engines)."""
+
+    warm: bool
+    """The pool's engines are running: a new job joins in about a second, without starting any."""
 
 
 class SubJobConfigKeys(TypedDict, total=False):

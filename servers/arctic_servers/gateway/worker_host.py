@@ -52,6 +52,7 @@ from typing import Any
 from ..engines.worker.commands import lookup
 from ..engines.worker.engine_base import EngineBase
 from ..engines.worker.replies import no_delay
+from ..engines.worker.tenant_queue import TenantQueue, tenant_of
 from ..engines.worker.worker import BATCH_KIND, WorkerError, busy, placement, submits
 from ..protocol import tracing
 from ..protocol.states import WORKER_CALL, WORKER_HOST
@@ -248,28 +249,39 @@ class WorkerHost:
     def run(self) -> None:
         """The engine's thread: the onprem `worker.serve` loop's scheduling (`placement`) over
         this host's queue. Batched commands (the vLLM sampler's generates, streams and scoring)
-        join the engine's batch as they arrive; the rest run one at a time, the engine idle."""
-        deferred: collections.deque[Entry] = collections.deque()
+        join the engine's batch as they arrive; the rest wait in `TenantQueue` (a pool worker's
+        tenants in turn, arrival order within each) and run one at a time, the engine idle."""
+        waiting: TenantQueue[Entry] = TenantQueue()
+        closing = False  # the shutdown sentinel arrived: what can run now runs, then return
         while True:
-            while deferred and placement(self.built, _cmd(deferred[0]), waiting=False) != "defer":
-                self._dispatch(deferred.popleft())
-            if busy(self.built):
+            while not closing:  # what arrived while the engine worked, queued first
                 try:
                     e = self.queue.get_nowait()
                 except queue.Empty:
-                    self._step(self.built.pump)  # one engine step: what it produced
-                    continue
-            else:
-                e = self.queue.get()
-            if e is None:
+                    break
+                closing = self._take(e, waiting)
+            if waiting and placement(self.built, _cmd(waiting.peek()), waiting=False) != "defer":
+                self._dispatch(waiting.pop())
+                continue
+            if closing:
                 return
-            if e.kind == "abort":
-                self._abort(str(e.args["key"]))
+            if busy(self.built):
+                self._step(self.built.pump)  # one engine step: what it produced
                 continue
-            if placement(self.built, _cmd(e), waiting=bool(deferred)) == "defer":
-                deferred.append(e)  # after the requests in the engine, in arrival order
-                continue
+            closing = self._take(self.queue.get(), waiting)
+
+    def _take(self, e: Entry | None, waiting: TenantQueue[Entry]) -> bool:
+        """An entry off the queue: an abort runs at once, a command the engine's batch takes
+        joins it, the rest wait their turn. True: shut down."""
+        if e is None:
+            return True
+        if e.kind == "abort":
+            self._abort(str(e.args["key"]))
+        elif placement(self.built, _cmd(e), waiting=bool(waiting)) == "submit":
             self._dispatch(e)
+        else:
+            waiting.push(tenant_of(e.args), e)
+        return False
 
     def _dispatch(self, e: Entry) -> None:
         if submits(self.built, _cmd(e)):

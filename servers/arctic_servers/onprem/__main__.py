@@ -4,7 +4,7 @@
         [--model DIR] [--job training,sampling] [--lr 1e-5] [--data-dir DIR] [--token T ...]
         [--threads N | training=N,sampling=N,log_prob=N[,pin]] [--worker-python PY]
         [--max-slots 16] [--prewarm deepspeed,vllm] [--admin] [--verbose-workers]
-        [--no-engine-check]
+        [--lora-pool MODEL[=N] ...] [--no-engine-check]
     python -m arctic_servers.onprem check [--worker-python PY]
 
 `serve` first checks that the engines' Python can run the engines (`check` does only that) and,
@@ -30,6 +30,7 @@ from ..openai.tool_calls import ToolSettings, add_tool_args
 from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
+from ..protocol.lora_pools import add_pool_arguments, policy_from_args
 from ..protocol.observability_args import add_observability_arguments, observability_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
@@ -90,6 +91,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add_limit_arguments(p)
     add_sync_arguments(p)
+    add_pool_arguments(p)
     add_tinker_arguments(p)
     add_observability_arguments(p)
     add_tool_args(p)
@@ -114,6 +116,7 @@ async def _serve(args: argparse.Namespace) -> int:
         verbose_workers=args.verbose_workers,
         prewarm=tuple(x.strip() for x in args.prewarm.split(",") if x.strip()),
         sync=sync_settings_from_args(args),
+        lora_pools=policy_from_args(args),
     )
     create = []
     if args.job:

@@ -18,7 +18,7 @@ from ..protocol import checkpoint_files as cf
 from ..protocol import forwarding
 from ..protocol.checkpoint_files import copy_tree as _copy_tree
 from ..protocol.context import CallContext
-from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, export_format
+from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, export_format
 from .base import OnpremBase
 from .jobs import SubJob
 
@@ -57,7 +57,7 @@ class Checkpoints(OnpremBase):
             meta,
             self._call,
             ckpt=ckpt,
-            adapter_job=adapter_sync(job.lora),
+            adapter_job=job.syncs_adapter,
             export=lambda: self._export(source, ckpt, meta),
         )
         return {"checkpoint": cf.public(meta)}

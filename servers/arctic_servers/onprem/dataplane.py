@@ -28,7 +28,7 @@ from ..protocol.collective_sync import (
 )
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
-from ..protocol.lora_config import adapter_sync, check_adapter, check_weight_format
+from ..protocol.lora_config import check_adapter, check_weight_format
 from ..protocol.lora_sync import check_lora_sync, lora_method
 from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
 from .base import OnpremBase
@@ -62,7 +62,7 @@ class DataPlane(forwarding.WorkerForwarding, OnpremBase):
         await job.gate.wait()  # a weight sync in progress pauses new generates
         self._require_running(job, ctx.method)
         # a LoRA job: the current adapter version, or "base" (version 0; PROTOCOL.md §3.6)
-        adapter = check_adapter(body, adapter_sync(job.lora))
+        adapter = check_adapter(body, job.syncs_adapter)
         version = 0 if adapter else sub.weight_version
         res = dict(
             await self._call(
@@ -111,15 +111,15 @@ class DataPlane(forwarding.WorkerForwarding, OnpremBase):
                 "unsupported_option", str(exc), options=[f"{path}method"], field=f"{path}method"
             ) from None
         check_sync_sub_jobs(job, body, path)
-        check_weight_format(body, adapter_sync(job.lora), path)
-        if adapter_sync(job.lora):  # (an lm_head / embedding adapter: merged full weights)
+        check_weight_format(body, job.syncs_adapter, path)
+        if job.syncs_adapter:  # (an lm_head / embedding adapter: merged full weights)
             check_lora_sync(job, body, path)
 
     async def _sync(self, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
         src, targets = sync_sub_jobs(job, body)
         where = self._placement()
         method = pick_method(body.get("method"), where, cuda_ipc=body.get("cuda_ipc"))
-        if adapter_sync(job.lora):  # the adapter only (lora_sampler.py)
+        if job.syncs_adapter:  # the adapter only (lora_sampler.py)
             method = lora_method(method, where.shm)
         async with job.sync_lock:
             # new generates wait here; the sampler finishes those already sent before it swaps

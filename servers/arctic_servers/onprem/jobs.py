@@ -28,7 +28,9 @@ from ..protocol.errors import ProtocolError
 from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import JobRecord, not_running_error, terminal_error
 from ..protocol.lora_config import adapter_sync, job_lora
+from ..protocol.lora_pools import syncs_adapter
 from ..protocol.states import move_sub_job
+from .lora_pools import PoolManager, TenantHandle
 from .settings import ServerSettings
 
 log = logging.getLogger("arctic_servers.onprem")
@@ -43,7 +45,7 @@ class SubJob:
     model_dir: Path | None = None
     state: str = "pending"
     reason: str = ""
-    worker: WorkerHandle | None = None
+    worker: WorkerHandle | TenantHandle | None = None
     weight_version: int = 0
     resumed: dict[str, Any] | None = None  # the checkpoint_path checkpoint it started from
 
@@ -62,6 +64,7 @@ class Job(JobRecord[SubJob]):
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     weight_group: CollectiveSync | None = None  # built by its first collective sync
+    pool: str = ""  # the LoRA pool its adapter trains and samples in ("": its own engines)
 
     @property
     def slots(self) -> int:
@@ -71,6 +74,11 @@ class Job(JobRecord[SubJob]):
     def lora(self) -> dict[str, Any] | None:
         """The training sub-job's normalised `lora` (PROTOCOL.md §3.6); None: full weights."""
         return job_lora([(s.role, s.spec.config) for s in self.sub_jobs])
+
+    @property
+    def syncs_adapter(self) -> bool:
+        """Its samplers load its adapter as versions (a pooled job's always do)."""
+        return syncs_adapter(self.lora, bool(self.pool))
 
     def sub_job_json(self, sub: SubJob) -> dict[str, Any]:
         return pj.sub_job_json(sub.sub_job_id, sub.role, sub.state, sub.reason, sub.model_name)
@@ -85,12 +93,17 @@ class JobManager(JobQueue[Job]):
         self.settings = settings
         self._next_cpu = 0
         self._pool: dict[str, list[WorkerHandle]] = {}
+        self.pools = PoolManager(self, settings.lora_pools)
 
     def total(self) -> int:
         return self.settings.max_slots
 
     def needs(self, job: Job) -> int:
-        return job.slots
+        return self.pools.needs(job) if job.pool else job.slots
+
+    def in_use(self) -> int:
+        own = sum(j.slots for j in self.jobs.values() if j.placed and not j.terminal and not j.pool)
+        return own + self.pools.slots()
 
     def waiting(self, job: Job, free: int) -> None:
         job.reason = f"waiting for capacity: needs {job.slots} slots, {max(free, 0)} free"
@@ -121,6 +134,7 @@ class JobManager(JobQueue[Job]):
                 field="sub_job_configs",
                 expected=f"<= {self.settings.max_slots} slots",
             )
+        job.pool = self.pools.assign(job_id, specs)  # `rate_limited` when its pool is full
         self.jobs[job_id] = job
         self._enter(job, "pending", "")
         if lease_seconds:
@@ -135,6 +149,8 @@ class JobManager(JobQueue[Job]):
 
     def place(self, job: Job) -> None:
         self._enter(job, "placing", "")
+        if job.pool:
+            self.pools.place(job)
         self._spawn(self._start(job))
 
     def _cpus_for(self, n: int) -> list[int] | None:
@@ -146,6 +162,9 @@ class JobManager(JobQueue[Job]):
         return cpus
 
     async def _start(self, job: Job) -> None:
+        if job.pool:  # its adapter joins its LoRA pool's engines (lora_pools.py)
+            await self.pools.start(job)
+            return
         try:
             for sub in job.sub_jobs:
                 sub.model_dir = await asyncio.to_thread(
@@ -289,10 +308,20 @@ class JobManager(JobQueue[Job]):
         pj.end_sub_jobs(job.sub_jobs, state, reason)
         self._enter(job, state, reason)
         job.gate.set()
-        self._spawn(self._stop_workers(job, f"stopped: job {state}"))
+        self._spawn(self._end_workers(job, f"stopped: job {state}"))
         self._schedule()
 
+    async def _end_workers(self, job: Job, reason: str) -> None:
+        """Stop the job's workers (a pooled job's: detach its adapter), then free its pool
+        place."""
+        try:
+            await self._stop_workers(job, reason)
+        finally:
+            if job.pool:
+                self.pools.release(job)
+
     async def shutdown(self) -> None:
+        await self.pools.shutdown()
         pooled = [w for ws in self._pool.values() for w in ws]
         self._pool.clear()
         await asyncio.gather(

@@ -55,8 +55,13 @@ def _admin_routes(servicer: OnpremServicer, tokens: frozenset[str]) -> Any:
             except ProtocolError as exc:
                 return web.json_response(exc.body(), status=exc.http_status)
 
+        async def pools(request: web.Request) -> web.Response:
+            auth(request)
+            return web.json_response({"pools": await servicer.jobs.pools.views()})
+
         app.router.add_get("/_admin/jobs", jobs)
         app.router.add_get("/_admin/jobs/{job_id}", job_state)
+        app.router.add_get("/_admin/pools", pools)
 
     return configure
 

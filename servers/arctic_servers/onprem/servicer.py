@@ -29,7 +29,8 @@ from ..protocol import checkpoint_ids
 from ..protocol import jobs as pj
 from ..protocol.context import CallContext
 from ..protocol.jobs import sub_job_by_id
-from ..protocol.lora_config import adapter_sync, check_adapter
+from ..protocol.lora_config import check_adapter
+from ..protocol.lora_pools import lora_support_json
 from .checkpoints import Checkpoints
 from .jobs import Job, engine_kind
 from .operations import Operations
@@ -38,8 +39,11 @@ from .operations import Operations
 class OnpremServicer(Operations, Checkpoints):
     #: the capabilities' `config_keys`: the standard keys and the on-prem extensions
     config_keys = pj.config_keys_json(config_keys())
-    #: the capabilities' `lora` (PROTOCOL.md §3.6)
-    lora_support = LORA.json()
+
+    @property
+    def lora_support(self) -> dict[str, Any]:
+        """The capabilities' `lora` (PROTOCOL.md §3.6), with this server's LoRA pools."""
+        return lora_support_json(LORA.json(), self.jobs.pools.book)
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
         """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
@@ -59,7 +63,7 @@ class OnpremServicer(Operations, Checkpoints):
             assert sub is not None
             checks.sampling_params(body)
             checks.prompts(body, self._vocab_of(sub))
-            check_adapter(body, adapter_sync(job.lora))
+            check_adapter(body, job.syncs_adapter)
         elif m is M.SAVE_CHECKPOINT:
             checks.save_body(body)
         elif m is M.LOAD_CHECKPOINT:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..engines.config import ROLES, cpu_count, default_cache_dir
 from ..protocol.collective_sync import SyncSettings
+from ..protocol.lora_pools import PoolPolicy
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,5 @@ class ServerSettings:
     # engines with one idle, pre-imported worker kept ready, so a job starts in seconds
     prewarm: tuple[str, ...] = ("deepspeed", "vllm")
     sync: SyncSettings = field(default_factory=SyncSettings)  # the collective weight sync
+    # base models whose LoRA jobs share one trainer and one sampler (none by default)
+    lora_pools: PoolPolicy = field(default_factory=PoolPolicy)

@@ -76,9 +76,9 @@ def gathered(module: Any, stage: int) -> Iterator[None]:
         yield
 
 
-def adapter_config_json(module: Any) -> dict[str, Any]:
+def adapter_config_json(module: Any, adapter: str = ADAPTER) -> dict[str, Any]:
     """The adapter's `adapter_config.json` (as PEFT writes it)."""
-    cfg = module.peft_config[ADAPTER].to_dict()
+    cfg = module.peft_config[adapter].to_dict()
     out: dict[str, Any] = json.loads(json.dumps(cfg, default=_jsonable))
     return out
 
@@ -89,41 +89,47 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
-def adapter_tensors(module: Any, stage: int) -> dict[str, torch.Tensor]:
+def adapter_tensors(module: Any, stage: int, adapter: str = ADAPTER) -> dict[str, torch.Tensor]:
     """The adapter's tensors in PEFT's file names (`...q_proj.lora_A.weight`), on CPU."""
-    return snapshot(module, stage, merged=False)[0]
+    return snapshot(module, stage, merged=False, adapter=adapter)[0]
 
 
 def snapshot(
-    module: Any, stage: int, *, merged: bool = True
+    module: Any, stage: int, *, merged: bool = True, adapter: str = ADAPTER
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
     """The adapter's tensors and (with `merged`) the merged full weights, read in ONE gather:
     under ZeRO-3 with several ranks every rank makes the same gathers, so a save or an export
-    is one gather on each (the followers join it with `state_dict()`)."""
+    is one gather on each (the followers join it with `state_dict()`). `adapter`: which of the
+    module's adapters (a LoRA pool's trainer holds one per tenant)."""
     from peft import get_peft_model_state_dict
 
     with gathered(module, stage), torch.no_grad():
         own = {
             n: p.detach().clone().cpu().contiguous()
             for n, p in module.named_parameters()
-            if "lora_" in n
+            if is_adapter_param(n, adapter)
         }
-        sd = get_peft_model_state_dict(module, state_dict=own, adapter_name=ADAPTER)
-        full = _merged(module) if merged else None
+        sd = get_peft_model_state_dict(
+            module, state_dict=own, adapter_name=adapter, save_embedding_layers=False
+        )
+        full = _merged(module, adapter) if merged else None
     return {k: v.contiguous() for k, v in sd.items()}, full
 
 
-def save_adapter_dir(module: Any, tensors: Mapping[str, torch.Tensor], out: Path) -> Path:
+def save_adapter_dir(
+    module: Any, tensors: Mapping[str, torch.Tensor], out: Path, adapter: str = ADAPTER
+) -> Path:
     """A PEFT adapter directory: `adapter_config.json` + `adapter_model.safetensors`."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(out / "adapter_model.safetensors"))
-    (out / "adapter_config.json").write_text(json.dumps(adapter_config_json(module), indent=1))
+    cfg = adapter_config_json(module, adapter)
+    (out / "adapter_config.json").write_text(json.dumps(cfg, indent=1))
     return out
 
 
-def load_adapter_dir(module: Any, stage: int, src: Path) -> int:
+def load_adapter_dir(module: Any, stage: int, src: Path, adapter: str = ADAPTER) -> int:
     """Copy a PEFT adapter directory's tensors into the live adapter; the number copied."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -137,11 +143,17 @@ def load_adapter_dir(module: Any, stage: int, src: Path) -> int:
     else:
         ctx = contextlib.nullcontext()
     with ctx, torch.no_grad():
-        res = set_peft_model_state_dict(module, sd, adapter_name=ADAPTER)
-    missing = [k for k in getattr(res, "missing_keys", []) if "lora_" in k]
+        res = set_peft_model_state_dict(module, sd, adapter_name=adapter)
+    missing = [k for k in getattr(res, "missing_keys", []) if is_adapter_param(k, adapter)]
     if missing:
         raise ValueError(f"adapter {src} lacks {len(missing)} tensors, e.g. {missing[:2]}")
     return len(sd)
+
+
+def is_adapter_param(name: str, adapter: str = ADAPTER) -> bool:
+    """Whether PEFT parameter `name` is one of adapter `adapter`'s (`...lora_A.{adapter}.weight`,
+    `...lora_embedding_A.{adapter}`)."""
+    return "lora_" in name and (f".{adapter}." in name or name.endswith(f".{adapter}"))
 
 
 def hf_name(peft_name: str) -> str:
@@ -149,25 +161,25 @@ def hf_name(peft_name: str) -> str:
     return peft_name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
 
 
-def merged_state_dict(module: Any, stage: int) -> dict[str, torch.Tensor]:
+def merged_state_dict(module: Any, stage: int, adapter: str = ADAPTER) -> dict[str, torch.Tensor]:
     """Full weights in HF names with the adapter merged in (W + (alpha / r) B A), on CPU; the
     live model is left as it is."""
-    full = snapshot(module, stage)[1]
+    full = snapshot(module, stage, adapter=adapter)[1]
     assert full is not None
     return full
 
 
-def _merged(module: Any) -> dict[str, torch.Tensor]:
+def _merged(module: Any, adapter: str = ADAPTER) -> dict[str, torch.Tensor]:
     """`merged_state_dict` of a module whose parameters are whole (gathered)."""
     from peft.tuners.lora import LoraLayer
 
     deltas: dict[str, torch.Tensor] = {}
     for name, mod in module.named_modules():
         if isinstance(mod, LoraLayer) and (
-            ADAPTER in mod.lora_A or ADAPTER in mod.lora_embedding_A
+            adapter in mod.lora_A or adapter in mod.lora_embedding_A
         ):
             key = hf_name(f"{name}.base_layer.weight")
-            deltas[key] = mod.get_delta_weight(ADAPTER).detach().cpu()
+            deltas[key] = mod.get_delta_weight(adapter).detach().cpu()
     out: dict[str, torch.Tensor] = {}
     for n, p in module.named_parameters():
         if "lora_" in n:

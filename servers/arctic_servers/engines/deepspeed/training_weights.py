@@ -14,6 +14,8 @@ import torch
 from ...protocol.lora_config import adapter_sync
 from ..worker.worker import WorkerError
 from .hf_model import write_hf_dir
+from .lora_trainer import ADAPTER
+from .tenant_optim import STATE_FILE
 
 
 class TrainerWeights:
@@ -21,6 +23,7 @@ class TrainerWeights:
     stage: int
     model_dir: str
     lora: dict[str, Any] | None  # a LoRA trainer's adapter config (lora_trainer.py)
+    adapter_name = ADAPTER  # its PEFT adapter (a LoRA pool's tenant trainer: the tenant's)
 
     # -- weights -----------------------------------------------------------------------------
 
@@ -33,7 +36,7 @@ class TrainerWeights:
         if self.lora is not None:
             from .lora_trainer import merged_state_dict
 
-            return merged_state_dict(module, self.stage)
+            return merged_state_dict(module, self.stage, self.adapter_name)
         if self.stage == 3:
             params = list(module.parameters())
             with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
@@ -53,11 +56,11 @@ class TrainerWeights:
 
             return trainer_export_gpu(self, method)
         out: dict[str, Any] = {}
-        if adapter_sync(self.lora):  # the adapter only (PROTOCOL.md §3.6)
+        if self.syncs_adapter():  # the adapter only (PROTOCOL.md §3.6)
             from .lora_trainer import adapter_config_json, adapter_tensors
 
-            sd = adapter_tensors(self.engine.module, self.stage)
-            out["adapter_config"] = adapter_config_json(self.engine.module)
+            sd = adapter_tensors(self.engine.module, self.stage, self.adapter_name)
+            out["adapter_config"] = adapter_config_json(self.engine.module, self.adapter_name)
         else:  # full weights; an lm_head / embedding adapter merged in (merge-and-push)
             sd = self.state_dict()
         nbytes = sum(v.numel() * v.element_size() for v in sd.values())
@@ -71,6 +74,10 @@ class TrainerWeights:
             out["blob"] = save(sd)
         out["seconds"] = time.perf_counter() - t
         return out
+
+    def syncs_adapter(self) -> bool:
+        """A sync sends the adapter (its samplers load adapter versions), not full weights."""
+        return adapter_sync(self.lora)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -98,7 +105,8 @@ class TrainerWeights:
         from .lora_trainer import save_adapter_dir, snapshot
 
         weights_only = checkpoint_type == "weights-only"
-        adapter, merged = snapshot(self.engine.module, self.stage, merged=weights_only)
+        module, name = self.engine.module, self.adapter_name
+        adapter, merged = snapshot(module, self.stage, merged=weights_only, adapter=name)
         if not weights_only:
             self.engine.save_checkpoint(
                 str(tag_dir.parent),
@@ -108,7 +116,7 @@ class TrainerWeights:
             )
         if dist.is_initialized() and dist.get_rank() != 0:
             return  # rank 0 writes the files (every rank joined the gathers)
-        save_adapter_dir(self.engine.module, adapter, tag_dir / "adapter")
+        save_adapter_dir(module, adapter, tag_dir / "adapter", name)
         if merged is not None:
             write_hf_dir(merged, self.model_dir, tag_dir / "hf")
             (tag_dir / "client_state.json").write_text(json.dumps(cs))
@@ -118,13 +126,16 @@ class TrainerWeights:
         if self.lora is not None and checkpoint_type == "weights-only":
             from .lora_trainer import load_adapter_dir
 
-            load_adapter_dir(self.engine.module, self.stage, root / tag / "adapter")
+            load_adapter_dir(
+                self.engine.module, self.stage, root / tag / "adapter", self.adapter_name
+            )
             self._refresh_master()
             cs = json.loads((root / tag / "client_state.json").read_text())
         elif checkpoint_type == "weights-only":
             self._load_weights_only(root / tag / "hf" / "model.safetensors")
             cs = json.loads((root / tag / "client_state.json").read_text())
         else:
+            self.check_resumable(root / tag)
             path, cs = self.engine.load_checkpoint(
                 str(root),
                 tag=tag,
@@ -140,6 +151,18 @@ class TrainerWeights:
         self.engine.optimizer.zero_grad()
         self._reset_accum()  # type: ignore[attr-defined]  # TrainingEngine's
         return {"global_steps": int(self.engine.global_steps), "client_state": cs or {}}
+
+    def check_resumable(self, tag_dir: Path) -> None:
+        """Refuse a resumable checkpoint this trainer cannot resume (a LoRA pool tenant's)."""
+        if (tag_dir / STATE_FILE).is_file():
+            raise WorkerError(
+                "invalid_argument",
+                "field checkpoint_id: a resumable checkpoint of a job that trained in a LoRA "
+                "pool; a job with its own trainer resumes DeepSpeed checkpoints, or loads the "
+                "adapter of a weights-only one",
+                field="checkpoint_id",
+                expected="a resumable checkpoint of a job with its own trainer",
+            )
 
     def _load_weights_only(self, path: Path) -> None:
         import deepspeed

@@ -50,6 +50,7 @@ class _Call:
     max_tokens: int = 0  # streams: what it may produce, what it produced
     produced: int = 0
     logprobs: bool = False
+    lora_id: int = 0  # the LoRA adapter version its requests run with (0: none)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class _Period:
     requests: int = 0
     steps: int = 0
     peak: int = 0
+    peak_adapters: int = 0  # the most LoRA adapters the engine's requests used at once
     t0: float = 0.0
 
 
@@ -70,11 +72,16 @@ class EngineBatch:
         self.owner: dict[str, _Call] = {}  # engine request id -> its command
         self.stream_counts = {"started": 0, "finished": 0, "aborted": 0}
         self.steps = 0
+        self.peak_adapters = 0  # the most adapters in one engine step, ever (stats)
         self.period = _Period()
 
     def busy(self) -> bool:
         """Whether requests are in the engine (the serve loop then pumps it)."""
         return bool(self.calls)
+
+    def loras_in_use(self) -> set[int]:
+        """The LoRA adapter versions (`lora_int_id`) the requests in the engine run with."""
+        return {c.lora_id for c in self.calls.values() if c.lora_id}
 
     def streams(self) -> int:
         return sum(1 for c in self.calls.values() if c.finish is None)
@@ -114,7 +121,9 @@ class EngineBatch:
                 path = "sampling_params.structured_outputs"  # vLLM refused the constraint
                 raise WorkerError("invalid_argument", f"field {path}: {exc}", field=path) from None
             raise WorkerError("invalid_argument", f"{what}: {exc}") from None
-        call = _Call(msg_id, what, ids, finish, version)
+        call = _Call(
+            msg_id, what, ids, finish, version, lora_id=int(getattr(lora, "lora_int_id", 0))
+        )
         if finish is None:
             call.max_tokens = int(params[0].max_tokens or 0)
             call.logprobs = params[0].logprobs is not None
@@ -177,6 +186,8 @@ class EngineBatch:
         """One engine step over every request in it; the messages of what it produced."""
         p = self.period
         p.peak = max(p.peak, int(self.engine.get_num_unfinished_requests()))
+        p.peak_adapters = max(p.peak_adapters, len(self.loras_in_use()))
+        self.peak_adapters = max(self.peak_adapters, p.peak_adapters)
         try:
             outs = self.engine.step()
         except Exception as exc:
@@ -248,7 +259,8 @@ class EngineBatch:
         p = self.period
         print(
             f"{IDLE_MARK} {p.calls} calls ({p.requests} requests) in {p.steps} engine steps, "
-            f"{time.perf_counter() - p.t0:.3f} s; at most {p.peak} requests in the engine at once",
+            f"{time.perf_counter() - p.t0:.3f} s; at most {p.peak} requests in the engine at once"
+            + (f", of {p.peak_adapters} LoRA adapters" if p.peak_adapters else ""),
             flush=True,
         )
         self.period = _Period()
@@ -261,4 +273,5 @@ class EngineBatch:
             "calls": len(self.calls),
             "steps": self.steps,
             "engine_unfinished": int(self.engine.get_num_unfinished_requests()),
+            "peak_adapters": self.peak_adapters,
         }

@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,26 @@ def load(
     }
 
 
+EMBEDDING_ENV = "ARCTIC_VLLM_LORA_EMBEDDINGS"  # set: vLLM's engine process declares them too
+
+
+def serve_embedding_adapters() -> None:
+    """Declare `embed_tokens` / `lm_head` as LoRA embedding modules of the vLLM model classes
+    that lack them (Qwen2 in vLLM 0.32; Llama and Qwen3 declare them themselves). Called in the
+    process that builds the model: the sampler's (in-process engine), and vLLM's engine process
+    through the worker extension when `EMBEDDING_ENV` is set."""
+    from vllm.model_executor.models import qwen2
+
+    for cls in (qwen2.Qwen2ForCausalLM,):
+        mods = dict(getattr(cls, "embedding_modules", None) or {})
+        if "lm_head" not in mods:
+            cls.embedding_modules = {  # type: ignore[attr-defined]
+                "embed_tokens": "input_embeddings",
+                "lm_head": "output_embeddings",
+                **mods,
+            }
+
+
 PREFIX = "arctic-lora-"  # one directory of adapter versions per sampler
 OWNER = ".owner"  # in it: a file the sampler holds an exclusive flock on while it lives
 
@@ -115,9 +135,19 @@ def own(root: Path) -> int:
 
 
 class LoraAdapters:
-    """The adapter versions of one sampler."""
+    """The adapter versions of one sampler (or of one tenant of a LoRA pool's sampler:
+    `next_id` then hands out `lora_int_id`s unique in the pool, and `keep_old` keeps a replaced
+    version registered until `retire` finds none of its requests left in the engine)."""
 
-    def __init__(self, llm: Any, lora: Mapping[str, Any], sub_job_id: str = "") -> None:
+    def __init__(
+        self,
+        llm: Any,
+        lora: Mapping[str, Any],
+        sub_job_id: str = "",
+        *,
+        next_id: Callable[[], int] | None = None,
+        keep_old: bool = False,
+    ) -> None:
         self.llm = llm
         self.lora = dict(lora)
         self.name = f"arctic-{sub_job_id or 'sampler'}".replace(":", "-")
@@ -128,6 +158,9 @@ class LoraAdapters:
         self.version = 0  # adapter versions loaded (0: none, the base model)
         self.current: Any = None  # the LoRARequest of the current version
         self.dir: Path | None = None
+        self.next_id = next_id
+        self.keep_old = keep_old
+        self.retired: list[tuple[Any, Path]] = []  # replaced versions still registered
 
     def request(self, adapter: str = "") -> Any:
         return None if adapter == BASE_ADAPTER else self.current
@@ -149,7 +182,8 @@ class LoraAdapters:
         else:
             raise WorkerError("invalid_argument", "load_weights: a LoRA sync needs path or blob")
         (d / "adapter_config.json").write_text(json.dumps(dict(adapter_config)))
-        req = LoRARequest(f"{self.name}-v{version}", version, str(d))
+        lora_id = self.next_id() if self.next_id is not None else version
+        req = LoRARequest(f"{self.name}-v{version}", lora_id, str(d))
         engine = self.llm.llm_engine
         try:
             ok = engine.add_lora(req)
@@ -163,11 +197,14 @@ class LoraAdapters:
             raise WorkerError("internal", f"vLLM did not register adapter version {version}")
         old, old_dir = self.current, self.dir
         self.current, self.dir, self.version = req, d, version
-        if old is not None:
-            with contextlib.suppress(Exception):
-                engine.remove_lora(old.lora_int_id)
-        if old_dir is not None:
-            shutil.rmtree(old_dir, ignore_errors=True)
+        if old is not None and old_dir is not None and self.keep_old:
+            self.retired.append((old, old_dir))  # its requests may still run: `retire`
+        else:
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    engine.remove_lora(old.lora_int_id)
+            if old_dir is not None:
+                shutil.rmtree(old_dir, ignore_errors=True)
         return {
             "n": len(_safetensors_names(target)),
             "adapter_version": version,
@@ -176,7 +213,23 @@ class LoraAdapters:
             "loras": sorted(int(i) for i in engine.list_loras()),
         }
 
+    def retire(self, in_use: set[int]) -> int:
+        """Unregister the replaced versions no request in the engine uses; how many."""
+        gone = [(r, d) for r, d in self.retired if int(r.lora_int_id) not in in_use]
+        for r, d in gone:
+            with contextlib.suppress(Exception):
+                self.llm.llm_engine.remove_lora(r.lora_int_id)
+            shutil.rmtree(d, ignore_errors=True)
+        self.retired = [x for x in self.retired if x not in gone]
+        return len(gone)
+
     def close(self) -> None:
+        """Unregister every version and remove its files."""
+        for r in [*(x for x, _ in self.retired), self.current]:
+            if r is not None:
+                with contextlib.suppress(Exception):
+                    self.llm.llm_engine.remove_lora(r.lora_int_id)
+        self.retired = []
         shutil.rmtree(self.root, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.close(self._owner)

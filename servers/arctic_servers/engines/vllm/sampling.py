@@ -111,7 +111,7 @@ class SamplingEngine(VllmScoring, EngineBase):
             kwargs["enable_sleep_mode"] = True
         else:
             kwargs["enforce_eager"] = True
-        kwargs.update(lora_sampler.engine_args(spec))  # a LoRA job's sampler: adapter versions
+        kwargs.update(self._lora_engine_args(spec))  # a LoRA job's sampler: adapter versions
         kwargs.update(dict(conf.get("vllm_config") or {}))
         from .collective import register
 
@@ -132,6 +132,10 @@ class SamplingEngine(VllmScoring, EngineBase):
         self._warm_up()
         self.batch = EngineBatch(self.llm.llm_engine)
         self._batched = self.batched_commands()
+
+    def _lora_engine_args(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """`vllm.LLM`'s LoRA arguments (a LoRA pool's sampler has its own)."""
+        return lora_sampler.engine_args(spec)
 
     def _warm_up(self) -> None:
         """One tiny generate at start-up: the first call pays seconds of one-time set-up."""

@@ -12,13 +12,17 @@ reloads. It is GPU-only and has not run on the CPU machines this project is test
 
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any
 
 from arctic_servers.engines.vllm.collective import register
+from arctic_servers.engines.vllm.lora_sampler import EMBEDDING_ENV, serve_embedding_adapters
 from arctic_servers.engines.vllm_worker_ext import ArcticWorkerExtension
 
 register()  # the `arctic` weight-transfer backend, in every process that hosts a vLLM worker
+if os.environ.get(EMBEDDING_ENV):  # a LoRA pool's sampler: vLLM's engine process builds the model
+    serve_embedding_adapters()
 
 
 class OnpremWorkerExtension(ArcticWorkerExtension):

@@ -10,8 +10,9 @@ Every engine (`engines/fake`, the DeepSpeed trainer and scorers, the vLLM sample
   `close()`: at shutdown;
 - the continuous batch, for an engine whose commands share engine steps (the vLLM sampler):
   `submits(cmd)` (does `cmd` join the batch), `submit`, `busy`, `pump` (one engine step) and
-  `abort` (end a batched command early). The defaults are those of an engine without one:
-  every command runs at once, alone.
+  `abort` (end a batched command early), and `runs_while_busy(cmd)` (a command that need not
+  wait for the batch to drain: a LoRA pool sampler's adapter loads). The defaults are those of
+  an engine without one: every command runs at once, alone.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class EngineBase:
         raise WorkerError("unimplemented", f"{cmd!r} does not run in the engine's batch")
 
     def busy(self) -> bool:
+        return False
+
+    def runs_while_busy(self, cmd: str) -> bool:
+        """Whether `cmd` (not a batched one) may run between two engine steps instead of
+        waiting until the batch is empty."""
         return False
 
     def pump(self, send: Callable[[dict[str, Any]], None]) -> None:

@@ -45,7 +45,6 @@ then is the tracing module imported, and the command runs in a span of that trac
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import os
 import signal
@@ -56,6 +55,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from .commands import lookup
+from .tenant_queue import TenantQueue, tenant_of
 
 if TYPE_CHECKING:
     from .engine_base import EngineBase
@@ -106,6 +106,16 @@ def build_engine(role: str, spec: dict[str, Any]) -> Any:
     # every process that builds an engine (on-prem and gateway workers, Ray-placed ones, their
     # rank followers, which inherit it) loads DeepSpeed's JIT ops from this interpreter's cache
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
+    if spec.get("pool"):  # a LoRA pool's engine: many jobs' adapters over one base model
+        if engine == "deepspeed" and role == "training":
+            from ..deepspeed.lora_pool_trainer import LoraPoolTrainer
+
+            return LoraPoolTrainer(spec)
+        if engine == "vllm" and role == "sampling":
+            from ..vllm.lora_pool_sampler import LoraPoolSampler
+
+            return LoraPoolSampler(spec)
+        raise WorkerError("invalid_argument", f"no LoRA pool engine for {role} on {engine}")
     if engine == "deepspeed" and role == "log_prob":  # a forward-only reference model
         from ..deepspeed.ds_scoring import DeepSpeedScoringEngine
 
@@ -180,13 +190,16 @@ def busy(engine: EngineBase) -> bool:
 
 def placement(engine: EngineBase, cmd: Any, *, waiting: bool) -> str:
     """Where a command goes now: "submit" (into the engine's batch), "run" (at once, the engine
-    being idle) or "defer" (after the requests in the engine, or behind the commands already
-    waiting: `waiting`). Shared by this serve loop and the gateway's worker host."""
+    being idle, or a command the engine runs between its steps) or "defer" (after the requests
+    in the engine, or behind the commands already waiting: `waiting`). Shared by this serve loop
+    and the gateway's worker host."""
     if waiting:
         return "defer"
     if submits(engine, cmd):
         return "submit"
-    return "defer" if busy(engine) else "run"
+    if busy(engine) and not (isinstance(cmd, str) and engine.runs_while_busy(cmd)):
+        return "defer"
+    return "run"
 
 
 _BATCH_SPANS: Any = None  # `protocol.tracing.WorkerSpans`, once a command carried a trace
@@ -254,48 +267,65 @@ def run_command(engine: EngineBase, msg: dict[str, Any]) -> list[dict[str, Any]]
         return [{"id": mid, "ok": False, "error": error_body(exc, str(cmd))}]
 
 
-def _drop_deferred(deferred: collections.deque[dict[str, Any]], msg: dict[str, Any]) -> bool:
+def _drop_waiting(waiting: TenantQueue[dict[str, Any]], msg: dict[str, Any]) -> bool:
     """An abort of a command still waiting: it never runs (its caller has gone)."""
     if msg.get("cmd") != ABORT_CMD:
         return False
     target = int((msg.get("args") or {}).get("stream") or 0)
-    for m in deferred:
-        if int(m.get("id") or 0) == target:
-            deferred.remove(m)
-            return True
+    return bool(waiting.remove_if(lambda m: int(m.get("id") or 0) == target))
+
+
+def _take(
+    conn: Connection, engine: EngineBase, waiting: TenantQueue[dict[str, Any]], msg: dict[str, Any]
+) -> bool:
+    """One message read from the server: answered at once (an abort, a command the engine's
+    batch takes) or queued with its tenant's waiting commands. True: the shutdown message."""
+    cmd = msg.get("cmd")
+    if cmd == "shutdown":
+        return True
+    if cmd in IMMEDIATE_CMDS:
+        if _drop_waiting(waiting, msg):
+            conn.send({"id": msg.get("id"), "ok": True, "result": {"aborted": True}})
+            return False
+    elif placement(engine, cmd, waiting=bool(waiting)) != "submit":
+        waiting.push(tenant_of(msg.get("args")), msg)
+        return False
+    for reply in run_command(engine, msg):
+        _replied(conn.send)(reply)
     return False
 
 
 def serve(conn: Connection, engine: EngineBase) -> None:
-    deferred: collections.deque[dict[str, Any]] = collections.deque()
+    waiting: TenantQueue[dict[str, Any]] = TenantQueue()
+    shutdown: dict[str, Any] | None = None
     while True:
-        # the waiting commands whose turn has come, oldest first
-        while deferred and placement(engine, deferred[0].get("cmd"), waiting=False) != "defer":
-            for reply in run_command(engine, deferred.popleft()):
+        try:  # what arrived while the engine worked, queued by tenant before anything runs
+            while shutdown is None and conn.poll(0):
+                msg = conn.recv()
+                if _take(conn, engine, waiting, msg):
+                    shutdown = msg
+        except (EOFError, OSError):
+            return
+        # the waiting command whose turn has come (`TenantQueue`: tenants in turn)
+        if waiting and placement(engine, waiting.peek().get("cmd"), waiting=False) != "defer":
+            for reply in run_command(engine, waiting.pop()):
                 conn.send(reply)
-        if busy(engine) and not conn.poll(0):
+            continue
+        if shutdown is not None:  # what still waits for the batch to drain does not run
+            try:
+                engine.close()
+            finally:
+                conn.send({"id": shutdown.get("id"), "ok": True, "result": None})
+            return
+        if busy(engine):
             send_step(engine.pump, _replied(conn.send))  # one engine step: what it produced
             continue
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             return
-        cmd = msg.get("cmd")
-        if cmd == "shutdown":
-            try:
-                engine.close()
-            finally:
-                conn.send({"id": msg.get("id"), "ok": True, "result": None})
-            return
-        if cmd in IMMEDIATE_CMDS:
-            if _drop_deferred(deferred, msg):
-                conn.send({"id": msg.get("id"), "ok": True, "result": {"aborted": True}})
-                continue
-        elif placement(engine, cmd, waiting=bool(deferred)) == "defer":
-            deferred.append(msg)
-            continue
-        for reply in run_command(engine, msg):
-            _replied(conn.send)(reply)
+        if _take(conn, engine, waiting, msg):
+            shutdown = msg
 
 
 def torch_extensions_dir() -> str:

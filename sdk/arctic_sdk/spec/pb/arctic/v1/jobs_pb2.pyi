@@ -915,6 +915,7 @@ class LoraSupport(_message.Message):
     SAMPLER_EMBEDDINGS_FIELD_NUMBER: _builtins.int
     SHARED_SAMPLER_FIELD_NUMBER: _builtins.int
     MERGED_SYNC_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
     training: _builtins.bool
     """Training sub-jobs accept `training_config.lora`."""
     sampling: _builtins.bool
@@ -933,7 +934,9 @@ class LoraSupport(_message.Message):
     with `unsupported_option`.
     """
     shared_sampler: _builtins.bool
-    """Several LoRA jobs over one base model share one sampling engine."""
+    """Several LoRA jobs over one base model share one trainer and one sampling engine (a LoRA
+    pool, `pools`; PROTOCOL.md §3.6).
+    """
     merged_sync: _builtins.bool
     """A LoRA job whose adapter the samplers cannot serve (`train_embeddings` / `train_lm_head`
     where `sampler_embeddings` is false) is accepted: each sync merges the adapter into the full
@@ -942,6 +945,13 @@ class LoraSupport(_message.Message):
     @_builtins.property
     def target_modules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Module names `LoraConfig.target_modules` accepts (the default is all of them)."""
+
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___LoraPool]:
+        """The base models whose LoRA jobs share a pool (one trainer and one sampler holding the base
+        weights once; each job its own adapter, optimizer state, schedule, weight_version and
+        checkpoints), with each pool's adapter limit. Empty: every LoRA job has its own engines.
+        """
 
     def __init__(
         self,
@@ -956,14 +966,57 @@ class LoraSupport(_message.Message):
         sampler_embeddings: _builtins.bool = ...,
         shared_sampler: _builtins.bool = ...,
         merged_sync: _builtins.bool = ...,
+        pools: _abc.Iterable[Global___LoraPool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_rank", b"default_rank", "max_rank", b"max_rank", "merged_sync", b"merged_sync", "sampler_embeddings", b"sampler_embeddings", "sampling", b"sampling", "shared_sampler", b"shared_sampler", "target_modules", b"target_modules", "train_embeddings", b"train_embeddings", "train_lm_head", b"train_lm_head", "training", b"training"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_rank", b"default_rank", "max_rank", b"max_rank", "merged_sync", b"merged_sync", "pools", b"pools", "sampler_embeddings", b"sampler_embeddings", "sampling", b"sampling", "shared_sampler", b"shared_sampler", "target_modules", b"target_modules", "train_embeddings", b"train_embeddings", "train_lm_head", b"train_lm_head", "training", b"training"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LoraSupport: _TypeAlias = LoraSupport  # noqa: Y015
+
+@_typing.final
+class LoraPool(_message.Message):
+    """A base model whose poolable LoRA jobs share one trainer and one sampler (PROTOCOL.md §3.6)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_MODEL_FIELD_NUMBER: _builtins.int
+    MAX_ADAPTERS_FIELD_NUMBER: _builtins.int
+    ADAPTERS_FIELD_NUMBER: _builtins.int
+    MAX_RANK_FIELD_NUMBER: _builtins.int
+    WARM_FIELD_NUMBER: _builtins.int
+    base_model: _builtins.str
+    """The base model as CreateJob's `model_name` names it ("" = the server's default model);
+    "*" = any model not listed on its own.
+    """
+    max_adapters: _builtins.int
+    """Jobs (adapters) one pool holds at once; a poolable job past it is refused at CreateJob with
+    `rate_limited` (retryable; `details.pool`, `details.limit`, `Retry-After`).
+    """
+    adapters: _builtins.int
+    """Jobs in the pool now."""
+    max_rank: _builtins.int
+    """The largest `LoraConfig.rank` a pooled job may have (a larger one gets its own engines)."""
+    warm: _builtins.bool
+    """The pool's engines are running: a new job joins in about a second, without starting any."""
+    def __init__(
+        self,
+        *,
+        base_model: _builtins.str = ...,
+        max_adapters: _builtins.int = ...,
+        adapters: _builtins.int = ...,
+        max_rank: _builtins.int = ...,
+        warm: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "base_model", b"base_model", "max_adapters", b"max_adapters", "max_rank", b"max_rank", "warm", b"warm"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoraPool: _TypeAlias = LoraPool  # noqa: Y015
 
 @_typing.final
 class SubJobConfigKeys(_message.Message):
