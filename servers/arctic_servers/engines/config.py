@@ -206,6 +206,12 @@ def engine_kind(role: str, config: dict[str, Any]) -> str:
     return str(config.get("engine") or "hf")
 
 
+def canonical_model_name(name: str) -> str:
+    """A CreateJob `model_name` with one name for the embedded default model's aliases ("")."""
+    name = name.strip()
+    return "" if name in DEFAULT_MODEL_NAMES else name
+
+
 def embedded_model_names() -> list[str]:
     """The model names served without a directory: the default's aliases and tiny_model.CONFIGS."""
     from .tiny_model import CONFIGS

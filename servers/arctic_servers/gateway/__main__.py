@@ -27,6 +27,7 @@ from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_ar
 from ..protocol.config import ProtocolLimits
 from ..protocol.entrypoints import stop_signal, write_ready_file
 from ..protocol.limit_args import add_limit_arguments, limits_from_args
+from ..protocol.lora_pools import add_pool_arguments, policy_from_args
 from ..protocol.observability_args import add_observability_arguments, observability_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
@@ -87,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add_limit_arguments(ap)
     add_sync_arguments(ap)
+    add_pool_arguments(ap)
     add_tinker_arguments(ap)
     add_observability_arguments(ap)
     add_tool_args(ap)
@@ -121,7 +123,10 @@ async def _serve(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         sweep_interval_s=args.sweep_interval,
         fake_latency_s=latency,
+        lora_pools=policy_from_args(args),
     )
+    if settings.lora_pools.enabled and settings.engine != "onprem":
+        raise SystemExit("--lora-pool: LoRA pools run on the on-prem engines (--engine onprem)")
     limits = ProtocolLimits(
         max_body_bytes=args.max_body_mib * MiB,
         max_chunk_bytes=args.max_body_mib * MiB,

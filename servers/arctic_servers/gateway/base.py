@@ -15,6 +15,7 @@ from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.job_control import JobControl
 from .jobs import JobManager
+from .lora_pools import TenantClient
 from .model import Job, SubJob
 from .profiles import Profile
 from .settings import GatewaySettings
@@ -37,7 +38,7 @@ class GatewayBase(JobControl[Job]):
         self.settings = settings
         self.auth = auth
         self.core: ProtocolCore | None = None  # attached by the server
-        self._active: dict[str, list[tuple[WorkerClient, str]]] = {}
+        self._active: dict[str, list[tuple[WorkerClient | TenantClient, str]]] = {}
         self._gates: dict[str, asyncio.Event] = {}
         self._sync_locks: dict[str, asyncio.Lock] = {}
         self._weight_groups: dict[str, CollectiveSync] = {}  # job id -> its weight group

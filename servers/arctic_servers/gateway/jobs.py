@@ -27,6 +27,7 @@ from ..protocol.job_queue import JobQueue
 from ..protocol.jobs import terminal_error
 from ..protocol.states import move_sub_job
 from .lora import engine_spec as lora_spec
+from .lora_pools import PoolManager, TenantClient
 from .model import Job, JobStore, SubJob
 from .profiles import Profile
 from .settings import GatewaySettings
@@ -52,6 +53,7 @@ class JobManager(JobQueue[Job]):
         self.profile = profile
         self.on_end: list[Callable[[Job], None]] = []
         self._watch: asyncio.Task[None] | None = None
+        self.pools = PoolManager(self, settings.lora_pools)
 
     # ------------------------------------------------------------------ lookup and capacity
 
@@ -59,11 +61,13 @@ class JobManager(JobQueue[Job]):
         return self.settings.max_total_gpus
 
     def needs(self, job: Job) -> int:
-        return job.n_gpus
+        return self.pools.needs(job) if job.pool else job.n_gpus
 
     def in_use(self) -> int:
-        # a job holds its GPUs from placing until its workers have stopped, ended or not
-        return sum(j.n_gpus for j in self.jobs.values() if j.placed)
+        # a job holds its GPUs from placing until its workers have stopped, ended or not; a
+        # LoRA pool holds its workers' while it runs, its jobs none
+        own = sum(j.n_gpus for j in self.jobs.values() if j.placed and not j.pool)
+        return own + self.pools.gpus()
 
     def save(self, job: Job) -> None:
         self.store.put(job)
@@ -101,6 +105,7 @@ class JobManager(JobQueue[Job]):
             lease_seconds=lease,
             create_key=key,
         )
+        job.pool = self.pools.assign(job_id, subs)  # `rate_limited` when its pool is full
         job.enter("pending")
         if lease:
             job.lease_expires = time.time() + lease
@@ -131,10 +136,15 @@ class JobManager(JobQueue[Job]):
         job.enter("placing")
         for s in job.sub_jobs:
             move_sub_job(s, "placing")
+        if job.pool:
+            self.pools.place(job)
         self.save(job)
         self._spawn(self._start(job))
 
     async def _start(self, job: Job) -> None:
+        if job.pool:  # its adapter joins its LoRA pool's workers (lora_pools.py)
+            await self.pools.start(job)
+            return
         try:
             missing = [s for s in job.sub_jobs if not s.worker]
             for s in missing:
@@ -183,7 +193,9 @@ class JobManager(JobQueue[Job]):
 
     # ------------------------------------------------------------------ workers
 
-    async def client(self, sub: SubJob) -> WorkerClient:
+    async def client(self, sub: SubJob) -> WorkerClient | TenantClient:
+        if sub.worker.get("pool"):
+            return await self.pools.client(sub)
         client = self.supervisor.client(sub)
         if client is not None and client.failure is None and client.stopping is None:
             return client
@@ -195,6 +207,8 @@ class JobManager(JobQueue[Job]):
         for job in list(self.jobs.values()):
             if job.state not in ("initializing", "running"):
                 continue
+            if job.pool:
+                continue  # its pool's workers are watched as the pool's (`pools.check`)
             for sub in job.sub_jobs:
                 why = self.supervisor.gone(sub) if sub.worker else None
                 if why is not None:
@@ -208,6 +222,7 @@ class JobManager(JobQueue[Job]):
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
                 self._check_workers()
+                self.pools.check()
             except Exception:
                 log.exception("worker watch failed")
 
@@ -228,11 +243,15 @@ class JobManager(JobQueue[Job]):
         self._schedule()
 
     async def _release(self, job: Job) -> None:
-        error = terminal_error(job)
-        await asyncio.gather(
-            *(self.supervisor.stop(s, error) for s in job.sub_jobs if s.worker),
-            return_exceptions=True,
-        )
+        if job.pool:  # its adapter leaves the pool; the pool's workers go on
+            with contextlib.suppress(Exception):
+                await self.pools.release(job)
+        else:
+            error = terminal_error(job)
+            await asyncio.gather(
+                *(self.supervisor.stop(s, error) for s in job.sub_jobs if s.worker),
+                return_exceptions=True,
+            )
         job.placed = False
         self.save(job)
         self._schedule()
@@ -251,6 +270,7 @@ class JobManager(JobQueue[Job]):
         counts = {"running": 0, "starting": 0, "pending": 0, "failed": 0}
         for job in self.store.all():
             self.jobs[job.job_id] = job
+        await self.pools.restore()  # before the jobs: a pooled job finds its pool
         grace = self.settings.lease_restart_grace_s
         for job in self.jobs.values():
             if job.terminal:
@@ -266,7 +286,7 @@ class JobManager(JobQueue[Job]):
             elif job.state == "running":
                 try:
                     for sub in job.sub_jobs:
-                        await self.supervisor.attach(sub)
+                        await self.client(sub)  # its worker (or its pool's), connected
                         self.supervisor.events["reattached"] += 1
                     counts["running"] += 1
                 except ProtocolError as exc:
@@ -284,6 +304,7 @@ class JobManager(JobQueue[Job]):
         """The gateway stops: timers stop; workers keep running for the next gateway."""
         if self._watch is not None:
             self._watch.cancel()
+        self.pools.shutdown()
         for handle in self._leases.values():
             handle.cancel()
         self._leases.clear()

@@ -21,6 +21,7 @@ from typing import Any
 from ..protocol import checkpoint_files as cf
 from ..protocol.checkpoint_files import copy_tree
 from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, check_adapter, job_lora
+from ..protocol.lora_pools import syncs_adapter
 from ..protocol.lora_sync import check_lora_sync
 from .model import Job, SubJob
 
@@ -33,8 +34,9 @@ def lora_of(job: Job) -> dict[str, Any] | None:
 
 
 def adapter_job(job: Job) -> bool:
-    """The job's samplers load its adapter as adapter versions (not merged full weights)."""
-    return adapter_sync(lora_of(job))
+    """The job's samplers load its adapter as adapter versions (not merged full weights; a
+    pooled job's always do: its pool's sampler serves embedding / lm_head adapters too)."""
+    return syncs_adapter(lora_of(job), bool(job.pool))
 
 
 def engine_spec(job: Job, sub: SubJob, spec: dict[str, Any]) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class Job(JobRecord[SubJob]):
     # so a sync collected after a restart assigns the same version)
     pending_syncs: dict[str, int] = field(default_factory=dict)
     purged: bool = False  # its requests and chunk groups were dropped after the retention window
+    pool: str = ""  # the LoRA pool its adapter trains and samples in ("": its own workers)
 
     @property
     def n_gpus(self) -> int:
@@ -71,6 +72,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   job_id TEXT PRIMARY KEY, owner TEXT NOT NULL, state TEXT NOT NULL, create_key TEXT NOT NULL,
   created_at REAL NOT NULL, ended_at REAL NOT NULL, doc TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_key ON jobs (owner, create_key);
+CREATE TABLE IF NOT EXISTS lora_pools (pool_id TEXT PRIMARY KEY, doc TEXT NOT NULL);
 """
 
 
@@ -104,3 +106,19 @@ class JobStore(SqliteDb):
     def delete(self, job_id: str) -> None:
         with self.lock:
             self.conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+
+    # the LoRA pools (gateway/lora_pools.py): one JSON document a pool, its engines' workers in it
+
+    def put_pool(self, pool_id: str, doc: dict[str, Any]) -> None:
+        text = json.dumps(doc, separators=(",", ":"))
+        with self.lock:
+            self.conn.execute("INSERT OR REPLACE INTO lora_pools VALUES (?, ?)", (pool_id, text))
+
+    def pools(self) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = self.conn.execute("SELECT doc FROM lora_pools").fetchall()
+        return [dict(json.loads(r[0])) for r in rows]
+
+    def delete_pool(self, pool_id: str) -> None:
+        with self.lock:
+            self.conn.execute("DELETE FROM lora_pools WHERE pool_id = ?", (pool_id,))

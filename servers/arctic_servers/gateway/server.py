@@ -123,8 +123,16 @@ def _admin_routes(servicer: GatewayServicer, core: ProtocolCore) -> Any:
             except ProtocolError as exc:
                 return error_response(exc)
 
+        async def pools(request: web.Request) -> web.Response:
+            try:
+                auth(request)
+                return web.json_response({"pools": servicer.jobs.pools.views()})
+            except ProtocolError as exc:
+                return error_response(exc)
+
         app.router.add_get("/_admin/jobs/{job_id}", job_state)
         app.router.add_get("/_admin/jobs/{job_id}/stats", stats)
+        app.router.add_get("/_admin/pools", pools)
 
     return configure
 

@@ -16,6 +16,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
+from ..protocol.lora_pools import lora_support_json
 from ..protocol.operation_types import OP_TAIL_LOGS, OP_WEIGHT_SYNC, OPERATION_TYPES
 from . import lora
 from .base import GatewayBase
@@ -45,7 +46,7 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
     @property
     def lora_support(self) -> dict[str, Any]:
         """The capabilities' `lora` (PROTOCOL.md §3.6): the engine profile's."""
-        return dict(self.profile.lora.json())
+        return lora_support_json(self.profile.lora.json(), self.jobs.pools.book)
 
     # ------------------------------------------------------------------ protocol hooks
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..protocol.collective_sync import SyncSettings
 from ..protocol.config import parse_tokens as parse_tokens  # re-exported: tests, older imports
+from ..protocol.lora_pools import PoolPolicy
 
 TOKENS_ENV = "ARCTIC_GATEWAY_TOKENS"
 
@@ -39,6 +40,9 @@ class GatewaySettings:
     worker_threads: int = 0  # threads per engine worker (0 = the engine's default)
     # Fake workers: seconds a command sleeps before it runs ({"step": 0.5}), for tests.
     fake_latency_s: Mapping[str, float] = field(default_factory=dict)
+    # base models whose LoRA jobs share one trainer and one sampler (none by default; on-prem
+    # engines only: PROTOCOL.md §3.6)
+    lora_pools: PoolPolicy = field(default_factory=PoolPolicy)
 
     @property
     def root(self) -> Path:

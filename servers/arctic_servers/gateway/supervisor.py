@@ -19,12 +19,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..engines.config import worker_env as engine_worker_env
 from ..engines.deepspeed.ranks import describe_exit, lost_rank_reason
 from ..protocol.errors import ProtocolError
-from .model import Job, SubJob
+from .model import SubJob
 from .settings import GatewaySettings
 from .workers import WorkerClient
 
@@ -57,6 +57,13 @@ def tail_lines(path: Path, n: int = 8) -> str:
     return " | ".join(ln for ln in lines[-n:] if ln.strip())[-1500:]
 
 
+class Owner(Protocol):
+    """Whose workers: a job, or a LoRA pool (`lora_pools.py`); its id names their run dir."""
+
+    @property
+    def job_id(self) -> str: ...
+
+
 class Supervisor:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
@@ -74,13 +81,13 @@ class Supervisor:
 
     # ------------------------------------------------------------------ launch
 
-    def _paths(self, job: Job, sub: SubJob) -> dict[str, Path]:
+    def _paths(self, job: Owner, sub: SubJob) -> dict[str, Path]:
         run = self.settings.run_dir / job.job_id
         run.mkdir(parents=True, exist_ok=True)
         name = sub.sub_job_id.replace(":", "_")
         return {s: run / f"{name}.{s}" for s in ("json", "status", "log")}
 
-    async def discard_unrecorded(self, job: Job, sub: SubJob) -> None:
+    async def discard_unrecorded(self, job: Owner, sub: SubJob) -> None:
         """A worker launched by a gateway that stopped before it recorded it: stop it, so that
         the launch that follows does not leave a second one behind."""
         if self.ray is not None:
@@ -98,7 +105,7 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(int(d.name), signal.SIGKILL)
 
-    async def launch(self, job: Job, sub: SubJob, engine_spec: dict[str, Any]) -> dict[str, Any]:
+    async def launch(self, job: Owner, sub: SubJob, engine_spec: dict[str, Any]) -> dict[str, Any]:
         """Start the sub-job's worker; its record once it listens (its engine may still load)."""
         paths = self._paths(job, sub)
         authkey = secrets.token_bytes(32)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..engines.config import DEFAULT_MODEL_NAMES, SubJobSpec, resolve_model
+from ..engines.config import SubJobSpec, canonical_model_name, resolve_model
 from ..engines.worker.procs import WorkerHandle
 from ..protocol.errors import ProtocolError
 from ..protocol.lora_pools import (
@@ -43,12 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("arctic_servers.onprem")
 ENGINES = (("training", "deepspeed"), ("sampling", "vllm"))
 SLOTS = len(ENGINES)  # a pool holds a slot per engine
-
-
-def canonical_model(name: str) -> str:
-    """The model a CreateJob names, one name for the embedded default's aliases."""
-    name = name.strip()
-    return "" if name in DEFAULT_MODEL_NAMES else name
 
 
 @dataclass
@@ -120,7 +114,7 @@ class PoolManager:
         `rate_limited` when its pool is full."""
         if not self.policy.enabled:
             return ""
-        key, why = pool_key(specs, self.policy, canonical_model)
+        key, why = pool_key(specs, self.policy, canonical_model_name)
         if key is None:
             if specs and any(s.config.get("lora") for s in specs):
                 log.info("job %s: own engines (%s)", job_id, why)

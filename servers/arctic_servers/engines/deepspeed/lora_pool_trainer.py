@@ -169,7 +169,8 @@ class LoraPoolTrainer(EngineBase):
         self.model_dir = str(spec["model_dir"])
         self.tenants: dict[str, TenantTrainer] = {}
         self.max_adapters = int(self.pool.get("max_adapters") or 0)
-        self.executed: dict[str, dict[str, int]] = {}  # tenant -> request id -> runs (stats)
+        # "{tenant}/executed" -> request id -> runs, "{tenant}/keys" -> idempotency key -> runs
+        self.executed: dict[str, dict[str, int]] = {}
         # the last commands run: (start time, tenant, command), the scheduling a test reads
         self.recent: collections.deque[tuple[float, str, str]] = collections.deque(maxlen=256)
         self._meta: Mapping[str, Any] = {}
@@ -235,13 +236,13 @@ class LoraPoolTrainer(EngineBase):
                     retry_after_s=30,
                 )
             t = self.tenants[tenant] = TenantTrainer(self, tenant, spec)
-            self.executed[tenant] = {}
         return t.info()
 
     def op_detach(self, tenant: str) -> dict[str, Any]:
         """A job leaves the pool: its adapter, optimizer state and gradients are freed."""
         t = self.tenants.pop(tenant, None)
-        self.executed.pop(tenant, None)
+        for what in ("executed", "keys"):
+            self.executed.pop(f"{tenant}/{what}", None)
         if t is None:
             return {"detached": False, "adapters": len(self.tenants)}
         with warnings.catch_warnings():
@@ -260,7 +261,8 @@ class LoraPoolTrainer(EngineBase):
                 name: {
                     "global_step": int(t.engine.global_steps),
                     "applied_steps": int(t.engine.global_steps),
-                    "executed": dict(self.executed.get(name) or {}),
+                    "executed": dict(self.executed.get(f"{name}/executed") or {}),
+                    "keys": dict(self.executed.get(f"{name}/keys") or {}),
                 }
                 for name, t in self.tenants.items()
             },
@@ -295,10 +297,11 @@ class LoraPoolTrainer(EngineBase):
         self.recent.append((time.time(), tenant, cmd))
         with self._turn(t):
             out = fn(**args)
-        rid = str(self._meta.get("request_id") or "")
-        if rid:
-            runs = self.executed.setdefault(tenant, {})
-            runs[rid] = runs.get(rid, 0) + 1
+        for what, value in (("executed", "request_id"), ("keys", "idempotency_key")):
+            v = str(self._meta.get(value) or "")
+            if v:  # what ran, for a test's at-most-once checks (the gateway names it: `note`)
+                runs = self.executed.setdefault(f"{tenant}/{what}", {})
+                runs[v] = runs.get(v, 0) + 1
         return out
 
     def note(self, meta: Mapping[str, Any], cancel: Any) -> None:
