@@ -185,6 +185,41 @@ def scenario_lora_adapter_trains(tinker_lora: str) -> dict:
     return {"losses": losses, "model_id": info.model_id}
 
 
+def scenario_lora_clients_share_a_pool(server: str) -> dict:
+    """Five LoRA training clients on one base model (Tinker's defaults: rank 32 by the SDK,
+    train_unembed true) on a server that pools it: one trainer and one sampler hold them all
+    (the server's admin view of its pools), each trains its own adapter and samples it."""
+    import requests
+
+    n = 5
+    batch = [_datum([5, 6, 7, 8, 9, 10]), _datum([11, 12, 13, 14])]
+    with _service(server) as svc:
+        clients = [svc.create_lora_training_client(BASE_MODEL, rank=8) for _ in range(n)]
+        tcs = [c.result() for c in clients]
+        losses: list[list[float]] = [[] for _ in tcs]
+        for _ in range(3):
+            fbs = [tc.forward_backward(batch, "cross_entropy") for tc in tcs]
+            opts = [tc.optim_step(types.AdamParams(learning_rate=2e-2, eps=EPS)) for tc in tcs]
+            for i, (fb, opt) in enumerate(zip(fbs, opts, strict=True)):
+                losses[i].append(float(fb.result().metrics["loss:sum"]))
+                opt.result()
+        token = API_KEY.removeprefix("tml-")
+        r = requests.get(
+            f"{server}/_admin/pools", headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
+        r.raise_for_status()
+        ready = [p for p in r.json()["pools"] if p["state"] == "ready"]
+        assert len(ready) == 1 and ready[0]["adapters"] == n, ready
+        samples = []
+        for tc in tcs:
+            sc = tc.save_weights_and_get_sampling_client()
+            res = sc.sample(
+                types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=4, seed=3)
+            ).result()
+            samples.append(list(res.sequences[0].tokens))
+    return {"losses": losses, "pool": ready[0]["pool_id"], "samples": samples}
+
+
 def _step(tc: tinker.TrainingClient, batch: list[types.Datum]) -> float:
     """One forward_backward + optim_step, then the loss of a forward on the same batch."""
     tc.forward_backward(batch, "cross_entropy").result()

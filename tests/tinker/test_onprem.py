@@ -8,6 +8,7 @@ the cookbook's 1e-8."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import math
@@ -18,6 +19,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,7 +53,18 @@ def onprem_lora_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _onprem(tmp_path_factory, TinkerSettings(models=(MODEL,)))
 
 
-def _onprem(tmp_path_factory: pytest.TempPathFactory, tinker: TinkerSettings) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def onprem_pool_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The default Tinker settings on a server that pools the model's LoRA jobs."""
+    from arctic_servers.protocol.lora_pools import PoolPolicy
+
+    pools = PoolPolicy(models={MODEL: 8})
+    yield from _onprem(tmp_path_factory, TinkerSettings(models=(MODEL,)), pools)
+
+
+def _onprem(
+    tmp_path_factory: pytest.TempPathFactory, tinker: TinkerSettings, pools: Any = None
+) -> Iterator[str]:
     from arctic_servers.onprem.server import start_onprem
     from arctic_servers.onprem.settings import ServerSettings
 
@@ -60,8 +73,13 @@ def _onprem(tmp_path_factory: pytest.TempPathFactory, tinker: TinkerSettings) ->
     thread.start()
     data = Path(tmp_path_factory.mktemp("tinker-onprem"))
     settings = ServerSettings(data_dir=data, prewarm=())
+    if pools is not None:
+        settings = dataclasses.replace(settings, lora_pools=pools)
     fut = asyncio.run_coroutine_threadsafe(
-        start_onprem(settings, tokens=[TOKEN], grpc_port=None, tinker=tinker), loop
+        start_onprem(
+            settings, tokens=[TOKEN], grpc_port=None, tinker=tinker, admin=pools is not None
+        ),
+        loop,
     )
     srv, _ = fut.result(120)
     try:
@@ -83,6 +101,18 @@ def test_lora_client_trains_an_adapter(onprem_lora_url: str) -> None:
     sync pushed (merge-and-push: vLLM serves no lm_head adapter)."""
     out = run_scenario("lora_adapter_trains", onprem_lora_url, model=MODEL, eps=EPS, timeout=600)
     assert out["losses"][-1] < out["losses"][0], out["losses"]
+
+
+def test_lora_clients_land_in_the_pool(onprem_pool_url: str) -> None:
+    """Five Tinker LoRA clients (train_unembed true, the SDK's default) on one pooled base model:
+    one trainer and one sampler hold all five adapters (lm_head included: the pool's sampler
+    serves it as an adapter), and each client's loss falls and it samples."""
+    out = run_scenario(
+        "lora_clients_share_a_pool", onprem_pool_url, model=MODEL, eps=EPS, timeout=900
+    )
+    for losses in out["losses"]:
+        assert losses[-1] < losses[0], out["losses"]
+    assert len(out["samples"]) == 5
 
 
 def test_rl_step(onprem_url: str) -> None:

@@ -118,7 +118,9 @@ class PoolManager:
     def __init__(self, jobs: JobManager, policy: PoolPolicy) -> None:
         self.jobs = jobs
         self.policy = policy
-        self.book: PoolBook[Pool] = PoolBook(policy, self._record)
+        from ..engines.config import canonical_model_name  # torch-free
+
+        self.book: PoolBook[Pool] = PoolBook(policy, self._record, canonical_model_name)
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
 

@@ -102,7 +102,7 @@ class PoolManager:
     def __init__(self, jobs: JobManager, policy: PoolPolicy) -> None:
         self.jobs = jobs
         self.policy = policy
-        self.book: PoolBook[Pool] = PoolBook(policy, self._record)
+        self.book: PoolBook[Pool] = PoolBook(policy, self._record, canonical_model_name)
 
     def _record(self, pool_id: str, key: dict[str, Any], max_adapters: int) -> Pool:
         return Pool(pool_id, key, max_adapters, self.policy.max_rank)

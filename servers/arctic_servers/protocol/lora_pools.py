@@ -74,9 +74,12 @@ class PoolPolicy:
     embeddings: bool = True
     threads: int = 0  # the pool engines' threads (0: the server's default for the role)
 
-    def adapters_for(self, model: str) -> int:
-        if model in self.models:
-            return int(self.models[model])
+    def adapters_for(self, model: str, canonical: Callable[[str], str] = str.strip) -> int:
+        """Adapters a pool of `model` (a canonical name) holds: its own entry's (named by any
+        of its names), else "*"'s."""
+        for name, n in self.models.items():
+            if name != ANY_MODEL and canonical(name) == model:
+                return int(n)
         return int(self.models.get(ANY_MODEL, 0))
 
     @property
@@ -134,7 +137,7 @@ def pool_key(
         return None, "a pool serves one trainer and at most one sampler (no log-prob sub-job)"
     t = train[0]
     model = canonical(t.model_name)
-    if policy.adapters_for(model) <= 0:
+    if policy.adapters_for(model, canonical) <= 0:
         return None, f"base model {model!r} is not pooled on this server"
     conf, lora = t.config, dict(t.config["lora"])
     why = _unshared(conf, TENANT_TRAINING, "training_config")
@@ -209,9 +212,15 @@ P = TypeVar("P", bound=PoolRecord)
 class PoolBook(Generic[P]):
     """A server's pools: the job -> pool assignment and the adapter limit."""
 
-    def __init__(self, policy: PoolPolicy, make: Callable[[str, dict[str, Any], int], P]) -> None:
+    def __init__(
+        self,
+        policy: PoolPolicy,
+        make: Callable[[str, dict[str, Any], int], P],
+        canonical: Callable[[str], str] = str.strip,
+    ) -> None:
         self.policy = policy
         self.make = make  # (pool id, key, max adapters) -> a new record of the server's type
+        self.canonical = canonical  # one name a model (the server's aliases of its default)
         self.pools: dict[str, P] = {}
 
     def of(self, job_id: str) -> P | None:
@@ -224,7 +233,8 @@ class PoolBook(Generic[P]):
         pid = key_id(key)
         pool = self.pools.get(pid)
         if pool is None or not pool.live:
-            pool = self.pools[pid] = self.make(pid, key, self.policy.adapters_for(key["model"]))
+            n = self.policy.adapters_for(key["model"], self.canonical)
+            pool = self.pools[pid] = self.make(pid, key, n)
         if job_id in pool.tenants:
             return pool
         if len(pool.tenants) >= pool.max_adapters:
@@ -265,13 +275,17 @@ class PoolBook(Generic[P]):
         """The capabilities' `lora.pools` (jobs.proto `LoraPool`): each pooled base model (the
         policy's, "*" included) with its limit, and the pools running now."""
         out: dict[str, dict[str, Any]] = {}
+        named: dict[str, str] = {}  # a pool's (canonical) model -> the policy's name of it
         for model, n in self.policy.models.items():
             if int(n) > 0:
                 out[model] = _pool_row(model, int(n), self.policy.max_rank)
+                if model != ANY_MODEL:
+                    named[self.canonical(model)] = model
         for p in self.pools.values():
             if not p.live:
                 continue
-            row = out.setdefault(p.base_model, _pool_row(p.base_model, p.max_adapters, p.max_rank))
+            name = named.get(p.base_model, p.base_model)
+            row = out.setdefault(name, _pool_row(name, p.max_adapters, p.max_rank))
             row["adapters"] = int(row["adapters"]) + len(p.tenants)
             row["warm"] = bool(row["warm"]) or p.state == "ready"
         return list(out.values())
