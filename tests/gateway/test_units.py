@@ -279,3 +279,24 @@ def test_no_delay_leaves_pipes_alone() -> None:
     assert no_delay(a) is a
     a.send({"x": 1})
     assert b.recv() == {"x": 1}
+
+
+class TenantEngine(Engine):
+    def commands(self) -> dict[str, Any]:
+        return {"add": self.op_tenant_add}
+
+    def op_tenant_add(self, x: int, tenant: str = "") -> int:
+        self.runs.append(x)
+        return x
+
+
+def test_a_pool_workers_queue_serves_tenants_in_turn() -> None:
+    """A LoRA pool's worker (calls naming their tenant): a busy tenant's backlog does not hold
+    back another's call (tenant_queue.py); each tenant's calls keep their order."""
+    engine = TenantEngine()
+    host, chan, rec = host_with(engine)
+    for i in range(5):
+        call(host, chan, i, f"a{i}", "add", x=i, tenant="busy")
+    call(host, chan, 9, "b", "add", x=100, tenant="occasional")
+    drain(host)
+    assert engine.runs == [0, 100, 1, 2, 3, 4]
