@@ -259,7 +259,8 @@ class RateLimitedError(RateLimitError):
     """`rate_limited`: Too many requests in flight for this token (`details.queue_position` when queued), too many
     sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,
     `details.queued`), or incomplete chunk groups past the job's or the server's chunk budget
-    (`details.budget`); honour `Retry-After`.
+    (`details.budget`), or a CreateJob whose LoRA pool holds its adapter limit (`details.pool`,
+    `details.limit`, PROTOCOL.md §3.6); honour `Retry-After`.
     """
 
     default_code = ErrorCode.RATE_LIMITED

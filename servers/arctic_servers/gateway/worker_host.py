@@ -19,9 +19,10 @@ Commands run on the main thread (the engine's `commands()` table: the on-prem en
 set, or the fake engine's), scheduled as the on-prem worker's serve loop does
 (`engines/worker/worker.py` `placement`): a vLLM sampler's generates, streams and scoring join
 its engine's continuous batch as they arrive (`submit`; the thread alternates between one engine
-step and the queue), and every other command runs alone, in arrival order, once the requests
-before it have finished — batched commands that arrive after it wait behind it (a weight load
-pauses new generates).
+step and the queue), and every other command runs alone, once the requests before it have
+finished — batched commands that arrive after it wait behind it (a weight load pauses new
+generates) — in arrival order per tenant, tenants in turn (`tenant_queue.py`: a LoRA pool's
+worker serves many jobs).
 Every call with a `key` is journaled in memory before it runs and keeps its answer afterwards,
 so a gateway that restarts collects the answer of a call it sent before it died, and a call
 whose key the worker has seen is never run twice. A worker that dies takes its journal with it;

@@ -86,7 +86,8 @@ class ErrorCode(enum.StrEnum):
     """Too many requests in flight for this token (`details.queue_position` when queued), too many
     sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,
     `details.queued`), or incomplete chunk groups past the job's or the server's chunk budget
-    (`details.budget`); honour `Retry-After`.
+    (`details.budget`), or a CreateJob whose LoRA pool holds its adapter limit (`details.pool`,
+    `details.limit`, PROTOCOL.md §3.6); honour `Retry-After`.
     """
     INTERNAL = "internal"
     """A server fault. The message says what failed."""
@@ -416,7 +417,8 @@ ERRORS: Final[Mapping[str, ErrorInfo]] = MappingProxyType(
                 "Too many requests in flight for this token (`details.queue_position` when queued), too many\n"
                 "sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,\n"
                 "`details.queued`), or incomplete chunk groups past the job's or the server's chunk budget\n"
-                "(`details.budget`); honour `Retry-After`."
+                "(`details.budget`), or a CreateJob whose LoRA pool holds its adapter limit (`details.pool`,\n"
+                "`details.limit`, PROTOCOL.md §3.6); honour `Retry-After`."
             ),
         ),
         ErrorCode.INTERNAL: ErrorInfo(

@@ -16,8 +16,10 @@ as the prompts of one batched call do. After the step, `pump` sends:
 
 `abort` removes a command's requests from the engine (`LLMEngine.abort_request`), so a client
 that went away stops costing engine steps. A command records the engine's `weight_version`
-when it is added; weights change only while the batch is empty (the serve loop defers weight
-loads until then), so every request of a command ran on the weights of that version.
+(and its LoRA adapter version) when it is added; full weights change only while the batch is
+empty (the serve loop defers weight loads until then), and a LoRA pool's new adapter version is
+a new adapter, the old one registered while a request uses it (`loras_in_use`), so every request
+of a command ran on the weights of that version.
 
 When the batch empties, one line says what the busy period served (calls, requests, engine steps,
 the most requests in the engine at once): the operator's view of batching, read by the tests.

@@ -21,10 +21,13 @@ A sampling engine (vLLM: `submits` / `submit` / `busy` / `pump` / `abort`) runs 
 in its continuous batch: `generate`, `generate_stream`, `log_probs` and `forward` are added to the
 engine as soon as they are read, and while requests are in the engine the loop alternates
 between one engine step (`pump`, which sends what the step finished) and what arrived on the
-pipe. Every other command runs on the main thread, one at a time, in arrival order, and only
-while the engine is idle: it waits (deferred) until the requests before it have finished, and
-the batched commands that arrive after it wait behind it — so a weight load pauses new
-generates, swaps once the batch has drained, and resumes them (`placement`). `generate_stream`
+pipe. Every other command runs on the main thread, one at a time, and only while the engine is
+idle (unless the engine runs it between steps: `runs_while_busy`, a LoRA pool sampler's adapter
+loads): it waits (deferred) until the requests before it have finished, and the batched commands
+that arrive after it wait behind it — so a weight load pauses new generates, swaps once the batch
+has drained, and resumes them (`placement`). Waiting commands are served in arrival order per
+tenant and tenants in turn (`tenant_queue.py`: a LoRA pool's worker serves many jobs; every other
+worker has one tenant, so arrival order). `generate_stream`
 answers several messages, the new tokens of each engine step and then the final reply:
 
     server -> worker   {"id": n, "cmd": "generate_stream", "args": {"prompt", "sampling_params"}}

@@ -100,7 +100,8 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """Too many requests in flight for this token (`details.queue_position` when queued), too many
     sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,
     `details.queued`), or incomplete chunk groups past the job's or the server's chunk budget
-    (`details.budget`); honour `Retry-After`.
+    (`details.budget`), or a CreateJob whose LoRA pool holds its adapter limit (`details.pool`,
+    `details.limit`, PROTOCOL.md §3.6); honour `Retry-After`.
     """
     ERROR_CODE_INTERNAL: _ErrorCode.ValueType  # 28
     """A server fault. The message says what failed."""
@@ -268,7 +269,8 @@ ERROR_CODE_RATE_LIMITED: ErrorCode.ValueType  # 27
 """Too many requests in flight for this token (`details.queue_position` when queued), too many
 sampling requests queued for this job (`limits.max_sampling_requests_per_job`; `details.limit`,
 `details.queued`), or incomplete chunk groups past the job's or the server's chunk budget
-(`details.budget`); honour `Retry-After`.
+(`details.budget`), or a CreateJob whose LoRA pool holds its adapter limit (`details.pool`,
+`details.limit`, PROTOCOL.md §3.6); honour `Retry-After`.
 """
 ERROR_CODE_INTERNAL: ErrorCode.ValueType  # 28
 """A server fault. The message says what failed."""
