@@ -333,8 +333,8 @@ _TENANT_COMMANDS = (
     "sleep",
     "wake",
     "export_weights",
-    "save",
-    "load",
+    "save",  # not-an-op
+    "load",  # not-an-op
 )
 
 

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from arctic_sdk.spec.tables import methods as M
+
 from ...protocol.lora_config import vllm_max_rank
 from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD, TENANT_ARG
 from ..worker.commands import Command
@@ -187,7 +189,7 @@ class LoraPoolSampler(SamplingEngine):
             POOL_STATS_CMD: self.op_pool_stats,
             "stream_stats": self.op_stream_stats,
             "load_weights": self.op_tenant_load_weights,
-            "reset_prefix_cache": self.op_tenant_reset_prefix_cache,
+            M.RESET_PREFIX_CACHE.python_name: self.op_tenant_reset_prefix_cache,
             "sleep": self.op_tenant_lifecycle,
             "wake": self.op_tenant_lifecycle,
         }
