@@ -44,7 +44,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD
 from ..worker.commands import Command
-from ..worker.engine_base import EngineBase
+from ..worker.engine_base import EngineBase, tenant_in
 from ..worker.worker import WorkerError
 from .ds_setup import device
 from .hf_model import _read_vocab, enable_determinism, load_hf_model
@@ -95,19 +95,9 @@ class TenantTrainer(TrainingEngine):
     def info(self) -> dict[str, Any]:
         trainable = sum(int(p.numel()) for p in self.engine.params)
         return {
-            "engine": "deepspeed",
+            **self._trainer_info(),
             "pooled": True,
             "tenant": self.adapter_name,
-            "zero_stage": 0,
-            "vocab_size": self.vocab_size,
-            "device": str(self.dev),
-            "optimizer": type(self.engine.optimizer).__name__,
-            "lr": self._lr(),
-            "lr_scheduler": self.schedule,
-            "micro_batch_size": self.micro_batch_size,
-            "threads": torch.get_num_threads(),
-            "attn_requested": self.attn_requested,
-            "full_determinism": self.deterministic,
             "lora": self.lora,
             "trainable_numel": trainable,
             "optimizer_param_numel": trainable,
@@ -269,13 +259,7 @@ class LoraPoolTrainer(EngineBase):
         }
 
     def tenant(self, name: str) -> TenantTrainer:
-        t = self.tenants.get(name)
-        if t is None:
-            raise WorkerError(
-                "sub_job_not_found",
-                f"this LoRA pool holds no adapter {name!r} (its job ended or never joined)",
-            )
-        return t
+        return tenant_in(self.tenants, name, "trainer")
 
     @contextlib.contextmanager
     def _turn(self, t: TenantTrainer) -> Iterator[None]:

@@ -108,6 +108,18 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
 
     def info(self) -> dict[str, Any]:
         return {
+            **self._trainer_info(),
+            "attn_implementation": str(self.engine.module.config._attn_implementation),
+            "activation_checkpointing": bool(
+                getattr(self.engine.module, "is_gradient_checkpointing", False)
+            ),
+            **self._lora_info(),
+            **self.timings,
+        }
+
+    def _trainer_info(self) -> dict[str, Any]:
+        """What every trainer reports (a dedicated one and a LoRA pool's tenant)."""
+        return {
             "engine": "deepspeed",
             "zero_stage": self.stage,
             "vocab_size": self.vocab_size,
@@ -117,14 +129,8 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
             "lr_scheduler": self.schedule,
             "micro_batch_size": self.micro_batch_size,
             "threads": torch.get_num_threads(),
-            "attn_implementation": str(self.engine.module.config._attn_implementation),
             "attn_requested": self.attn_requested,
-            "activation_checkpointing": bool(
-                getattr(self.engine.module, "is_gradient_checkpointing", False)
-            ),
             "full_determinism": self.deterministic,
-            **self._lora_info(),
-            **self.timings,
         }
 
     def _lora_info(self) -> dict[str, Any]:

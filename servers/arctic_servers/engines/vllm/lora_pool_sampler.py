@@ -32,6 +32,7 @@ from arctic_sdk.spec.tables import methods as M
 from ...protocol.lora_config import vllm_max_rank
 from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD, TENANT_ARG
 from ..worker.commands import Command
+from ..worker.engine_base import tenant_in
 from ..worker.worker import WorkerError
 from . import lora_sampler
 from .lora_sampler import EMBEDDING_ENV, serve_embedding_adapters
@@ -124,14 +125,7 @@ class LoraPoolSampler(SamplingEngine):
         }
 
     def tenant(self, name: str) -> PoolTenant:
-        t = self.tenants.get(name)
-        if t is None:
-            raise WorkerError(
-                "sub_job_not_found",
-                f"this LoRA pool's sampler holds no adapter {name!r} (its job ended or never "
-                "joined)",
-            )
-        return t
+        return tenant_in(self.tenants, name, "sampler")
 
     @contextlib.contextmanager
     def _as(self, t: PoolTenant) -> Iterator[None]:

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from .commands import Command
 from .worker import ABORT_CMD, WorkerError
+
+V = TypeVar("V")
 
 
 class EngineBase:
@@ -63,3 +65,15 @@ class EngineBase:
 
     def abort(self, msg_id: int) -> list[dict[str, Any]]:
         raise WorkerError("unimplemented", f"{type(self).__name__} has no op {ABORT_CMD!r}")
+
+
+def tenant_in(tenants: Mapping[str, V], name: str, engine: str) -> V:
+    """Tenant `name` of a pool engine's `tenants`; `sub_job_not_found` when it has none (the
+    job ended, or never joined)."""
+    t = tenants.get(name)
+    if t is None:
+        raise WorkerError(
+            "sub_job_not_found",
+            f"this LoRA pool's {engine} holds no adapter {name!r} (its job ended or never joined)",
+        )
+    return t

@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-TENANT_ARG = "tenant"  # the argument that names a pool command's tenant
+# the argument that names a pool command's tenant (`protocol.lora_pools.TENANT_ARG`: this module
+# stays free of the protocol layer, as the worker process is)
+TENANT_ARG = "tenant"
 
 
 def tenant_of(args: Any) -> str:
