@@ -220,6 +220,7 @@ class PoolManager:
             "pool": pool.pool_id,
             "tenant": job.job_id,
             "backend": w.get("backend", "local"),
+            "pid": w.get("pid"),  # the pool worker's (the admin view; never signalled for a job)
             "log": w.get("log", ""),
             "info": {**dict(w.get("info") or {}), **dict(info or {})},
         }
