@@ -294,7 +294,7 @@ def test_a_pool_workers_queue_serves_tenants_in_turn() -> None:
     """A LoRA pool's worker (calls naming their tenant): a busy tenant's backlog does not hold
     back another's call (tenant_queue.py); each tenant's calls keep their order."""
     engine = TenantEngine()
-    host, chan, rec = host_with(engine)
+    host, chan, _rec = host_with(engine)
     for i in range(5):
         call(host, chan, i, f"a{i}", "add", x=i, tenant="busy")
     call(host, chan, 9, "b", "add", x=100, tenant="occasional")
