@@ -300,3 +300,36 @@ def test_a_pool_workers_queue_serves_tenants_in_turn() -> None:
     call(host, chan, 9, "b", "add", x=100, tenant="occasional")
     drain(host)
     assert engine.runs == [0, 100, 1, 2, 3, 4]
+
+
+def test_a_pooled_jobs_sync_is_a_file_on_one_host_and_a_blob_across_nodes() -> None:
+    """A pooled job's sub-job records carry its pool worker's place (lora_pools.py), and its
+    sync is the /dev/shm file when the pool's workers are on one host, the blob when they are
+    on two Ray nodes — where a job with its own workers takes the weight group (issue 33)."""
+    from types import SimpleNamespace
+
+    from arctic_servers.gateway.dataplane import DataPlane
+    from arctic_servers.gateway.model import Job, SubJob
+
+    def job(pool: str, nodes: tuple[str, str], backend: str) -> Job:
+        conf = {"lora": {"rank": 8}}
+        subs = [
+            SubJob(f"j:{role}:0", role, 0, "tiny", conf if role == "training" else {})
+            for role in ("training", "sampling")
+        ]
+        for s, node in zip(subs, nodes, strict=True):
+            s.worker = {"backend": backend, "pid": 1, "node_id": node, "info": {"device": "cpu"}}
+        return Job("j", None, subs, {}, "", "", 0, pool=pool)
+
+    gw: Any = SimpleNamespace(profile=SimpleNamespace(collective_sync=True))
+    gw.sync_placement = lambda src, targets: DataPlane.sync_placement(gw, src, targets)
+    shm = Path("/dev/shm").is_dir()
+
+    def method(j: Job) -> str:
+        return DataPlane.sync_method(gw, j, {})
+
+    assert method(job("", ("n1", "n1"), "local")) == "collective"
+    assert method(job("", ("n1", "n2"), "ray")) == "collective"
+    assert method(job("pool-1", ("n1", "n1"), "local")) == ("shm" if shm else "safetensors")
+    assert method(job("pool-1", ("n1", "n1"), "ray")) == ("shm" if shm else "safetensors")
+    assert method(job("pool-1", ("n1", "n2"), "ray")) == "safetensors"

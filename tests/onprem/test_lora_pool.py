@@ -5,7 +5,8 @@ optimizer, schedule, weight_version and checkpoints.
 Its own server (`--lora-pool *=3`, two tokens), one pool for the whole module:
 
 - sharing: two jobs (one with an lm_head adapter, Tinker's default) run on the same two worker
-  processes, the capabilities list the pool, a sync moves the adapter only (lm_head included);
+  processes, the capabilities list the pool, a sync moves the adapter only (lm_head included),
+  by file (`auto`; a weight group, `collective`, is refused by name: protocol/lora_sync.py);
 - isolation (the issue's proof): tenant B's sequence (forward-backward with adapter dropout,
   step, sync, greedy generate with log-probs, trainer log-probs) run once alone and once with
   tenant A's forward-backward / step / sync / generate / prefix-cache reset / checkpoint and
@@ -127,9 +128,16 @@ async def test_jobs_share_the_pools_engines(
         for job, n_tensors in ((a, 28), (b, 30)):  # the adapter only; b's has the lm_head's A, B
             await ha.run(M.FORWARD_BACKWARD, job, sft_body(ROWS))
             await ha.run(M.STEP, job, {})
+            with pytest.raises(CallError) as group:  # the pool's engines are shared: a file
+                await ha.run(M.SYNC_WEIGHTS, job, {"method": "collective"})
+            assert group.value.code == "unsupported_option", group.value
+            assert group.value.body["details"]["field"] == "method"
+            # `auto` (the weight group for a job with its own engines on this host) is the file
             sync = await ha.run(M.SYNC_WEIGHTS, job, {})
             assert sync["num_tensors"] == n_tensors and sync["weight_version"] == 1
             assert sync["num_bytes"] < 200_000  # the full model is 1.7 MB
+            assert sync["method"] == "shm" and sync["num_buckets"] == 1, sync
+            assert sync["bucket_bytes"] == sync["num_bytes"] and sync["setup_seconds"] == 0.0
             g = await ha.run(M.GENERATE, job, {"prompts": PROMPTS, "sampling_params": GREEDY})
             base = {"prompts": PROMPTS, "sampling_params": GREEDY, "adapter": "base"}
             assert g["weight_version"] == 1

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from arctic_servers.engines.config import canonical_model_name
+from arctic_servers.engines.worker.engine_base import WEIGHT_GROUP_CMDS, no_weight_group
 from arctic_servers.engines.worker.tenant_queue import TenantQueue, tenant_of
+from arctic_servers.protocol.collective_sync import Placement, pick_method
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.lora_pools import (
     PoolBook,
@@ -23,6 +25,7 @@ from arctic_servers.protocol.lora_pools import (
     pool_key,
     syncs_adapter,
 )
+from arctic_servers.protocol.lora_sync import check_lora_sync, lora_method
 
 LORA = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj"], "train_lm_head": False}
 
@@ -119,6 +122,36 @@ def test_a_pooled_lm_head_job_syncs_its_adapter() -> None:
     assert syncs_adapter(LORA, pooled=False) and not syncs_adapter(None, pooled=True)
     no_embeddings = PoolPolicy(models={"*": 2}, embeddings=False)
     assert key(job({"lora": lm}), no_embeddings) is None
+
+
+def test_a_pooled_job_syncs_by_file_or_blob_never_a_weight_group() -> None:
+    """Where `auto` picks the weight group for a job with its own engines (one CPU host, or
+    across hosts), a pooled job's sync is the /dev/shm file on one host and the blob across
+    hosts; `collective` / `nccl` asked by name are refused naming the field and the pool; a
+    job with its own engines keeps every method (issue 33's collective sync)."""
+    one_host = Placement(cuda=False, same_host=True, shm=True)
+    two_hosts = Placement(cuda=False, same_host=False, shm=True)
+    assert pick_method(None, one_host) == pick_method(None, two_hosts) == "collective"
+    assert lora_method("collective", True, pooled=True, same_host=True) == "shm"
+    assert lora_method("collective", True, pooled=True, same_host=False) == "safetensors"
+    assert lora_method("collective", False, pooled=True, same_host=True) == "safetensors"
+    assert lora_method("cuda_ipc", True, pooled=True) == "shm"
+    assert lora_method("safetensors", True, pooled=True) == "safetensors"
+    assert lora_method("collective", True) == "collective"  # its own engines: as issue 33
+    assert lora_method("cuda_ipc", False) == "collective"
+    for m in ("auto", "shm", "safetensors", None):
+        check_lora_sync(None, {"method": m}, "payload.", "pool-abc")
+    for m in ("collective", "NCCL"):
+        check_lora_sync(None, {"method": m}, "payload.", "")  # its own engines: accepted
+        with pytest.raises(ProtocolError) as e:
+            check_lora_sync(None, {"method": m}, "payload.", "pool-abc")
+        assert e.value.code == "unsupported_option"
+        assert e.value.details["field"] == "payload.method" and "pool-abc" in e.value.message
+    # the pool engines refuse the weight-group commands by name too
+    assert "send_weights" in WEIGHT_GROUP_CMDS and "weight_group_join" in WEIGHT_GROUP_CMDS
+    with pytest.raises(Exception) as w:
+        no_weight_group("sampler")(group_id="g", tenant="t")
+    assert getattr(w.value, "code", "") == "unsupported_option"
 
 
 def test_pool_flags() -> None:

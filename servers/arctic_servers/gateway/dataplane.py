@@ -128,16 +128,15 @@ class DataPlane(forwarding.WorkerForwarding, GatewayBase):
         """The method a sync of `body` runs with; `unsupported_option` naming why when its
         workers cannot run the one asked for."""
         src, targets = sync_sub_jobs(job, body)
+        where = self.sync_placement(src, targets)
         try:
-            method = pick_method(
-                body.get("method"),
-                self.sync_placement(src, targets),
-                cuda_ipc=body.get("cuda_ipc"),
-            )
+            method = pick_method(body.get("method"), where, cuda_ipc=body.get("cuda_ipc"))
         except ValueError as exc:
             opt = f"{path}method"
             raise ProtocolError("unsupported_option", str(exc), options=[opt], field=opt) from None
-        return lora_method(method, Path("/dev/shm").is_dir()) if lora.adapter_job(job) else method
+        if not lora.adapter_job(job):
+            return method
+        return lora_method(method, where.shm, pooled=bool(job.pool), same_host=where.same_host)
 
     def weight_group(self, job: Job) -> CollectiveSync:
         return self._weight_groups.setdefault(job.job_id, CollectiveSync(job.job_id))

@@ -59,9 +59,10 @@ def generate_args(job: Job, body: Mapping[str, Any], args: dict[str, Any]) -> st
 
 
 def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:
-    """An adapter job's sync: a file or blob, sampling targets only (`protocol/lora_sync.py`)."""
+    """An adapter job's sync: a file, blob or weight-group method (a pooled job's: a file or
+    blob), sampling targets only (`protocol/lora_sync.py`)."""
     if adapter_job(job):
-        check_lora_sync(job, body, path)
+        check_lora_sync(job, body, path, job.pool)
 
 
 def is_lora_checkpoint(meta: Mapping[str, Any]) -> bool:

@@ -5,7 +5,8 @@
 A pool is two worker hosts — a trainer and a sampler over one copy of the base model — launched
 by the supervisor like a sub-job's (they outlive the gateway), started with the pool's first job
 and shared by every job of its key up to the adapter limit. Each pooled sub-job's worker record
-names its pool and tenant (`{"pool", "tenant", "backend", "log", "info"}`); its calls go to the
+names its pool and tenant (`{"pool", "tenant", "backend", "pid", "log", "info"}`, and where
+the pool's worker runs: `address`, Ray's `node` / `node_id`); its calls go to the
 pool engine's worker through a `TenantClient`, which names the tenant in every command, with
 the gateway's usual keyed calls (the journal of a pool's worker host holds every tenant's calls,
 collected by key after a restart, never run twice).
@@ -221,6 +222,8 @@ class PoolManager:
             "tenant": job.job_id,
             "backend": w.get("backend", "local"),
             "pid": w.get("pid"),  # the pool worker's (the admin view; never signalled for a job)
+            # where it runs (its host, its Ray node): the sync's placement reads them
+            **{k: w[k] for k in ("address", "node", "node_id") if k in w},
             "log": w.get("log", ""),
             "info": {**dict(w.get("info") or {}), **dict(info or {})},
         }

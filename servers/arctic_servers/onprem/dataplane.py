@@ -113,14 +113,14 @@ class DataPlane(forwarding.WorkerForwarding, OnpremBase):
         check_sync_sub_jobs(job, body, path)
         check_weight_format(body, job.syncs_adapter, path)
         if job.syncs_adapter:  # (an lm_head / embedding adapter: merged full weights)
-            check_lora_sync(job, body, path)
+            check_lora_sync(job, body, path, job.pool)
 
     async def _sync(self, job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
         src, targets = sync_sub_jobs(job, body)
         where = self._placement()
         method = pick_method(body.get("method"), where, cuda_ipc=body.get("cuda_ipc"))
-        if job.syncs_adapter:  # the adapter only (lora_sampler.py)
-            method = lora_method(method, where.shm)
+        if job.syncs_adapter:  # the adapter only (lora_sampler.py; a pooled job's: a file)
+            method = lora_method(method, where.shm, pooled=bool(job.pool))
         async with job.sync_lock:
             # new generates wait here; the sampler finishes those already sent before it swaps
             job.gate.clear()

@@ -44,7 +44,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD
 from ..worker.commands import Command
-from ..worker.engine_base import EngineBase, tenant_in
+from ..worker.engine_base import WEIGHT_GROUP_CMDS, EngineBase, no_weight_group, tenant_in
 from ..worker.worker import WorkerError
 from .ds_setup import device
 from .hf_model import _read_vocab, enable_determinism, load_hf_model
@@ -299,6 +299,8 @@ class LoraPoolTrainer(EngineBase):
         }
         for cmd in _TENANT_COMMANDS:
             table[cmd] = _bind(self._run, cmd)
+        for cmd in WEIGHT_GROUP_CMDS:  # its tenants sync by file (protocol/lora_sync.py)
+            table[cmd] = no_weight_group("trainer")
         return table
 
     def stats(self) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from ...protocol.lora_config import adapter_sync
 from ..weight_transfer import buckets
 from ..weight_transfer.group import GroupError
 from ..weight_transfer.member import GroupMember, peak_tracker, unavailable
@@ -32,16 +31,19 @@ class WeightSource:
         self.extra: dict[str, Any] = {"kind": "full"}
         module = trainer.engine.module
         self.stage = int(trainer.stage)
-        lora = trainer.lora
         self.fixed: dict[str, torch.Tensor] | None = None
-        if lora is not None:
+        if trainer.lora is not None:
             from .lora_trainer import adapter_config_json, adapter_tensors, merged_state_dict
 
-            if adapter_sync(lora):  # the adapter only (PROTOCOL.md §3.6)
-                self.fixed = adapter_tensors(module, self.stage)
-                self.extra = {"kind": "adapter", "adapter_config": adapter_config_json(module)}
+            name = trainer.adapter_name  # its PEFT adapter (training_weights.py)
+            if trainer.syncs_adapter():  # the adapter only (PROTOCOL.md §3.6)
+                self.fixed = adapter_tensors(module, self.stage, name)
+                self.extra = {
+                    "kind": "adapter",
+                    "adapter_config": adapter_config_json(module, name),
+                }
             else:  # an adapter the samplers cannot serve: merged full weights (merge-and-push)
-                self.fixed = merged_state_dict(module, self.stage)
+                self.fixed = merged_state_dict(module, self.stage, name)
         if self.fixed is not None:
             self.params: dict[str, Any] = dict(self.fixed)
             self.metas = [buckets.meta_of(n, t) for n, t in self.fixed.items()]

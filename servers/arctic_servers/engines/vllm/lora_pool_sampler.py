@@ -32,7 +32,7 @@ from arctic_sdk.spec.tables import methods as M
 from ...protocol.lora_config import vllm_max_rank
 from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD, TENANT_ARG
 from ..worker.commands import Command
-from ..worker.engine_base import tenant_in
+from ..worker.engine_base import WEIGHT_GROUP_CMDS, no_weight_group, tenant_in
 from ..worker.worker import WorkerError
 from . import lora_sampler
 from .lora_sampler import EMBEDDING_ENV, serve_embedding_adapters
@@ -186,6 +186,8 @@ class LoraPoolSampler(SamplingEngine):
             M.RESET_PREFIX_CACHE.python_name: self.op_tenant_reset_prefix_cache,
             "sleep": self.op_tenant_lifecycle,
             "wake": self.op_tenant_lifecycle,
+            # its tenants sync by file or blob (protocol/lora_sync.py)
+            **{cmd: no_weight_group("sampler") for cmd in WEIGHT_GROUP_CMDS},
         }
 
     def op_tenant_load_weights(
@@ -198,8 +200,11 @@ class LoraPoolSampler(SamplingEngine):
         method: str = "shm",
         **_: Any,
     ) -> dict[str, Any]:
-        """A new adapter version of `tenant` (its sync, or a LoRA checkpoint loaded)."""
+        """A new adapter version of `tenant` (its sync, or a LoRA checkpoint loaded): from a file
+        or a blob (a weight group's receive would hold every tenant's batch: lora_sync.py)."""
         t = self.tenant(tenant)
+        if method in ("collective", "nccl"):
+            no_weight_group("sampler")()
         if adapter_config is None:
             raise WorkerError(
                 "invalid_argument",

@@ -77,3 +77,22 @@ def tenant_in(tenants: Mapping[str, V], name: str, engine: str) -> V:
             f"this LoRA pool's {engine} holds no adapter {name!r} (its job ended or never joined)",
         )
     return t
+
+
+# the weight-group commands (`engines/weight_transfer/member.py`, `deepspeed/weight_send.py`)
+WEIGHT_GROUP_CMDS = ("weight_group_open", "weight_group_join", "send_weights", "weight_group_close")
+
+
+def no_weight_group(engine: str) -> Command:
+    """A pool engine's answer to the weight-group commands: refused by name. Its tenants sync by
+    file or blob (`protocol/lora_sync.py` says why); the servers never send them these."""
+
+    def refuse(**_: Any) -> Any:
+        raise WorkerError(
+            "unsupported_option",
+            f"a LoRA pool's {engine} is shared with other jobs: a pooled job syncs its adapter "
+            "as a file or a blob (method shm or safetensors), not over a weight group",
+            field="method",
+        )
+
+    return refuse
