@@ -196,8 +196,9 @@ async def test_tenants_are_isolated_bitwise(
         nonlocal step
         step += 1
         await ha.run(M.FORWARD_BACKWARD, a, fb_body(100 + step))
-        if step % 2:
-            await ha.run(M.STEP, a, {"learning_rate": 0.1})
+        if step % 2:  # its own Adam settings too (StepRequest.adam: its optimizer only)
+            adam = {"beta1": 0.8, "eps": 1e-6, "gradient_clipping": 0.5}
+            await ha.run(M.STEP, a, {"learning_rate": 0.1, "adam": adam})
             await ha.run(M.SYNC_WEIGHTS, a, {})
         await ha.run(M.GENERATE, a, {"prompts": PROMPTS, "sampling_params": {"max_tokens": 5}})
         if step == 3:
@@ -348,6 +349,37 @@ async def test_a_tenants_checkpoints(clients: tuple[Http, Http], pool_server: Se
         await cancel(ha, job)
         if other:
             await cancel(ha, other)
+
+
+async def test_a_tenants_step_adam_is_its_own(
+    clients: tuple[Http, Http], pool_server: ServerInfo
+) -> None:
+    """`StepRequest.adam` (Tinker's per-call AdamParams) on a pooled job: applied to its own
+    optimizer and clip — eps 1 and a clip of 1e-9 leave its adapter where it was, where the
+    same step without them moves a twin job's — and refused by name on an SGD tenant."""
+    ha, _ = clients
+    twins = [await new_job(ha, lora_job()) for _ in range(2)]
+    sgd = lora_job()
+    sgd[0]["training_config"]["optimizer"] = {"name": "sgd", "lr": 1e-2}
+    other = await new_job(ha, sgd)
+    try:
+        before = (await ha.run(M.FORWARD, twins[0], fb_body(3)))["outputs"]["logprobs_shifted"]
+        frozen = {"learning_rate": 0.05, "adam": {"eps": 1.0, "gradient_clipping": 1e-9}}
+        after = []
+        for job, step in zip(twins, (frozen, {"learning_rate": 0.05}), strict=True):
+            await ha.run(M.FORWARD_BACKWARD, job, sft_body(ROWS))
+            await ha.run(M.STEP, job, step)
+            fwd = await ha.run(M.FORWARD, job, fb_body(3))
+            after.append(fwd["outputs"]["logprobs_shifted"])
+        assert np.abs(after[0] - before).max() <= 1e-6  # its eps and clip held the step back
+        assert np.abs(after[1] - before).max() >= 1e-3  # the twin's default Adam moved
+        await ha.run(M.FORWARD_BACKWARD, other, sft_body(ROWS))
+        with pytest.raises(CallError) as e:
+            await ha.run(M.STEP, other, {"adam": {"eps": 1e-8}})
+        assert e.value.code == "unsupported_option" and "sgd" in str(e.value.body), e.value
+    finally:
+        for j in (*twins, other):
+            await cancel(ha, j)
 
 
 async def _fb_step(h: Http, job: str) -> tuple[float, float]:

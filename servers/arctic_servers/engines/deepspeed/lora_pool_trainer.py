@@ -114,6 +114,13 @@ class TenantTrainer(TrainingEngine):
     def _grad_norm_local(self) -> float:
         return float(self.engine.grad_norm())  # this tenant's parameters, not the pool's
 
+    # a step's `adam` (StepRequest.adam) changes this tenant's optimizer and clip only
+    def _optimizer_type(self) -> str:
+        return self.engine.kind
+
+    def _set_clip(self, clip: float) -> None:
+        self.engine.clip = clip
+
     def op_sleep(self, mode: str = "all") -> dict[str, Any]:
         return {"applied": False, "reason": POOL_REASON}
 

@@ -83,6 +83,7 @@ class TenantOptimizer:
         self.name = name
         self.params = list(params)
         self.optimizer, self.clip = build_optimizer(self.params, conf, dtype, cuda)
+        self.kind = type(self.optimizer).__name__.lower()  # "adamw" or "sgd" (StepRequest.adam)
         schedule = conf.get("lr_scheduler")
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if schedule:

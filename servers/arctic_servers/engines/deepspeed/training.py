@@ -340,11 +340,21 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
         for g in self._param_groups():
             g["lr"] = lr
 
+    def _optimizer_type(self) -> str:
+        """The job's optimizer as its DeepSpeed config names it, lower case."""
+        return str(self.ds_config["optimizer"]["type"]).lower()
+
+    def _set_clip(self, clip: float) -> None:
+        """The gradient clip where DeepSpeed reads it (its config; a ZeRO optimizer's own copy)."""
+        self.engine._config.gradient_clipping = clip
+        if hasattr(self.engine.optimizer, "clip_grad"):
+            self.engine.optimizer.clip_grad = clip
+
     def _set_adam(self, adam: Mapping[str, float]) -> None:
         """`StepRequest.adam`: Adam's betas, eps and weight decay where AdamW reads them each
         step (its param groups, saved with the optimizer state), and the gradient clip where
-        DeepSpeed reads it (its config; a ZeRO optimizer's own copy)."""
-        name = str(self.ds_config["optimizer"]["type"]).lower()
+        the step reads it (`_set_clip`)."""
+        name = self._optimizer_type()
         if name not in ("adam", "adamw"):
             raise ProtocolError(
                 "unsupported_option",
@@ -359,9 +369,7 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
                     g[k] = adam[k]
         clip = adam.get("gradient_clipping")
         if clip is not None:
-            self.engine._config.gradient_clipping = float(clip)
-            if hasattr(self.engine.optimizer, "clip_grad"):
-                self.engine.optimizer.clip_grad = float(clip)
+            self._set_clip(float(clip))
 
     def _grad_norm_local(self) -> float:
         norms = [
