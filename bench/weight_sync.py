@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from arctic_sdk.spec.tables import methods as M
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.scaleout import Server, gib, job_body, servers, timed, uptime, write_json
 
@@ -155,8 +157,8 @@ async def syncs(
         _, ops["create_job"] = await timed(client.create_job(body))
         _, ops["wait_running"] = await timed(client.wait_until_running(timeout=3600))
         srv.track(str(client.job_id))
-        _, ops["forward_backward"] = await timed(client.forward_backward(train_body()))
-        _, ops["step"] = await timed(client.step())
+        _, ops[M.FORWARD_BACKWARD.python_name] = await timed(client.forward_backward(train_body()))
+        _, ops[M.STEP.python_name] = await timed(client.step())
         for method in methods:
             first = dict(await client.sync_weights(method=method))
             runs = []
@@ -187,8 +189,9 @@ async def syncs(
                 extra["tokens_compared"] = n
                 print(f"  sampler vs trainer max|d| {d:.3g} over {n} tokens", flush=True)
         ck = {"checkpoint_id": "bench", "checkpoint_type": "weights-only"}
-        _, ops["save_checkpoint"] = await timed(client.save_checkpoint(**ck))
-        _, ops["load_checkpoint"] = await timed(client.load_checkpoint(checkpoint_id="bench"))
+        _, ops[M.SAVE_CHECKPOINT.python_name] = await timed(client.save_checkpoint(**ck))
+        load = client.load_checkpoint(checkpoint_id="bench")
+        _, ops[M.LOAD_CHECKPOINT.python_name] = await timed(load)
         extra["process_peaks"] = srv.peaks()
         _, ops["cancel_job"] = await timed(client.cancel_job())
     extra["op_seconds"] = ops
@@ -286,7 +289,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{k}: " + ", ".join(f"{p} {gib(b)} GiB" for p, b in v.items()))
         if k.endswith("op_seconds"):
             print(f"{k}: " + ", ".join(f"{op} {s:.1f}" for op, s in v.items()))
-    return {"model": model, "reps": reps, "bucket_mib": args.bucket_mib, "load": uptime(),
+    return {"model": model, "reps": reps, "bucket_mib": args.bucket_mib, "load_average": uptime(),
             "rows": rows, "floors": floors, "extra": extra, "table": lines,
             "targets": tlines}  # fmt: skip
 

@@ -65,6 +65,10 @@ async def test_collective_sync_agrees_and_keeps_its_group(
     onprem: ServerInfo, http: Http, shared_job: str
 ) -> None:
     job = shared_job
+    # the session's shared job may hold a group from an earlier test's `auto` sync: a sync with
+    # other members first, so the default sync below builds its group whatever ran before
+    both = [f"{job}:sampling:0", f"{job}:log_prob:0"]
+    await http.run(M.SYNC_WEIGHTS, job, {"method": "collective", "target_sub_job_ids": both})
     await train(http, job, 2)
     before, _, _ = await sampler_vs_trainer(http, job)
     first = await http.run(M.SYNC_WEIGHTS, job, {"method": "collective"})
