@@ -1,6 +1,6 @@
 """Bounded load test of the Cortex gateway on loopback, with fake workers.
 
-    python bench/gateway_load.py            # 8 drivers x 50 requests (README "Cortex gateway")
+    python bench/gateway_load.py            # 8 drivers x 50 requests (servers/GATEWAY.md)
     python bench/gateway_load.py --smoke    # 2 drivers x 6 requests; CI runs it (no thresholds)
 
 It starts `python -m arctic_servers.gateway --engine fake` on a fresh SQLite file in a temporary

@@ -13,7 +13,7 @@
 #
 # Env: ARCTIC_GPU_CHECK_FULL=1  the weight-sync benchmark on the real-size model (3 reps);
 #      ARCTIC_GPU_CHECK_TIMEOUT  seconds for the checks (default 600).
-# Status: written and dry-run on CPU only; it has not run on a GPU yet (README "Scale-out").
+# Status: written and dry-run on CPU only; it has not run on a GPU yet (servers/GATEWAY.md "Scale-out").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -71,7 +71,7 @@ else
   echo "prometheus not installed and no root for apt-get: tests/gateway/test_prometheus.py skips"
 fi
 
-step "tinker-cookbook 0.6.1 for tests/tinker (README \"Tinker users\")"
+step "tinker-cookbook 0.6.1 for tests/tinker (servers/TINKER.md)"
 # It pins tml-renderers>=0.4.1, which the registry lacks: installed --no-deps, with its other
 # dependencies named here (tml-renderers 0.2.1 serves the renderers the recipes use).
 "$PY" -m pip install -q --no-deps "tinker-cookbook==0.6.1"

@@ -17,7 +17,7 @@ from .harness import Gateway
 KNOWN_FAILING: list[str] = []
 # Over gRPC (CI time): the areas whose answers depend on the transport; jobs, limits, invalid
 # input and codec vectors go through the same protocol core as over HTTP. The whole suite passes
-# over gRPC too (`python -m conformance --transport grpc`, README "Cortex gateway").
+# over gRPC too (`python -m conformance --transport grpc`, servers/GATEWAY.md).
 GRPC_SKIP = ["jobs/*", "limits/*", "invalid/*", "codec/*", "auth/*"]
 
 

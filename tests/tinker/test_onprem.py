@@ -135,7 +135,7 @@ def _recipe(kind: str, url: str, log: Path, *extra: str, key: str = API_KEY) -> 
     """A cookbook recipe (`cookbook_recipes.py`) against `url` with the server's model name:
     its tokenizer comes from the server's /hf/ (no model directory on the client)."""
     # tinker-cookbook pins tml-renderers>=0.4.1, which this registry lacks: it is installed with
-    # --no-deps (README "Tinker users"); without it these two tests skip, saying so — except
+    # --no-deps (servers/TINKER.md); without it these two tests skip, saying so — except
     # under CI, which installs it (tools/test.sh), where a missing cookbook is a failure
     if os.environ.get("CI"):
         import tinker_cookbook  # noqa: F401

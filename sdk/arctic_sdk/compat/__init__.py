@@ -12,8 +12,7 @@ The `{batch, meta, processing}` body is lowered to the canonical frame once, her
 mirrors (`avg_loss`, `batch.logprobs` / `batch.log_probs`, per-rank `metrics["grad_norm"]`,
 `mfu`). The config's DeepSpeed-shaped fields become the CreateJob body in `job_config.py`; the
 current Arctic-Platform client's nested config is `arctic_sdk.compat.unified`; the opt-in
-`arctic_platform` import alias is the `compat-alias/` distribution (README "Framework
-integrations").
+`arctic_platform` import alias is the `compat-alias/` distribution (docs/FRAMEWORKS.md).
 """
 
 from .client import ArcticRLClient, ArcticServerState, create_arctic_rl_client

@@ -7,7 +7,7 @@ sub-job configs of `jobs.proto`. `keys` are the config keys the server advertise
 (capabilities `config_keys`; the standard ones when it advertises none): a field whose key the
 server does not offer is warned about by name and not sent; a field no server could honour is
 refused, all of them in one `UnsupportedConfigError`, before anything is sent. The mapping, field
-by field, is the table in README "Framework integrations".
+by field, is the table in docs/FRAMEWORKS.md.
 """
 
 from __future__ import annotations

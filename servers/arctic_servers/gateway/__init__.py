@@ -1,8 +1,8 @@
 """The Cortex gateway: the arctic.v1 protocol with an async, durable request queue, PAT auth,
 job lifecycle, capacity, leases, and sub-jobs as worker processes that outlive a restart.
 
-Start it with `python -m arctic_servers.gateway --db PATH --tokens-file FILE` (README, "Cortex
-gateway"); in-process with `start_gateway(GatewaySettings(db=...))`. The names below are loaded
+Start it with `python -m arctic_servers.gateway --db PATH --tokens-file FILE` (servers/GATEWAY.md);
+in-process with `start_gateway(GatewaySettings(db=...))`. The names below are loaded
 on first use, so that a worker process (`worker_host`) imports nothing of the server.
 """
 

@@ -1,4 +1,4 @@
-"""`python -m arctic_servers.gateway`: the Cortex gateway (README "Cortex gateway").
+"""`python -m arctic_servers.gateway`: the Cortex gateway (servers/GATEWAY.md).
 
     python -m arctic_servers.gateway --db PATH --tokens-file FILE [--host 127.0.0.1]
         [--port 8080] [--grpc-port 50051] [--engine fake|onprem] [--worker-python PY]

@@ -1,6 +1,6 @@
 """The `--tinker-*` flags of `python -m arctic_servers.onprem serve` and
 `python -m arctic_servers.gateway`: one definition of the `TinkerSettings` on the command line
-(README "Tinker users"). Torch- and tinker-free, so `--help` works without the extra."""
+(servers/TINKER.md). Torch- and tinker-free, so `--help` works without the extra."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ The `tinker` SDK's `get_tokenizer()` (training and sampling clients) and the coo
 `tokenizer_utils.get_tokenizer(model_name)` call `AutoTokenizer.from_pretrained(name)`, which
 asks the hub at `HF_ENDPOINT`. With `HF_ENDPOINT=http://SERVER:PORT/hf` (and, on a server with
 tokens, `HF_TOKEN` = the Tinker API key) `from_pretrained("tiny-qwen2")` gets the server's
-tokenizer — no hub, no model directory on the client (README "Tinker users").
+tokenizer — no hub, no model directory on the client (servers/TINKER.md).
 
 Served: `HEAD|GET /hf/{model}/resolve/{revision}/{file}` for the tokenizer and config files
 of a model the catalog has a directory for (`TOKENIZER_FILES`, never the weights), and

@@ -174,7 +174,7 @@ class State:
                 "training and sampling clients, futures and tinker:// paths; a server keeps "
                 "them across restarts only with a state file), so it is lost: create a new "
                 "ServiceClient and training client (the protocol's jobs and checkpoints are the "
-                "server's, README 'Tinker users')",
+                "server's, servers/TINKER.md)",
                 "not_found",
                 field=what,
                 reason="server_restarted",
