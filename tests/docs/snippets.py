@@ -8,9 +8,10 @@ A block's marker is an HTML comment on the line before its fence (the rendered d
 - `<!-- snippet: not run: REASON -->`: a block that cannot run here (a GPU, the real engines,
   minutes of CPU); it is still compiled or syntax-checked, and reported with its reason.
 
-Without a marker a `python` block runs as written and a `bash` block is syntax-checked, each
-`python -m` command of this project in it answering `--help`. Other fences (`text`, `yaml`,
-`promql`, bare) hold output and formats, not code.
+A `python` block without a marker runs as written; a `bash` block must say `run` or `not run`.
+Every `bash` block is syntax-checked (`bash -n`), each `python -m` command of this project in it
+answers `--help`, and each script it names (`python tools/x.py`, `bash tools/x.sh`) exists. Other
+fences (`text`, `yaml`, `promql`, bare) hold output and formats, not code.
 """
 
 from __future__ import annotations
@@ -76,11 +77,21 @@ def blocks(doc: Path) -> list[Block]:
                 raise MarkerError(f"{where}: `server` marks python blocks only")
             if kind == "run" and lang != "bash":
                 raise MarkerError(f"{where}: python blocks run without a marker")
+            if kind == "default" and lang == "bash":
+                raise MarkerError(f"{where}: a bash block says `run` or `not run: REASON`")
             out.append(Block(doc, i + 1, lang, "\n".join(lines[i + 1 : end]) + "\n", kind, reason))
         elif mk:
             raise MarkerError(f"{where}: a snippet marker on a `{m.group(1)}` fence")
         i = end + 1
     return out
+
+
+SCRIPT = re.compile(r"(?:^|\s)(?:python3?|bash)\s+((?:tools|bench|examples)/[\w/.-]+\.(?:py|sh))")
+
+
+def scripts(code: str) -> list[str]:
+    """The repository scripts a shell block runs (`python tools/x.py`, `bash tools/x.sh`)."""
+    return SCRIPT.findall(code)
 
 
 def links(doc: Path) -> list[Path]:

@@ -53,6 +53,8 @@ def test_shell_block(block: S.Block, tmp_path: Path) -> None:
     cwd = scratch(tmp_path)
     (cwd / "snippet.sh").write_text(block.code)
     _run(["bash", "-n", "snippet.sh"], cwd, f"bash -n of {block.id}")
+    missing = [p for p in S.scripts(block.code) if not (S.ROOT / p).is_file()]
+    assert not missing, f"{block.id} runs scripts that do not exist: {missing}"
     if block.kind == "not run":
         NOT_RUN[block.id] = block.reason
     elif block.kind == "run":
@@ -108,6 +110,13 @@ def test_markers_are_refused_when_unknown(tmp_path: Path, monkeypatch: pytest.Mo
     doc.write_text("<!-- snippet: server -->\n```text\noutput\n```\n")
     with pytest.raises(S.MarkerError, match="`text` fence"):
         S.blocks(doc)
+    doc.write_text("```bash\nbash tools/test.sh\n```\n")
+    with pytest.raises(S.MarkerError, match="says `run` or `not run"):
+        S.blocks(doc)
+    assert S.scripts("bash tools/test.sh -k x\npython bench/codec.py --smoke") == [
+        "tools/test.sh",
+        "bench/codec.py",
+    ]
 
 
 def test_every_local_link_of_the_docs_resolves() -> None:
