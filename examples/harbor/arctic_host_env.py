@@ -82,6 +82,7 @@ class HostEnvironment(BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         root = Path(tempfile.mkdtemp(prefix=f"arctic-host-{self.session_id[:40]}-"))
         self._root = root
+        root.chmod(0o755)  # the trial's `/`: mkdtemp's 0700 would shut out every other user
         for d in ("logs/agent", "logs/verifier", "logs/artifacts", "tests", "solution", "tmp"):
             (root / d).mkdir(parents=True, exist_ok=True)
         (root / "tmp").chmod(0o1777)
@@ -160,10 +161,14 @@ class HostEnvironment(BaseEnvironment):
     # -- commands ------------------------------------------------------------------------------
 
     def _user_prefix(self, user: str | int | None) -> list[str]:
+        """Run as `user` (a name or a uid; the current user when None): `runuser` by name,
+        `setpriv` by uid (both util-linux; only root may switch)."""
         user = user if user is not None else self.default_user
         if user is None or str(user) in ("root", "0"):
             return []
-        return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"]
+        if str(user).isdigit():
+            return ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"]
+        return ["runuser", "-u", str(user), "--"]
 
     async def exec(
         self,
@@ -189,28 +194,31 @@ class HostEnvironment(BaseEnvironment):
         args += ["chroot", str(self._root), *self._user_prefix(user), "env", "-i"]
         args += [f"{k}={v}" for k, v in merged.items()]
         script = f"cd {shlex.quote(cwd or self.workdir)} && {command}"
-        proc = await asyncio.create_subprocess_exec(
-            *args,
-            "bash",
-            "-c",
-            script,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_sec or None)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            raise RuntimeError(f"Command timed out after {timeout_sec} seconds") from None
-        return ExecResult(
-            stdout=out.decode(errors="replace") if out else None,
-            stderr=err.decode(errors="replace") if err else None,
-            return_code=proc.returncode or 0,
-        )
+        # Output goes to files, not pipes: a process the command leaves in the background
+        # (it lives on in the trial until `stop`) would hold a pipe open, and the call with it.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = await asyncio.create_subprocess_exec(
+                *args,
+                "bash",
+                "-c",
+                script,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_sec or None)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                raise RuntimeError(f"Command timed out after {timeout_sec} seconds") from None
+            texts = []
+            for f in (out, err):
+                f.seek(0)
+                texts.append(f.read().decode(errors="replace") or None)
+        return ExecResult(stdout=texts[0], stderr=texts[1], return_code=proc.returncode or 0)
 
     # -- files: the trial's paths, seen from the host ------------------------------------------
 

@@ -15,7 +15,9 @@ import glob
 import subprocess
 from pathlib import Path
 
-from .conftest import run_terminus
+from .conftest import HARBOR_DIR, run_terminus
+
+PROBE = Path(__file__).with_name("harbor_env_probe.py")
 
 MAX_TURNS = 3
 
@@ -62,3 +64,19 @@ def test_host_environment_runs_a_trial_privately(harbor: str, tmp_path: Path) ->
         ["pgrep", "-f", f"arctic-host-{trial_dir.name}"], capture_output=True, text=True
     )
     assert leftover.stdout == ""
+
+
+def test_host_environment_contract(harbor: str, tmp_path: Path) -> None:
+    """`harbor_env_probe.py` in Harbor's venv: the environment built by Harbor's own classes;
+    exec's working directory, environment, exit codes, stderr, timeout and users; private paths
+    both ways; `..` refused; a process left in the background neither hangs the call nor
+    outlives `stop`; exec before start and after stop refused."""
+    python = str(Path(harbor).with_name("python"))
+    p = subprocess.run(
+        [python, str(PROBE), str(run_terminus.TASK), str(tmp_path)],
+        env={**run_terminus.harbor_env(), "PYTHONPATH": str(HARBOR_DIR)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (p.returncode, p.stdout) == (0, "ok\n"), p.stdout[-3000:] + p.stderr[-3000:]
