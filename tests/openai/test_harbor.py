@@ -12,7 +12,9 @@ trial against the on-prem server's vLLM sampler is in `test_onprem.py`."""
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 from .conftest import HARBOR_DIR, run_terminus
@@ -59,11 +61,21 @@ def test_host_environment_runs_a_trial_privately(harbor: str, tmp_path: Path) ->
     result = (trial_dir / "result.json").read_text()
     assert '"reward": 1.0' in result, result[-2000:]
     assert host_app.exists() == existed
-    assert not glob.glob(f"/tmp/arctic-host-{trial_dir.name}*")  # the trial's root removed
-    leftover = subprocess.run(
-        ["pgrep", "-f", f"arctic-host-{trial_dir.name}"], capture_output=True, text=True
-    )
-    assert leftover.stdout == ""
+    root = f"arctic-host-{trial_dir.name}"
+    assert not glob.glob(f"{tempfile.gettempdir()}/{root}*")  # the trial's root removed
+    assert not _processes_mounting(root)  # its namespace's processes ended
+
+
+def _processes_mounting(root: str) -> list[int]:
+    """Processes whose mount table names the trial's root (its namespace's processes)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if root in Path(f"/proc/{pid}/mountinfo").read_text():
+                out.append(int(pid))
+        except OSError:
+            continue
+    return out
 
 
 def test_host_environment_contract(harbor: str, tmp_path: Path) -> None:
