@@ -73,7 +73,7 @@ def harbor() -> str:
         if shutil.which(tool) is None:
             _unavailable(f"Harbor's host environment needs `{tool}` (tmux for terminus-2)")
     try:
-        return str(install_harbor.ensure_harbor())
+        return str(install_harbor.ensure_harbor(timeout=600))
     except install_harbor.HarborUnavailable as exc:
         _unavailable(f"Harbor 0.26 could not be installed: {exc}")
         raise
