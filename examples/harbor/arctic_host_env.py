@@ -71,6 +71,19 @@ class HostEnvironment(BaseEnvironment):
         for tool in ("unshare", "nsenter", "chroot"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"arctic-host needs `{tool}` on PATH (util-linux, coreutils)")
+        w = PurePosixPath(self.workdir)
+        top = w.parts[1] if len(w.parts) > 1 else ""
+        if not w.is_absolute() or ".." in w.parts or not top:
+            raise ValueError(
+                f"arctic-host: [environment].workdir {self.workdir!r}: expected an absolute "
+                "path below / without '..' (e.g. /app)"
+            )
+        if top not in PRIVATE and os.path.lexists(f"/{top}"):
+            raise ValueError(
+                f"arctic-host: [environment].workdir {self.workdir!r} is under the host's "
+                f"/{top}, which the trial shares; choose a working directory whose first "
+                "component the host does not have (e.g. /app): that one is the trial's own"
+            )
 
     @property
     def workdir(self) -> str:

@@ -25,6 +25,18 @@ async def probe(task: Path, scratch: Path) -> None:
         trial_paths=paths,
         task_env_config=EnvironmentConfig(workdir="/app"),
     )
+    for workdir in ("/usr/src", "/", "app", "/app/../etc"):  # the host's, or not a path
+        try:
+            HostEnvironment(
+                environment_dir=task / "environment",
+                environment_name="hello-file",
+                session_id="probe__env",
+                trial_paths=paths,
+                task_env_config=EnvironmentConfig(workdir=workdir),
+            )
+            raise AssertionError(f"workdir {workdir!r} was accepted")
+        except ValueError as exc:
+            assert "workdir" in str(exc), exc
     try:
         await env.exec("true")
         raise AssertionError("exec before start ran")
