@@ -63,6 +63,20 @@ def test_named_config_architecture_and_init(built: dict[str, Path]) -> None:
     assert not tm.check_tiny_model(built["tiny"], config="tiny-4l")
 
 
+def test_long_context_variant_is_the_default_model(built: dict[str, Path], tmp_path: Path) -> None:
+    """`tiny-8k`: the default model's weights and tokenizer vocabulary, 8,192 positions (for
+    agents such as Harbor's terminus-2, whose first prompt is ~1.9k tokens of this tokenizer)."""
+    d = tm.build_tiny_model(tmp_path / "8k", config="tiny-8k")
+    assert (d / "model.safetensors").read_bytes() == (
+        built["tiny"] / "model.safetensors"
+    ).read_bytes()
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["max_position_embeddings"] == 8192
+    assert json.loads((d / "tokenizer_config.json").read_text())["model_max_length"] == 8192
+    assert (d / "tokenizer.json").read_bytes() == (built["tiny"] / "tokenizer.json").read_bytes()
+    assert tm.check_tiny_model(d, config="tiny-8k") and not tm.check_tiny_model(d)
+
+
 def test_build_is_deterministic(built: dict[str, Path], tmp_path: Path) -> None:
     again = tm.build_tiny_model(tmp_path / "again", config="tiny-4l")
     assert tm.tiny_model_content_hash(again) == tm.tiny_model_content_hash(built["tiny-4l"])

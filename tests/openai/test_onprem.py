@@ -18,6 +18,7 @@ from arctic_sdk import Client
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
 
 from ..compat.conftest import SKIP_ONPREM, free_port, onprem_available
+from .conftest import run_terminus
 from .disconnect import leave_stream_and_wait_abort
 
 openai = pytest.importorskip("openai")
@@ -36,7 +37,7 @@ def onprem() -> Iterator[dict[str, Any]]:
         with Client(srv.base_url, token=KEY, progress=False) as c:
             c.create_job(sub_job_configs=[{"job_type": "sampling", "model_name": "tiny"}])
             c.wait_until_running(timeout=300)
-            yield {"v1": srv.base_url + "/v1", "job": c.job_id, "client": c}
+            yield {"v1": srv.base_url + "/v1", "job": c.job_id, "client": c, "url": srv.base_url}
             c.cancel_job()
     finally:
         srv.stop()
@@ -334,3 +335,28 @@ def requests_get(onprem: dict[str, Any], path: str) -> Any:
     r = requests.get(onprem["v1"] + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     r.raise_for_status()
     return r.json()
+
+
+def test_harbor_terminus_2_on_the_long_context_tiny_model(
+    onprem: dict[str, Any], harbor: str, tmp_path: Any
+) -> None:
+    """Harbor's terminus-2 (`tests/openai/test_harbor.py`) on the real server: vLLM samples,
+    the model's own tokenizer and chat template render. Its first prompt (~1.9k tokens) does
+    not fit the embedded models' 1,024 positions; `tiny-8k` (the default model with 8,192) does."""
+    with Client(onprem["url"], token=KEY, progress=False) as c:
+        c.create_job(sub_job_configs=[{"job_type": "sampling", "model_name": "tiny-8k"}])
+        try:
+            c.wait_until_running(timeout=300)
+            trial = run_terminus.run_trial(
+                harbor, onprem["url"], KEY, c.job_id, tmp_path, max_turns=3, context=8192
+            )
+        finally:
+            c.cancel_job()
+    summary = run_terminus.check_trial(trial, 3)
+    assert summary["prompt_tokens"][0] > 1024 and summary["trained_tokens"] > 0
+    # the same first prompt on the 1,024-position model: refused, naming the context
+    client = openai.OpenAI(base_url=onprem["v1"], api_key=KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="max_model_len 1024"):
+        client.chat.completions.create(
+            model=onprem["job"], messages=trial.recorded[0].messages, max_tokens=4
+        )

@@ -5,7 +5,8 @@ built here: an HF directory that ``transformers`` (``AutoConfig``/``AutoTokenize
 ``Qwen2ForCausalLM.from_pretrained``) and vLLM both load.
 
 Configurations (``CONFIGS``, by name): ``tiny`` is the default model (2 layers, hidden 128, a
-random model whose logits are far from uniform, so log-prob checks have signal); ``tiny-4l`` is
+random model whose logits are far from uniform, so log-prob checks have signal; ``tiny-8k`` is
+the same model with 8,192 positions instead of 1,024, for agents' long prompts); ``tiny-4l`` is
 the main job's trainable model (4 layers, hidden 128, initialised as Hugging Face initialises
 Qwen2 but with N(0, 0.08) weights, zero biases); ``qwen2.5-0.5b-shape`` has Qwen2.5-0.5B's shape
 (24 layers, hidden 896, 14 heads, 2 key-value heads, MLP 4864, vocabulary 151,936, tied
@@ -104,6 +105,9 @@ CONFIGS: dict[str, TinyConfig] = {
     # addition sat on a plateau for 600+ steps in most seeds; at 0.08 it left it within ~200
     # 2 key-value heads (no GQA): with one shared key-value head, learning addition was slower
     "tiny-4l": TinyConfig("tiny-4l", num_layers=4, num_kv_heads=2, init="normal", init_std=0.08),
+    # the default model with 8k positions (its weights are the default's): agents whose prompts
+    # pass 1,024 tokens, e.g. Harbor's terminus-2 (~1.9k tokens before its first reply)
+    "tiny-8k": TinyConfig("tiny-8k", max_positions=8192),
     # Qwen2.5-0.5B's config.json (hidden, layers, heads, MLP, vocabulary, tying, rope, positions)
     "qwen2.5-0.5b-shape": TinyConfig(
         "qwen2.5-0.5b-shape",
