@@ -13,6 +13,7 @@ import asyncio
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 
@@ -27,6 +28,12 @@ def _caller_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1  # type: ignore[assignment]
     return level
+
+
+def exempt(client: Any) -> None:
+    """No warning from `client`: for an SDK layer whose own API is synchronous by contract (the
+    compat client's constructor, `create_arctic_rl_client`, mirrors a sync upstream function)."""
+    client._transport._warned_loop = True
 
 
 def in_running_loop() -> bool:
