@@ -113,3 +113,24 @@ def test_http_against_the_grpc_port_fails_at_once(
         call({"base_url": url})
     assert url in str(err.value) and "transport='grpc'" in str(err.value)
     _no_retries(caplog)
+
+
+def test_other_protocol_mismatches_are_named() -> None:
+    """An untrusted certificate, and a port that answers something other than HTTP; a server
+    closing an idle connection (`RemoteDisconnected`) is an ordinary, retried failure."""
+    import http.client
+    import ssl
+
+    import requests
+
+    from arctic_sdk.transports.http import protocol_mismatch
+
+    cert = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    cert.verify_message = "self-signed certificate"
+    wrapped = requests.exceptions.SSLError(cert)
+    assert "verify_ssl=False" in str(protocol_mismatch(wrapped))
+    assert "self-signed certificate" in str(protocol_mismatch(wrapped))
+    junk = requests.exceptions.ConnectionError(http.client.BadStatusLine("SSH-2.0-OpenSSH_9.6"))
+    assert "did not answer HTTP" in str(protocol_mismatch(junk))
+    idle = requests.exceptions.ConnectionError(http.client.RemoteDisconnected("closed"))
+    assert protocol_mismatch(idle) is None

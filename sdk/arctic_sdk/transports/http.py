@@ -133,9 +133,9 @@ def protocol_mismatch(exc: BaseException) -> str | None:
     chain = _chain(exc)
     tls = [e for e in chain if isinstance(e, ssl.SSLError)]
     if tls:
-        e = tls[-1]  # the OS's own error, not a wrapper
-        why = getattr(e, "verify_message", None) or getattr(e, "reason", None) or e
-        if isinstance(e, ssl.SSLCertVerificationError):
+        err = tls[-1]  # the OS's own error, not a wrapper
+        why = getattr(err, "verify_message", None) or getattr(err, "reason", None) or err
+        if isinstance(err, ssl.SSLCertVerificationError):
             return (
                 f"its TLS certificate is not trusted ({why}): fix the certificate or the CA "
                 "bundle, or pass verify_ssl=False for a test server"
