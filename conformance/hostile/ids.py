@@ -47,10 +47,12 @@ def ids(run: Run) -> None:
         cases: list[tuple[str, Any, dict[str, Any], str]] = []  # (attack, method, body, field)
         if M.OPERATION.name in have:
             op = M.OPERATION
-            cancel = {"operation_type": "cancel-request", "payload": {"request_id": bad}}
-            sync = {"operation_type": "weight-sync", "payload": {"target_sub_job_ids": [bad]}}
-            source = {"operation_type": "weight-sync", "payload": {"source_sub_job_id": bad}}
-            reset = {"operation_type": "reset-prefix-cache", "sub_job_id": bad}
+            cancel_op = M.CANCEL_REQUEST.operation_type
+            sync_op = M.SYNC_WEIGHTS.operation_type
+            cancel = {"operation_type": cancel_op, "payload": {"request_id": bad}}
+            sync = {"operation_type": sync_op, "payload": {"target_sub_job_ids": [bad]}}
+            source = {"operation_type": sync_op, "payload": {"source_sub_job_id": bad}}
+            reset = {"operation_type": M.RESET_PREFIX_CACHE.operation_type, "sub_job_id": bad}
             cases += [
                 ("operation-cancel-request", op, cancel, "payload.request_id"),
                 ("operation-weight-sync-targets", op, sync, "payload.target_sub_job_ids[0]"),
