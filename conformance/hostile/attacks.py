@@ -20,6 +20,7 @@ import numpy as np
 import dssst1
 from arctic_sdk.spec.tables import methods as M
 
+from .ids import ids
 from .run import Finding, Run, Target, finish, routes, start
 from .wire import OCTET, http_answer, path_of, with_header_text
 
@@ -386,6 +387,7 @@ def _chunk0(payload: bytes, frame_size: int, total: int) -> bytes:
 
 ATTACKS: dict[str, Callable[[Run], None]] = {
     "checkpoints": checkpoints,
+    "ids": ids,
     "json": json_bodies,
     "headers": headers,
     "dssst1": dssst1_bodies,

@@ -47,12 +47,14 @@ def run_suite(
     all_ids: Sequence[str] | None = None,
     on_result: Any = None,
     fail_fast: bool = False,
+    notice: Any = None,
 ) -> Report:
     """Run `cases` against `cfg.target` (cases in order; the shared job is created once).
 
     `on_result(result, index, total)` is called as each case finishes; `fail_fast` stops after
-    the first result that fails the run (the cases left are counted in `report.not_run`)."""
-    session = Session(cfg)
+    the first result that fails the run (the cases left are counted in `report.not_run`);
+    `notice(text)` shows progress while the run waits (a pending job's reason)."""
+    session = Session(cfg, notice)
     report = Report(cfg.transport, session.prefix, [])
     known = [k for k in known_failing]
     ids = list(all_ids) if all_ids is not None else [c.id for c in cases]
@@ -244,6 +246,7 @@ def main(
         all_ids=[c.id for c in cases],
         on_result=progress_printer(err, args.verbose),
         fail_fast=args.fail_fast,
+        notice=lambda text: print(f"  … {text}", file=err, flush=True),
     )
     print_report(report, out, verbose=args.verbose)
     if args.junit:

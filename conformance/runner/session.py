@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,8 @@ DEFAULT_JOB_CONFIG: dict[str, Any] = {
     ],
 }
 TERMINAL_JOB = ("cancelled", "terminated", "failed")
+AUTH_CODES = ("unauthenticated", "permission_denied")
+NOTICE_EVERY_S = 30.0  # a pending job's reason is repeated this often while it waits
 JOB_ORDER = ("pending", "placing", "initializing", "running")
 _LIMIT = re.compile(r"^limit:(\w+)(<=|>=|==)(\d+)$")
 
@@ -93,8 +95,9 @@ class Job:
 
 
 class Session:
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, notice: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
+        self.notice = notice or (lambda text: None)  # progress lines (pending reasons)
         self.prefix = prefix_url(cfg.target)
         self.http = HttpWire(self.prefix, timeout=cfg.timeout)
         self.capabilities: dict[str, Any] = {}
@@ -138,6 +141,7 @@ class Session:
         self.unlisted = [m.name for m in M.METHODS if m.name not in listed]
         if self.unlisted:
             f.add("unlisted_route")
+        self._check_token()
         if self.cfg.token:
             f.add("auth")
         if self.cfg.alt_token:
@@ -157,6 +161,23 @@ class Session:
                     f.add("capacity")
         if grpc_wire is not None:
             self.wire = grpc_wire(self._grpc_target(feats), timeout=self.cfg.timeout)
+
+    def _check_token(self) -> None:
+        """Stop at once, naming `--token`, when the server refuses the run's token (or wants one
+        and none was given): every case would fail with its own HTTP 401 otherwise."""
+        headers = self.auth_headers("default")
+        reply = self.http.send(Call(M.LIST_JOBS, headers=headers, timeout=self.cfg.timeout))[0]
+        if reply.status not in (401, 403) and reply.code not in AUTH_CODES:
+            return
+        said = f"{reply.describe_status()} to {M.LIST_JOBS.http_method} {M.LIST_JOBS.http_path}"
+        if not self.cfg.token:
+            raise SetupError(
+                f"the server wants a token ({said} without one): pass --token PAT, a token it "
+                "accepts (for the fake: the --token it was started with)"
+            )
+        raise SetupError(
+            f"the server refused --token ({said}): pass --token with a token it accepts"
+        )
 
     def _grpc_target(self, feats: Mapping[str, Any]) -> str:
         if self.cfg.grpc_target:
@@ -309,15 +330,23 @@ class Session:
         start = time.monotonic()
         end = start + (timeout or self.cfg.job_timeout)
         delay = self.cfg.poll_interval
+        said, said_at = "", 0.0
         while True:
             reply = self.get_job(job_id, headers)
             state = job_state(reply)
             if state and (not seen or seen[-1] != state):
                 seen.append(state)
+            reason = job_reason(reply)
+            now = time.monotonic()
+            due = reason != said or now - said_at >= NOTICE_EVERY_S
+            if state == "pending" and reason and due:
+                self.notice(f"job {job_id} pending ({now - start:.0f} s): {reason}")
+                said, said_at = reason, now
             if reply.is_error or state == until or state in TERMINAL_JOB:
                 return reply, seen
             if time.monotonic() > end:
-                reply.decode_error = f"job {job_id} still {state} after {end - start:g} s"
+                why = f" ({reason})" if reason else ""
+                reply.decode_error = f"job {job_id} still {state} after {end - start:g} s{why}"
                 return reply, seen
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
@@ -430,6 +459,14 @@ def status_of(reply: Reply) -> str:
 
 def is_terminal(reply: Reply) -> bool:
     return reply.status != 202 and status_of(reply) in ("completed", "failed", "cancelled")
+
+
+def job_reason(reply: Reply) -> str:
+    """The job's `reason` (why it is pending, failed or cancelled), "" when none."""
+    if reply.is_error or not isinstance(reply.body, Mapping):
+        return ""
+    job = reply.body.get("job")
+    return str(job.get("reason") or "") if isinstance(job, Mapping) else ""
 
 
 def job_state(reply: Reply) -> str:

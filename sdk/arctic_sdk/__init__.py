@@ -9,8 +9,13 @@
         fut = client.submit_step()       # ...with a submit_ twin that returns a future
         print(fut.result()["metrics"])
 
-`AsyncClient` is the same for asyncio. `transport="http"` (default), `"grpc"` or `"inproc"`
-selects the transport; errors are `ArcticError` subclasses (see `arctic_sdk.errors`);
+`AsyncClient` is the same for asyncio (the sync `Client` called inside a running event loop
+blocks it, and warns once: `SyncClientInEventLoopWarning`). `transport="http"` (default),
+`"grpc"` or `"inproc"` selects the transport; the server's address is its base URL
+(`http://host:port`) or the prefix URL it prints (`.../api/v2/databases/{db}/schemas/{schema}/
+{endpoint}`), and with `transport="grpc"` its gRPC `host:port` (or `grpc_target=`): an address
+that cannot work is refused at once, naming the mistake (`arctic_sdk._urls`); errors are
+`ArcticError` subclasses (see `arctic_sdk.errors`);
 configuration is `ArcticConfig` (see `arctic_sdk.config`). The wire specification is
 `proto/PROTOCOL.md`.
 """
@@ -20,6 +25,7 @@ __version__ = "0.1.0"
 from . import errors, types
 from ._client_base import CallOptions
 from ._generated.client import AsyncClient, Client
+from ._loop_guard import SyncClientInEventLoopWarning
 from .config import (
     ArcticConfig,
     CortexConfig,
@@ -47,6 +53,7 @@ __all__ = [
     "PollConfig",
     "RetryConfig",
     "SamplingParams",
+    "SyncClientInEventLoopWarning",
     "__version__",
     "errors",
     "types",

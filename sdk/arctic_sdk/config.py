@@ -110,10 +110,9 @@ class CortexConfig(BaseModel):
         """`{base}/api/v2/databases/{db}/schemas/{schema}/{endpoint}` (PROTOCOL.md §3.1)."""
         base = self.base()
         if base is None:
-            raise ValueError(
-                "no server configured: pass base_url= (or host=), or set ARCTIC_CORTEX_BASE_URL "
-                "or ARCTIC_CORTEX_HOST"
-            )
+            from ._urls import no_server
+
+            raise no_server("http")
         return f"{base}/api/v2/databases/{self.database}/schemas/{self.schema_name}/{self.endpoint}"
 
 
@@ -273,8 +272,11 @@ def build_config(config: ArcticConfig | dict[str, Any] | None, **kwargs: Any) ->
     """A config from `config` (a model or a dict) updated by `Client(...)`-style keywords.
 
     Keywords given as None are ignored; an unknown keyword or a value the config refuses raises
-    `InvalidArgumentError` naming it (with the closest known name or value).
+    `InvalidArgumentError` naming it (with the closest known name or value), and so does a
+    server address that can never work (`_urls.checked`).
     """
+    from ._urls import checked
+
     if isinstance(config, ArcticConfig):
         data: dict[str, Any] = _explicit(config)
     else:
@@ -300,9 +302,10 @@ def build_config(config: ArcticConfig | dict[str, Any] | None, **kwargs: Any) ->
             node = node[part]
         node[path[-1]] = value
     try:
-        return ArcticConfig.model_validate(data)
+        cfg = ArcticConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(exc) from None
+    return checked(cfg)
 
 
 def _explicit(model: BaseModel) -> dict[str, Any]:

@@ -93,6 +93,26 @@ def skyrl_fwd_no_grad_payload() -> dict[str, Any]:
     }
 
 
+def skyrl_forward_payload() -> dict[str, Any]:
+    """SkyRL `_ArcticDispatch.forward` (trainer.py): the whole repacked batch — the response
+    tensors `[B, R]`, `advantages` and `loss_mask` among them — with the train meta
+    (`actor_config`, `policy_loss_config`, `calculate_entropy=True`) and no loss."""
+    return {
+        "batch": {
+            "input_ids": INPUT_IDS,
+            "attention_mask": ATTENTION_MASK,
+            "prompts": PROMPTS,
+            "responses": RESPONSES,
+            "response_mask": RESP_MASK_R,
+            "position_ids": POSITION_IDS,
+            "advantages": ADV_R,
+            "loss_mask": RESP_MASK_R,
+        },
+        "meta": skyrl_meta(train=True, calculate_entropy=True),
+        "processing": {"post": ["compute_entropy_and_logprobs"], "loss_fn": None},
+    }
+
+
 def skyrl_fwd_bwd_payload(**meta_over: Any) -> dict[str, Any]:
     mask = left_pad(RESP_MASK_R)
     return {

@@ -161,6 +161,19 @@ async def test_reference_model_runs_on_the_log_prob_sub_job(fake_server: Server)
         await client.shutdown()
 
 
+async def test_skyrl_forward_sends_a_forward_only_what_it_reads(fake_server: Server) -> None:
+    """SkyRL's `forward` sends its whole batch (`advantages`, `loss_mask`) and train meta to
+    `fwd_no_grad`; a loss-free forward refuses a context it does not read (issue 37), so compat
+    leaves it out and the call answers log-probs and entropy."""
+    client = create_arctic_rl_client(fake_server.config())
+    try:
+        out = await client.fwd_no_grad(L.skyrl_forward_payload())
+        assert {"logprobs", "entropy"} <= set(out["batch"]), out["batch"].keys()
+        assert out["batch"]["logprobs"].shape == L.INPUT_IDS.shape
+    finally:
+        await client.shutdown()
+
+
 def _child_step(blob: bytes) -> dict[str, Any]:
     """In a fresh interpreter: unpickle the client (re-attach by job id) and train one step."""
     client = pickle.loads(blob)

@@ -68,6 +68,21 @@ def test_forward_bodies_have_no_loss() -> None:
     assert proc == {"post": ["compute_logprobs", "compute_entropy"]}
 
 
+def test_a_forward_gets_only_the_context_its_loss_reads() -> None:
+    """SkyRL's `forward` sends its whole batch (`advantages`, `loss_mask`) without a loss: the
+    forward gets no context; with a loss, only what the spec says that loss reads (issue 37)."""
+    low = lower(L.skyrl_forward_payload(), train=False)
+    assert "context" not in low.frame and "loss_fn" not in low.frame["processing"]
+    sft = L.skyrl_forward_payload()
+    sft["processing"] = {"post": ["compute_entropy_and_logprobs"], "loss_fn": "sft"}
+    sft["meta"].pop("actor_config")
+    sft["meta"].pop("policy_loss_config")
+    context = lower(sft, train=False).frame["context"]
+    assert set(context) == {"loss_mask"}  # cross_entropy does not read advantages
+    # forward-backward is unchanged: what the caller sends is used or refused
+    assert "advantages" in lower(L.skyrl_fwd_bwd_payload(), train=True).frame["context"]
+
+
 def test_response_tensors_given_as_b_by_r_are_left_padded() -> None:
     full = L.skyrl_fwd_bwd_payload()
     short = L.skyrl_fwd_bwd_payload()

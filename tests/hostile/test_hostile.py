@@ -99,6 +99,7 @@ def test_runner_finds_holes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(vr, "string_rule_error", lambda opts, value: None)
     with BackgroundFake(tokens=("tok-a", "tok-b"), limits=LIMITS) as f:
         target = Target(f.prefix_url, "tok-a", "tok-b", FAKE_JOB, f.grpc_target)
-        holes = [x for x in run_all(target, ["checkpoints", "json", "headers", "http"]) if not x.ok]
+        attacks = ["checkpoints", "ids", "json", "headers", "http"]
+        holes = [x for x in run_all(target, attacks) if not x.ok]
     classes = {h.attack.split("/")[0] for h in holes}
-    assert {"checkpoint", "json", "header", "http"} <= classes, classes
+    assert {"checkpoint", "id", "json", "header", "http"} <= classes, classes

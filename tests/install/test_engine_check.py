@@ -85,6 +85,22 @@ def test_gateway_with_onprem_engines_refuses_too(broken_torchvision: Path, tmp_p
     assert f"{sys.executable} -m pip uninstall -y torchvision" in done.stderr
 
 
+def test_gateway_without_the_engines_names_engine_fake(tmp_path: Path) -> None:
+    """Only `.[gateway]` installed: the default `--engine onprem` stops, and says how to try the
+    gateway anyway (`--engine fake`) beside the install command (issue 37)."""
+    python = no_site_python(tmp_path)
+    db = str(tmp_path / "g.db")
+    done = subprocess.run(
+        [sys.executable, "-m", "arctic_servers.gateway", "--db", db, "--worker-python", python],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--engine fake" in done.stderr and "not installed: torch" in done.stderr
+
+
 def test_missing_engines_name_the_install_command(tmp_path: Path) -> None:
     python = no_site_python(tmp_path)
     result = check_engines(python)

@@ -134,6 +134,7 @@ def test_wait_until_running_shows_states_and_fails_on_terminal(
             Client(**env.kwargs()).wait_until_running(job_id="job-1", timeout=1e-9)
 
 
+@pytest.mark.filterwarnings("ignore::arctic_sdk.SyncClientInEventLoopWarning")
 async def test_connect_creates_and_waits(fake: BackgroundFake) -> None:
     env = Env(True, "http", fake)
     with Client.connect(create_job=JOB, **env.kwargs()) as client:
@@ -207,6 +208,7 @@ def test_readme_quick_start_runs_as_written() -> None:
         exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
 
 
+@pytest.mark.filterwarnings("ignore::arctic_sdk.SyncClientInEventLoopWarning")
 async def test_grpc_target_comes_from_the_capabilities(fake: BackgroundFake) -> None:
     kw = {"token": TOKEN, "transport": "grpc", "config": FAST}
     with Client(fake.base_url, **kw) as client:

@@ -76,7 +76,7 @@ def test_validation_and_unknown_arguments() -> None:
     with pytest.raises(ValueError):
         ArcticConfig(retry={"max_retries": -1})
     assert build_config(None, transport="cortex").transport == "http"
-    with pytest.raises(ValueError, match="no server configured"):
+    with pytest.raises(InvalidArgumentError, match="no server configured"):
         ArcticConfig().cortex.prefix_url()
 
 

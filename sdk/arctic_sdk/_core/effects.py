@@ -81,11 +81,15 @@ class ConnectionFailure:
 
     `delivered`: False when the request certainly never reached the server (connection refused,
     DNS, connect timeout); None when it may have (reset or timeout after sending).
+    `mismatch`: set when the answer shows the address speaks another protocol (TLS against plain
+    HTTP, HTTP/2 or gRPC against HTTP/1.1, an untrusted certificate): the mistake, in words;
+    retrying cannot help.
     """
 
     delivered: bool | None
     reason: str
     timeout: bool = False
+    mismatch: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

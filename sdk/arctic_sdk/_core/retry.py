@@ -22,7 +22,9 @@ Two failures are not retried like the others:
   certainly never reached it (refused, unknown host) is tried `first_contact_retries` more times
   only, then raises `ArcticConnectionError` naming the address: a wrong URL fails in seconds.
   Once any answer has arrived, connection failures get the whole retry budget (a restarting
-  server is waited for).
+  server is waited for). An address that speaks another protocol (TLS against plain HTTP,
+  HTTP/1.1 against a gRPC port, an untrusted certificate: `ConnectionFailure.mismatch`) is not
+  retried at all before first contact: it raises `ArcticConnectionError` naming the mistake.
 - **A job that is not running yet** (`job_not_running`): the call waits for the job to start, its
   state shown as it goes (`jobs.wait_running`), within the call's deadline, then is resent; a job
   that ends instead raises `job_terminal`.
@@ -146,6 +148,15 @@ def _unreachable(reply: Lost, ex: Exchange, contact: Contact, attempts: int, t0:
     )
 
 
+def _mismatch(reply: Lost, ex: Exchange, contact: Contact) -> ArcticConnectionError:
+    f = reply.failure
+    return ArcticConnectionError(
+        f"{ex.method.name}: the server at {contact.where} speaks another protocol: {f.mismatch}",
+        op=ex.method.name,
+        details={"address": contact.where, "mistake": f.mismatch, "reason": f.reason},
+    )
+
+
 def exchange(
     ex: Exchange,
     *,
@@ -193,8 +204,11 @@ def exchange(
         v = verdict(reply, ex, caps)
         if v == "unknown":
             raise _unknown(reply, ex)
-        err = _failure_error(reply, ex, attempts)
         first = contact is not None and not contact.reached
+        if first and isinstance(reply, Lost) and reply.failure.mismatch:
+            assert contact is not None
+            raise _mismatch(reply, ex, contact)
+        err = _failure_error(reply, ex, attempts)
         if (
             first
             and isinstance(reply, Lost)

@@ -395,7 +395,8 @@ class Client(ClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            request_id: The request to cancel (`X-Arctic-Request-Id` of its answer).
+            request_id: The request to cancel (`X-Arctic-Request-Id` of its answer; the id rule,
+                PROTOCOL.md §13).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -984,7 +985,8 @@ class Client(ClientBase):
 
         Args:
             operation_type: The operation (see above).
-            sub_job_id: The target sub-job id (`{job}:{role}:{index}`).
+            sub_job_id: The target sub-job id (`{job}:{role}:{index}`; the id rule, PROTOCOL.md
+                §13).
             sub_job_type: The target sub-job's role (training, sampling, log_prob).
             payload: The operation's body (for "forward": a ForwardRequest).
             job_id: The job (default: the client's `job_id`).
@@ -1626,7 +1628,7 @@ class Client(ClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            request_id: The request to poll.
+            request_id: The request to poll (the id rule, PROTOCOL.md §13).
             cursor: Resume after the events already seen (`next_cursor` of the previous poll).
             max_events: Events per answer (server default 16, cap 512).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
@@ -2057,7 +2059,8 @@ class AsyncClient(AsyncClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            request_id: The request to cancel (`X-Arctic-Request-Id` of its answer).
+            request_id: The request to cancel (`X-Arctic-Request-Id` of its answer; the id rule,
+                PROTOCOL.md §13).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
 
@@ -2646,7 +2649,8 @@ class AsyncClient(AsyncClientBase):
 
         Args:
             operation_type: The operation (see above).
-            sub_job_id: The target sub-job id (`{job}:{role}:{index}`).
+            sub_job_id: The target sub-job id (`{job}:{role}:{index}`; the id rule, PROTOCOL.md
+                §13).
             sub_job_type: The target sub-job's role (training, sampling, log_prob).
             payload: The operation's body (for "forward": a ForwardRequest).
             job_id: The job (default: the client's `job_id`).
@@ -3300,7 +3304,7 @@ class AsyncClient(AsyncClientBase):
 
         Args:
             job_id: The job (default: the client's `job_id`).
-            request_id: The request to poll.
+            request_id: The request to poll (the id rule, PROTOCOL.md §13).
             cursor: Resume after the events already seen (`next_cursor` of the previous poll).
             max_events: Events per answer (server default 16, cap 512).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,

@@ -484,7 +484,7 @@ class GetRequestRequest(TypedDict, total=False):
     """The job (default: the client's `job_id`)."""
 
     request_id: str
-    """The request to poll."""
+    """The request to poll (the id rule, PROTOCOL.md §13)."""
 
     cursor: str
     """Resume after the events already seen (`next_cursor` of the previous poll)."""
@@ -538,7 +538,7 @@ class CancelRequestRequest(TypedDict, total=False):
     """The job (default: the client's `job_id`)."""
 
     request_id: str
-    """The request to cancel (`X-Arctic-Request-Id` of its answer)."""
+    """The request to cancel (`X-Arctic-Request-Id` of its answer; the id rule, PROTOCOL.md §13)."""
 
 
 class CancelRequestResponse(TypedDict, total=False):
@@ -1319,7 +1319,7 @@ class OperationRequest(TypedDict, total=False):
     """The operation (see above)."""
 
     sub_job_id: str
-    """The target sub-job id (`{job}:{role}:{index}`)."""
+    """The target sub-job id (`{job}:{role}:{index}`; the id rule, PROTOCOL.md §13)."""
 
     sub_job_type: str
     """The target sub-job's role (training, sampling, log_prob)."""

@@ -27,6 +27,7 @@ import numpy as np
 from .._client_base import CallOptions
 from .._core.capabilities import config_keys_of
 from .._generated.client import AsyncClient, Client
+from .._loop_guard import exempt
 from ..errors import ArcticError, InvalidArgumentError, UnsupportedOptionError
 from .config import ArcticRLClientConfig, LegacyConfigWarning
 from .job_config import UnsupportedConfigError, plan_job
@@ -92,6 +93,7 @@ class ArcticRLClient(LegacyLifecycle):
         self._ensure_server()
         kw = self._config.sdk_kwargs()
         self._control = Client(**kw, job_id=self._config.job_id)
+        exempt(self._control)  # create_arctic_rl_client is sync upstream, wherever it is called
         try:
             if self._config.job_id is None:
                 self._control.create_job(cast(Any, self._plan_job()))
@@ -350,11 +352,11 @@ class ArcticRLClient(LegacyLifecycle):
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):
-            await self._sdk.close()
         if self._config.owner:
             with contextlib.suppress(Exception):
-                self._control.cancel_job()
+                await self._sdk.cancel_job()  # awaited: the sync client would block the loop
+        with contextlib.suppress(Exception):
+            await self._sdk.close()
         self._control.close()
         if self._launched is not None:
             self._launched.stop()

@@ -45,7 +45,9 @@ Mapping (legacy → canonical):
   `meta.zorro_train_load_balancer` (default true) → `processing.balance_rows`: a multi-rank
   trainer assigns rows to ranks token-balanced (ZoRRO's load balancer; the same result).
 - `batch.loss_mask` (else `response_mask`), `advantages` → `context.loss_mask`, `advantages`;
-  `batch.old_log_probs` → `context.old_log_probs_shifted`.
+  `batch.old_log_probs` → `context.old_log_probs_shifted`. A forward (`fwd_no_grad`) gets only
+  the context its loss reads — none without a loss (`read_by_forward`): SkyRL's `forward` sends
+  its whole batch, `advantages` included, which a loss-free forward would refuse.
 
 Accepted without effect on the result (dispatch and memory knobs of the deployed server):
 `rollout_n`, `max_prompt_len`, `max_response_len`, `max_token_len_per_gpu`, `pad_token_id`,
@@ -64,12 +66,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from google.protobuf import descriptor_pool
 
 from ..errors import InvalidArgumentError, refused_locally
+from ..spec.pb.arctic.v1 import options_pb2
 from .aliases import LOG_PROBS_KEY, LOGPROBS_KEY
 from .knobs import BATCH_KEYS, LOGPROB_KEYS, RESPONSE_KEYS, UnsupportedKnobsError, knobs
 
-__all__ = ["Lowered", "UnsupportedKnobsError", "is_canonical", "lower", "to_numpy"]
+__all__ = [
+    "Lowered",
+    "UnsupportedKnobsError",
+    "is_canonical",
+    "lower",
+    "read_by_forward",
+    "to_numpy",
+]
+_LOSS_CONTEXT = "arctic.v1.LossContext"
+
+
+def read_by_forward(context: Mapping[str, Any], loss_fn: str | None) -> dict[str, Any]:
+    """The context fields a forward reads: none without a loss (SkyRL's `forward` sends its
+    whole batch, `advantages` included, asking only for log-probs); with one, those the spec says
+    it reads (`(arctic.v1.field).losses` of `LossContext`). A forward refuses the others."""
+    if loss_fn is None:
+        return {}
+    desc = descriptor_pool.Default().FindMessageTypeByName(_LOSS_CONTEXT)
+    out: dict[str, Any] = {}
+    for name, value in context.items():
+        fd = desc.fields_by_name.get(name)
+        losses = fd.GetOptions().Extensions[options_pb2.field].losses if fd is not None else ()
+        if not losses or loss_fn in losses:
+            out[name] = value
+    return out
 
 
 def _is_torch(x: Any) -> bool:
@@ -312,6 +340,8 @@ def lower(
     if "ref_log_prob" in resp and config.get("kl_coeff"):
         how = "next" if known.get("ref_log_prob") == PREDICT_NEXT else "token"
         context["ref_log_probs_shifted"] = _shift(resp["ref_log_prob"], lengths, how)
+    if not train:
+        context = read_by_forward(context, loss_fn)
     proc: dict[str, Any] = {"post": list(post)}
     if loss_fn is not None:
         proc["loss_fn"] = loss_fn

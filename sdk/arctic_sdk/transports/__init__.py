@@ -9,6 +9,7 @@ from __future__ import annotations
 from .._core.grpc_wire import GrpcWire
 from .._core.requests import HttpWire
 from .._core.state import make_redactor
+from .._urls import no_server
 from ..config import ArcticConfig, InprocConfig
 from ._driver import AsyncTransport, SyncTransport
 
@@ -18,6 +19,8 @@ __all__ = ["AsyncTransport", "SyncTransport", "make_async_transport", "make_sync
 def _wire(config: ArcticConfig, prefix: str | None = None) -> HttpWire | GrpcWire:
     redact = make_redactor(config.token())
     if config.transport == "grpc":
+        if not config.grpc.target and config.cortex.base() is None:
+            raise no_server("grpc")
         return GrpcWire(config.token(), redact, config.tensors, config.grpc.max_message_bytes)
     return HttpWire(prefix or config.cortex.prefix_url(), config.token(), redact, config.tensors)
 

@@ -35,6 +35,7 @@ from .._core.effects import (
 )
 from .._core.replies import Wire
 from .._core.state import CoreState
+from .._loop_guard import in_running_loop, warn_blocking
 from ..config import ArcticConfig
 from ..spec.model import MethodInfo
 
@@ -253,8 +254,13 @@ class SyncTransport:
         self.reporter = ProgressReporter(config.progress)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._warned_loop = False
 
     def run(self, flow: Flow[T], method: MethodInfo | None = None) -> T:
+        if not self._warned_loop and in_running_loop():
+            self._warned_loop = True
+            name = method.python_name if method is not None else "wait_until_running"
+            warn_blocking(f"Client.{name}()")
         return run_sync(flow, self.io.send, self.reporter, method)
 
     def call(self, method: MethodInfo, body: dict[str, Any], options: CallOptions | None) -> Any:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
+import re
+import ssl
 import threading
 import weakref
 from collections.abc import AsyncIterator
@@ -72,7 +75,9 @@ class RequestsIO:
             return ConnectionFailure(None, f"read timeout: {_short(exc)}", timeout=True)
         except requests.exceptions.ConnectionError as exc:
             return ConnectionFailure(
-                False if _never_connected(exc) else None, f"connection error: {_short(exc)}"
+                False if _never_connected(exc) else None,
+                f"connection error: {_short(exc)}",
+                mismatch=protocol_mismatch(exc),
             )
         except requests.exceptions.RequestException as exc:
             return ConnectionFailure(None, f"{type(exc).__name__}: {_short(exc)}")
@@ -106,6 +111,54 @@ def _never_connected(exc: BaseException) -> bool:
         nested = next((a for a in args if isinstance(a, BaseException)), None)
         seen = nested or seen.__cause__ or seen.__context__
     return False
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and what it wraps (urllib3 and aiohttp nest the OS's error several levels deep)."""
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(out) < 8 and seen not in out:
+        out.append(seen)
+        inner = getattr(seen, "reason", None) or getattr(seen, "os_error", None)
+        if not isinstance(inner, BaseException):
+            args = getattr(seen, "args", ())
+            inner = next((a for a in args if isinstance(a, BaseException)), None)
+        seen = inner or seen.__cause__ or seen.__context__
+    return out
+
+
+def protocol_mismatch(exc: BaseException) -> str | None:
+    """The mistake, in words, when `exc` shows the address speaks another protocol than the
+    client (retrying cannot help); None for an ordinary connection failure."""
+    chain = _chain(exc)
+    tls = [e for e in chain if isinstance(e, ssl.SSLError)]
+    if tls:
+        err = tls[-1]  # the OS's own error, not a wrapper
+        why = getattr(err, "verify_message", None) or getattr(err, "reason", None) or err
+        if isinstance(err, ssl.SSLCertVerificationError):
+            return (
+                f"its TLS certificate is not trusted ({why}): fix the certificate or the CA "
+                "bundle, or pass verify_ssl=False for a test server"
+            )
+        return (
+            f"the TLS handshake failed ({why}): the server does not speak TLS on this port; "
+            "use http:// for a plain HTTP server"
+        )
+    for e in chain:
+        text = str(e)
+        if (
+            isinstance(e, http.client.BadStatusLine)
+            and not isinstance(e, http.client.RemoteDisconnected)
+        ) or "Bad status line" in text:
+            # an HTTP/2 SETTINGS frame (shown raw by http.client, escaped by aiohttp)
+            h2 = text.startswith("\x00") or re.search(r"\\+x00\\+x00", text) is not None
+            return (
+                "it answered HTTP/2 (a gRPC port?), not HTTP/1.1: use the server's HTTP URL, or "
+                "transport='grpc' with grpc_target='host:port' for its gRPC port"
+                if h2
+                else "it did not answer HTTP (bad status line): is this the server's HTTP port?"
+            )
+    return None
 
 
 def _short(exc: BaseException) -> str:
@@ -252,11 +305,15 @@ class AiohttpIO:
         except aiohttp.ConnectionTimeoutError as exc:
             return ConnectionFailure(False, f"connect timeout: {_short(exc)}", timeout=True)
         except aiohttp.ClientConnectorError as exc:
-            return ConnectionFailure(False, f"cannot connect: {_short(exc)}")
+            return ConnectionFailure(
+                False, f"cannot connect: {_short(exc)}", mismatch=protocol_mismatch(exc)
+            )
         except TimeoutError as exc:
             return ConnectionFailure(None, f"timeout: {_short(exc) or 'no answer'}", timeout=True)
         except aiohttp.ClientError as exc:
-            return ConnectionFailure(None, f"{type(exc).__name__}: {_short(exc)}")
+            return ConnectionFailure(
+                None, f"{type(exc).__name__}: {_short(exc)}", mismatch=protocol_mismatch(exc)
+            )
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -6,7 +6,8 @@
     python -m arctic_servers.gateway hash-token TOKEN   # the line to put in a tokens file
 
 With `--engine onprem` (and no Ray) it first checks that `--worker-python` can run the engines,
-as `python -m arctic_servers.onprem check` does, and names the fix when it cannot.
+as `python -m arctic_servers.onprem check` does, and names the fix when it cannot (and
+`--engine fake`, which needs only `.[gateway]`, for a first try).
 
 State (jobs, requests, idempotency keys, chunk groups, results) is in the SQLite file `--db`;
 worker logs, specs and checkpoints in `--data-dir` (default: `{db}-data` beside it). Restart on
@@ -187,7 +188,11 @@ def engines_usable(args: argparse.Namespace) -> bool:
         return True
     if check(args.worker_python) == 0:
         return True
-    print("(--no-engine-check starts the gateway anyway)", file=sys.stderr)
+    print(
+        "(--no-engine-check starts the gateway anyway; for a first try without the engines, "
+        "--engine fake runs fake numerics in place of DeepSpeed/vLLM)",
+        file=sys.stderr,
+    )
     return False
 
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import descriptor_pool
 
 import dssst1
+from arctic_sdk.spec import value_rules
+from arctic_sdk.spec.pb.arctic.v1 import options_pb2
 from arctic_sdk.spec.tables import methods as M
 
 from .calls import IncomingCall
@@ -90,9 +92,52 @@ def check_operation(
             )
     if otype == OP_CANCEL and not payload.get("request_id"):
         raise field_error("payload.request_id", "is required", "missing_field")
+    check_payload_rules(otype, payload)
     if otype == OP_TAIL_LOGS:
         tail_args(payload)
     return otype, payload
+
+
+# The op whose request message holds the field rules of each operation type's payload.
+PAYLOAD_MESSAGES = {
+    OP_WEIGHT_SYNC: M.SYNC_WEIGHTS.request_type,
+    OP_RESET: M.RESET_PREFIX_CACHE.request_type,
+    OP_CANCEL: M.CANCEL_REQUEST.request_type,
+}
+
+
+def check_payload_rules(otype: str, payload: Mapping[str, Any]) -> None:
+    """The string rules (`(arctic.v1.field)` `pattern` / `max_length`: the id rule, PROTOCOL.md
+    §13) of the payload's fields, read from the op's request message: a hostile
+    `payload.request_id` is `invalid_argument` naming it, as on the op's own route."""
+    name = PAYLOAD_MESSAGES.get(otype)
+    if name is None:
+        return
+    desc = descriptor_pool.Default().FindMessageTypeByName(name)
+    for key, value in payload.items():
+        fd = desc.fields_by_name.get(key)
+        if fd is None or fd.type != fd.TYPE_STRING:
+            continue
+        opts = fd.GetOptions().Extensions[options_pb2.field]
+        if not (opts.pattern or opts.max_length):
+            continue
+        if fd.is_repeated and isinstance(value, list):
+            items = [(f"payload.{key}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            items = [(f"payload.{key}", value)]
+        for path, item in items:
+            bad = (
+                f"expected a string, got {type(item).__name__}"
+                if not isinstance(item, str)
+                else value_rules.string_rule_error(opts, item)
+            )
+            if bad is not None:
+                raise ProtocolError(
+                    "invalid_argument",
+                    f"field {path}: {bad}",
+                    field=path,
+                    expected=opts.pattern or f"at most {opts.max_length} characters",
+                )
 
 
 def operation_target(job: JobRecord[Any], body: Mapping[str, Any]) -> str:

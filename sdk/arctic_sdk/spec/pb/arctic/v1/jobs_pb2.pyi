@@ -655,7 +655,7 @@ class GetRequestRequest(_message.Message):
     job_id: _builtins.str
     """The job (default: the client's `job_id`)."""
     request_id: _builtins.str
-    """The request to poll."""
+    """The request to poll (the id rule, PROTOCOL.md §13)."""
     cursor: _builtins.str
     """Resume after the events already seen (`next_cursor` of the previous poll)."""
     max_events: _builtins.int
@@ -770,7 +770,7 @@ class CancelRequestRequest(_message.Message):
     job_id: _builtins.str
     """The job (default: the client's `job_id`)."""
     request_id: _builtins.str
-    """The request to cancel (`X-Arctic-Request-Id` of its answer)."""
+    """The request to cancel (`X-Arctic-Request-Id` of its answer; the id rule, PROTOCOL.md §13)."""
     def __init__(
         self,
         *,

@@ -1235,7 +1235,7 @@ class OperationRequest(_message.Message):
     operation_type: _builtins.str
     """The operation (see above)."""
     sub_job_id: _builtins.str
-    """The target sub-job id (`{job}:{role}:{index}`)."""
+    """The target sub-job id (`{job}:{role}:{index}`; the id rule, PROTOCOL.md §13)."""
     sub_job_type: _builtins.str
     """The target sub-job's role (training, sampling, log_prob)."""
     @_builtins.property
