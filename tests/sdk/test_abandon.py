@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from arctic_sdk import AsyncClient, Client
+from arctic_sdk._core import calls
 from arctic_sdk._core.abandon import CANCEL_BOUND_S
 from arctic_servers.protocol.config import ProtocolConfig
 from conformance.fake import BackgroundFake, FakeServicer
@@ -190,3 +191,41 @@ def test_unanswered_cancel_is_bounded(setup: Setup) -> None:
     assert left < CANCEL_BOUND_S + 1.0, f"{what}: the caller waited {left:.2f} s"
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "may" in notes and "run" in notes, notes
+
+
+async def test_grpc_call_cancellation_alone_cancels(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server side of gRPC's cancellation: with the SDK's own cancel switched off, a gRPC
+    call cancelled while the server holds its answer still ends its request cancelled, the work
+    never run (what a plain gRPC client relies on)."""
+    if setup.transport != "grpc" or setup.mode != "held":
+        pytest.skip("a gRPC call whose answer the server holds")
+
+    def no_cancel(*_: Any) -> Iterator[Any]:
+        return
+        yield
+
+    monkeypatch.setattr(calls, "abandon", no_cancel)
+    client = AsyncClient(**setup.kwargs())
+    try:
+        await client.create_job(JOB)
+        await client.wait_until_running()
+        job_id = str(client.job_id)
+        setup.slow_generate()
+        task = asyncio.ensure_future(client.generate(PROMPT))
+        await asyncio.sleep(ABANDON_AFTER_S)
+        t0 = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled: list[str] = []
+        while not cancelled and time.monotonic() - t0 < CANCEL_BOUND_S:
+            log = admin(setup.fake, "GET", f"/jobs/{job_id}/state")["execution_log"]
+            cancelled = [e["cancelled_request_id"] for e in log if "cancelled_request_id" in e]
+            await asyncio.sleep(0.05)
+        assert cancelled, "the server did not cancel the request of the cancelled gRPC call"
+        assert (await client.get_request(request_id=cancelled[0]))["status"] == "cancelled"
+        assert setup.generates_run(job_id) == 0
+    finally:
+        await client.close()
