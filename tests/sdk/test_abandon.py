@@ -193,14 +193,14 @@ def test_unanswered_cancel_is_bounded(setup: Setup) -> None:
     assert "may" in notes and "run" in notes, notes
 
 
+@pytest.mark.parametrize("server", ["held"], indirect=True)
 async def test_grpc_call_cancellation_alone_cancels(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch
+    server: tuple[str, BackgroundFake], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server side of gRPC's cancellation: with the SDK's own cancel switched off, a gRPC
     call cancelled while the server holds its answer still ends its request cancelled, the work
     never run (what a plain gRPC client relies on)."""
-    if setup.transport != "grpc" or setup.mode != "held":
-        pytest.skip("a gRPC call whose answer the server holds")
+    setup = Setup(server[0], server[1], "grpc")
 
     def no_cancel(*_: Any) -> Iterator[Any]:
         return
