@@ -47,7 +47,7 @@ async def test_abandoned_generate_is_aborted_in_vllm(onprem: ServerInfo, shared_
             await asyncio.sleep(0.2)
         print("\n".join(lines[-5:]))
         print(f"abandon -> caller back (server cancelled): {left:.2f} s")
-        assert any("aborted (32 requests)" in ln for ln in lines), lines
+        assert any(": aborted (" in ln for ln in lines), lines
         periods = _busy_periods(lines)
         assert periods, lines
         steps = periods[-1][2]
