@@ -145,8 +145,10 @@ def _call_flow(state: CoreState, prep: PreparedCall) -> Flow[Any]:
     if plan is Fallback.NOOP:
         return fallback.noop_result(method)
     if plan is Fallback.OPERATION:
+        # path parameters other than the job travel in the payload (cancel-request's request_id)
+        payload = {**prep.body, **{k: v for k, v in prep.path_params.items() if k != "job_id"}}
         value = yield from _operation(
-            state, prep, caps, deadline, method.operation_type, seqs[0] if seqs else None, prep.body
+            state, prep, caps, deadline, method.operation_type, seqs[0] if seqs else None, payload
         )
         return fallback.operation_result(value)
     if plan is Fallback.WEIGHT_SYNC_SEQUENCE:
