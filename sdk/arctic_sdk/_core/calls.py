@@ -25,6 +25,7 @@ from ..spec.model import BodyKind, Fallback, Idempotency, MethodInfo
 from ..spec.tables import methods as M
 from ..spec.tables.error_codes import ErrorCode
 from . import chunks, fallback
+from .abandon import ABANDONED, abandon
 from .capabilities import Capabilities
 from .effects import Flow
 from .poll import await_result, poll_status
@@ -111,7 +112,25 @@ def prepare(
 
 
 def call_flow(state: CoreState, prep: PreparedCall) -> Flow[Any]:
-    """Run a prepared call to its result."""
+    """Run a prepared call to its result; abandoned (Ctrl-C, a cancelled task), it cancels its
+    request on the server first (`abandon`)."""
+    try:
+        return (yield from _call_flow(state, prep))
+    except ABANDONED as exc:
+        if prep.slot is not None and not prep.request_id and prep.in_flight is None:
+            state.seq.release(prep.slot)  # never sent: its number can be reused
+        yield from abandon(state, prep, exc, lambda job, rid, t: _cancel(state, job, rid, t))
+        raise
+
+
+def _cancel(state: CoreState, job_id: str, request_id: str, timeout: float) -> Flow[Any]:
+    """One `cancel-request` call (its route or its operation), once, within `timeout`."""
+    opts = CallOptions(timeout=timeout, max_retries=0, job_id=job_id)
+    prep = prepare(state, M.CANCEL_REQUEST, {"request_id": request_id}, opts)
+    return (yield from _call_flow(state, prep))
+
+
+def _call_flow(state: CoreState, prep: PreparedCall) -> Flow[Any]:
     method = prep.method
     deadline = Deadline(state.clock() + prep.timeout, state.clock)
     if state.caps is None and not _needs_caps(method):
@@ -126,8 +145,10 @@ def call_flow(state: CoreState, prep: PreparedCall) -> Flow[Any]:
     if plan is Fallback.NOOP:
         return fallback.noop_result(method)
     if plan is Fallback.OPERATION:
+        # path parameters other than the job travel in the payload (cancel-request's request_id)
+        payload = {**prep.body, **{k: v for k, v in prep.path_params.items() if k != "job_id"}}
         value = yield from _operation(
-            state, prep, caps, deadline, method.operation_type, seqs[0] if seqs else None, prep.body
+            state, prep, caps, deadline, method.operation_type, seqs[0] if seqs else None, payload
         )
         return fallback.operation_result(value)
     if plan is Fallback.WEIGHT_SYNC_SEQUENCE:
@@ -223,6 +244,7 @@ def _result(
             tensors=state.config.tensors,
             accept_octet=accept_octet,
             redact=state.redact,
+            seen=prep.seen,
         )
     )
 

@@ -110,6 +110,8 @@ class GrpcWire:
             md.append(("x-arctic-seq", str(ex.seq)))
         if ex.sub_job_id:
             md.append(("x-arctic-sub-job", ex.sub_job_id))
+        if ex.respond_async:
+            md.append(("prefer", "respond-async"))
         message = None
         if method.grpc_shape is not GrpcShape.FRAMES:
             cls = MESSAGE_TYPES[method.grpc_path][0]

@@ -154,10 +154,12 @@ def await_result(
     tensors: str,
     accept_octet: bool,
     redact: Callable[[str], str],
+    seen: Callable[[str], None] | None = None,
 ) -> Flow[Any]:
     """From the first answer of a data-plane call to its result: poll, drain, decode.
 
-    Progress bars this flow starts are closed by the driver when the flow ends.
+    `seen` is told the request's id as soon as an answer names it (what an abandoned call
+    cancels). Progress bars this flow starts are closed by the driver when the flow ends.
     """
     collector = ResultCollector(tensors)
     delay = cfg.initial
@@ -178,6 +180,8 @@ def await_result(
             request_id = str(status.get("request_id") or request_id)
         else:  # pragma: no cover - exchange() only returns the kinds above here
             raise ServerError(f"unexpected answer {type(reply).__name__} to {method.name}")
+        if seen is not None and request_id:
+            seen(request_id)
         before = collector.bytes_received
         try:
             collector.add_events(status.get("events"))

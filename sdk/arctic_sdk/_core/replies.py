@@ -34,6 +34,7 @@ class Exchange:
     sub_job_id: str | None = None
     accept_octet: bool = False
     executes: bool = True  # False for an intermediate chunk: resending it runs nothing
+    respond_async: bool = False  # `Prefer: respond-async`: answer 202 at once, never hold
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,8 @@ class HttpWire:
             headers["X-Arctic-Seq"] = str(ex.seq)
         if ex.sub_job_id:
             headers["X-Arctic-Sub-Job"] = ex.sub_job_id
+        if ex.respond_async:
+            headers["Prefer"] = "respond-async"
         return HttpRequest(
             method=method.http_method,
             url=url,

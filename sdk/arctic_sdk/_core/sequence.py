@@ -65,7 +65,14 @@ class SeqAllocator:
 
     def release(self, slot: SeqSlot) -> None:
         """Give back the numbers of a call the server refused (it did not run), when no later
-        call has been numbered yet; otherwise the server's gap timeout settles it."""
+        call has been numbered yet; otherwise the server's gap timeout settles it. A slot not
+        numbered yet (a call abandoned before capabilities arrived) just leaves the queue."""
+        with self._lock:
+            if slot.numbers is None:
+                if slot in self._pending:
+                    self._pending.remove(slot)
+                slot.numbers = []
+                return
         nums = slot.numbers
         if not nums:
             return

@@ -109,7 +109,16 @@ class PreparedCall:
     group_id: str | None = None
     idempotency_key: str | None = None
     slot: SeqSlot | None = None
+    # What an abandoned call must cancel (`_core.abandon`): the server's id of its request once
+    # an answer named it, and the exchange that runs it while that one is on the wire.
+    request_id: str = ""
+    in_flight: Exchange | None = None
     submitted_at: float = field(default_factory=time.monotonic)
+
+    def seen(self, request_id: str) -> None:
+        """An answer named the call's request: that is what an abandoned call cancels."""
+        self.request_id = request_id
+        self.in_flight = None
 
 
 def ensure_caps(state: CoreState) -> Flow[Capabilities]:

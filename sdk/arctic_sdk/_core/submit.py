@@ -44,7 +44,10 @@ def submit(
         sub_job_id=prep.sub_job_id,
         accept_octet=accept_octet,
     )
-    return (yield from send(ex))
+    prep.in_flight = ex  # abandoned now, the call replays it to learn what to cancel
+    reply = yield from send(ex)
+    prep.in_flight = None
+    return reply
 
 
 def send_group(
@@ -89,7 +92,10 @@ def send_group(
                     accept_octet=accept_octet,
                     executes=last,
                 )
+                if last:
+                    prep.in_flight = ex
                 reply = yield from send(ex)
+                prep.in_flight = None
                 if show:
                     yield Progress(key, "update", n=sum(len(p) for c in batch for p in c))
                 if isinstance(reply, ChunkCached):

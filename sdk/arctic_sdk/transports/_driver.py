@@ -173,24 +173,34 @@ def _run_sync(
 ) -> T:
     bars: dict[str, Any] = {}
     value: Any = None
+    abandoned: KeyboardInterrupt | None = None
+    cancelling = False  # the flow was told it is abandoned: it is cancelling its request
     try:
         while True:
             try:
-                effect = flow.send(value)
+                effect = flow.send(value) if abandoned is None else flow.throw(abandoned)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             value = None
-            if isinstance(effect, Send):
-                started = time.perf_counter()
-                request = effect.request if span is None else _traced(effect.request)
-                value = send(request)
-                if span is not None:
-                    _answered(span, value)
-                _log_exchange(effect.request, value, started)
-            elif isinstance(effect, Sleep):
-                time.sleep(max(0.0, effect.seconds))
-            else:
-                reporter.handle(effect, bars)
+            cancelling, abandoned = cancelling or abandoned is not None, None
+            try:
+                if isinstance(effect, Send):
+                    started = time.perf_counter()
+                    request = effect.request if span is None else _traced(effect.request)
+                    value = send(request)
+                    if span is not None:
+                        _answered(span, value)
+                    _log_exchange(effect.request, value, started)
+                elif isinstance(effect, Sleep):
+                    time.sleep(max(0.0, effect.seconds))
+                else:
+                    reporter.handle(effect, bars)
+            except KeyboardInterrupt as exc:
+                # Ctrl-C: the flow cancels its request (bounded) and re-raises it; a second
+                # Ctrl-C while it cancels leaves at once
+                if cancelling:
+                    raise
+                abandoned = exc
     finally:
         reporter.close_all(bars)
         flow.close()
@@ -219,24 +229,34 @@ async def _run_async(
 ) -> T:
     bars: dict[str, Any] = {}
     value: Any = None
+    abandoned: asyncio.CancelledError | None = None
+    cancelling = False  # the flow was told it is abandoned: it is cancelling its request
     try:
         while True:
             try:
-                effect = flow.send(value)
+                effect = flow.send(value) if abandoned is None else flow.throw(abandoned)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             value = None
-            if isinstance(effect, Send):
-                started = time.perf_counter()
-                request = effect.request if span is None else _traced(effect.request)
-                value = await send(request)
-                if span is not None:
-                    _answered(span, value)
-                _log_exchange(effect.request, value, started)
-            elif isinstance(effect, Sleep):
-                await asyncio.sleep(max(0.0, effect.seconds))
-            else:
-                reporter.handle(effect, bars)
+            cancelling, abandoned = cancelling or abandoned is not None, None
+            try:
+                if isinstance(effect, Send):
+                    started = time.perf_counter()
+                    request = effect.request if span is None else _traced(effect.request)
+                    value = await send(request)
+                    if span is not None:
+                        _answered(span, value)
+                    _log_exchange(effect.request, value, started)
+                elif isinstance(effect, Sleep):
+                    await asyncio.sleep(max(0.0, effect.seconds))
+                else:
+                    reporter.handle(effect, bars)
+            except asyncio.CancelledError as exc:
+                # the task was cancelled: the flow cancels its request (bounded) and re-raises
+                # it; cancelled again while it cancels, it leaves at once
+                if cancelling:
+                    raise
+                abandoned = exc
     finally:
         reporter.close_all(bars)
         flow.close()

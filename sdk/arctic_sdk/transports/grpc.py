@@ -156,7 +156,11 @@ class GrpcSyncIO:
                 it = stub(request.message, metadata=md, timeout=request.timeout)
             else:
                 it = stub(_frames(request), metadata=md, timeout=request.timeout)
-            frames = [f.dssst1 for f in it]
+            try:
+                frames = [f.dssst1 for f in it]
+            except KeyboardInterrupt:
+                it.cancel()  # Ctrl-C: the server sees the call cancelled (and cancels its work)
+                raise
             return GrpcResponse("OK", frames=frames, trailers=_trailers(it))
         except grpc.RpcError as exc:
             return _error(exc)
@@ -244,7 +248,11 @@ class GrpcAsyncIO:
                 call = stub(request.message, metadata=md, timeout=request.timeout)
             else:
                 call = stub(_frames(request), metadata=md, timeout=request.timeout)
-            frames = [f.dssst1 async for f in call]
+            try:
+                frames = [f.dssst1 async for f in call]
+            except asyncio.CancelledError:
+                call.cancel()  # the task was cancelled: so is the call (the server stops it)
+                raise
             return GrpcResponse("OK", frames=frames, trailers=await _aio_trailers(call))
         except grpc.RpcError as exc:
             return _error(exc)

@@ -58,7 +58,10 @@ class RequestsIO:
 
     def send(self, request: HttpRequest) -> HttpResponse | ConnectionFailure:
         session = self._get()
-        timeout = (self._config.connect_timeout, request.timeout)
+        connect = self._config.connect_timeout
+        if request.timeout is not None:  # a short call (a cancel) connects within its time too
+            connect = min(connect, request.timeout)
+        timeout = (connect, request.timeout)
         try:
             r = session.request(
                 request.method,

@@ -199,7 +199,7 @@ class ProtocolCore(Durable, Polls):
                     )
                 if rec.expired:
                     raise self._expired(rec)
-                return await self._answer(rec, method, call)
+                return await self._answer(rec, method, call, ctx)
             assert step.frame is not None
             body = self._decode(step.frame)
             if method.body is BodyKind.DSSST1 and self.requests.durable:

@@ -78,7 +78,7 @@ class Execution(CoreBase):
                 else:
                     if group and group != identity:  # a keyed retry in a new group
                         self.groups.bind_request(job_id, group, old.request_id)
-                    return await self._answer(old, method, call)
+                    return await self._answer(old, method, call, ctx)
         if ctx.seq is not None and self.config.sequencing:
             taken = self.requests.find_seq(job_id, ctx.seq)
             if taken is not None:
@@ -117,7 +117,7 @@ class Execution(CoreBase):
         faultpoints.hit("request_recorded")
         ctx.request_id = rec.request_id
         self._start(rec, method, ctx, body)
-        return await self._answer(rec, method, call)
+        return await self._answer(rec, method, call, ctx)
 
     def _supersede(self, old: RequestRecord) -> None:
         """A request that failed `not_executed` gives its identity and sequence number up to
@@ -264,15 +264,29 @@ class Execution(CoreBase):
             if loop.time() > deadline:
                 return
 
-    async def _answer(self, rec: RequestRecord, method: MethodInfo, call: IncomingCall) -> Outcome:
+    async def _answer(
+        self, rec: RequestRecord, method: MethodInfo, call: IncomingCall, ctx: CallContext
+    ) -> Outcome:
         event = self._done.get((rec.job_id, rec.request_id))
         mode = self.config.answer_mode
-        if event is not None and not rec.terminal:
-            if mode == "inline":
-                await self._inline_wait(rec, event)
-            elif mode == "auto" or method.inline_preferred:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+        # `Prefer: respond-async` (RFC 7240): 202 at once (how a client that abandons a call
+        # while its answer is held learns the request id it must cancel)
+        hold = "respond-async" not in call.headers.get("prefer", "").lower()
+        try:
+            if event is not None and not rec.terminal and hold:
+                if mode == "inline":
+                    await self._inline_wait(rec, event)
+                elif mode == "auto" or method.inline_preferred:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+        except asyncio.CancelledError:
+            # a gRPC call cancelled while its answer is held: its caller abandoned it (gRPC's
+            # cancellation), so the request is cancelled too. An HTTP connection that drops is
+            # not a cancel (a proxy's idle timeout, a retried attempt): cancel-request is.
+            if call.transport == "grpc" and not self._handing_off:
+                task = asyncio.get_running_loop().create_task(self._cancel_record(rec, ctx))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            raise
         fresh = self.requests.get(rec.job_id, rec.request_id) or rec
         if fresh.terminal and fresh.fetched_at is None:
             self.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
@@ -282,6 +296,28 @@ class Execution(CoreBase):
             record=fresh,
             max_events=self.config.limits.default_max_events,
         )
+
+    async def _cancel_record(self, rec: RequestRecord, ctx: CallContext) -> RequestRecord:
+        """Cancel a request (CancelRequest, an abandoned gRPC call): a queued one never runs; a
+        running one ends at its engine's next safe point (a servicer whose `cancel_running`
+        answers True ends it itself: a sampler aborts it, a training call finishes and the
+        cancel is recorded), else its task is cancelled. The record as it stands after."""
+        if rec.terminal:
+            return rec
+        key = (rec.job_id, rec.request_id)
+        task = self._tasks.get(key)
+        event = self._done.get(key)
+        handled = False
+        if key in self._started:
+            handled = bool(await self.servicer.cancel_running(ctx, rec.request_id))
+        if task is not None and not handled:
+            task.cancel()
+        if event is not None and handled:  # a running engine call may take a while
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+        elif event is not None:
+            await event.wait()
+        return self._record(rec.job_id, rec.request_id)
 
     # ------------------------------------------------------------------ result events
 

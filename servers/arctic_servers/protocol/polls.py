@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import time
 
@@ -11,13 +9,13 @@ from arctic_sdk.spec.tables import methods as M
 
 from .calls import IncomingCall, Outcome
 from .context import CallContext
-from .core_base import CoreBase
 from .errors import ProtocolError
+from .execution import Execution
 
 _CURSOR = re.compile(r"[0-9]{1,18}")  # cursors this server issues: event offsets
 
 
-class Polls(CoreBase):
+class Polls(Execution):
     def _poll(self, call: IncomingCall, ctx: CallContext) -> Outcome:
         body = self._params_body(call, dict(self._json_body(call)))
         self._validate(call.method, body)
@@ -42,25 +40,8 @@ class Polls(CoreBase):
         body = self._params_body(call, dict(self._json_body(call)))
         self._validate(call.method, body)
         rec = self._record(ctx.job_id or "", str(body.get("request_id", "")))
-        cancelled = False
-        if not rec.terminal:
-            key = (rec.job_id, rec.request_id)
-            task = self._tasks.get(key)
-            event = self._done.get(key)
-            # A servicer whose `cancel_running` answers True ends a running request itself, at
-            # its engine's next safe point (completed if it finished first); else the task stops.
-            handled = False
-            if key in self._started:
-                handled = bool(await self.servicer.cancel_running(ctx, rec.request_id))
-            if task is not None and not handled:
-                task.cancel()
-            if event is not None and handled:  # a running engine call may take a while
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
-            elif event is not None:
-                await event.wait()
-            rec = self._record(rec.job_id, rec.request_id)
-            cancelled = rec.status == "cancelled"
+        rec = await self._cancel_record(rec, ctx)
+        cancelled = rec.status == "cancelled"
         return Outcome(
             200,
             call.method,

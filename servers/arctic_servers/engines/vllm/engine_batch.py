@@ -149,6 +149,11 @@ class EngineBatch:
         self._drop(call)
         self.engine.abort_request(list(call.ids))
         if call.finish is not None:
+            print(
+                f"{call.what} {call.msg_id}: aborted ({len(call.ids)} requests); "
+                f"{self.engine.get_num_unfinished_requests()} requests in the engine",
+                flush=True,
+            )
             self._maybe_idle()
             err = {"code": "request_cancelled", "message": f"{call.what} was aborted",
                    "details": {}}  # fmt: skip
