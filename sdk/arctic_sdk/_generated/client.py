@@ -668,6 +668,7 @@ class Client(ClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -685,6 +686,10 @@ class Client(ClientBase):
                 LoRA job: the base model with its latest synced adapter); "base" = the base
                 model without the adapter (a LoRA job only; `weight_version` 0). Anything else
                 is `invalid_argument`.
+            clamp_max_tokens: A `sampling_params.max_tokens` larger than the room a prompt
+                leaves in the sampler's context (`max_model_len` - its tokens) is lowered to
+                that room for that prompt, and its `Completion` says so (`clamped_max_tokens`),
+                instead of being refused with `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -702,6 +707,7 @@ class Client(ClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,
@@ -719,6 +725,7 @@ class Client(ClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -738,6 +745,7 @@ class Client(ClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,
@@ -2330,6 +2338,7 @@ class AsyncClient(AsyncClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2347,6 +2356,10 @@ class AsyncClient(AsyncClientBase):
                 LoRA job: the base model with its latest synced adapter); "base" = the base
                 model without the adapter (a LoRA job only; `weight_version` 0). Anything else
                 is `invalid_argument`.
+            clamp_max_tokens: A `sampling_params.max_tokens` larger than the room a prompt
+                leaves in the sampler's context (`max_model_len` - its tokens) is lowered to
+                that room for that prompt, and its `Completion` says so (`clamped_max_tokens`),
+                instead of being refused with `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -2364,6 +2377,7 @@ class AsyncClient(AsyncClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,
@@ -2381,6 +2395,7 @@ class AsyncClient(AsyncClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2400,6 +2415,7 @@ class AsyncClient(AsyncClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,

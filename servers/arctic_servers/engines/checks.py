@@ -17,7 +17,7 @@ import numpy as np
 from arctic_sdk.spec import value_rules
 from arctic_sdk.spec.tables.request_rules import BOUNDS
 
-from ..protocol import checkpoint_ids
+from ..protocol import checkpoint_ids, token_budget
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
 from . import structured
@@ -212,9 +212,9 @@ def sampling_params(body: Mapping[str, Any]) -> None:
     wrong = value_rules.bound_error(BOUNDS[SAMPLING_PARAMS], sp, "sampling_params.")
     if wrong is not None:
         raise bad(wrong[0], wrong[1], expected=wrong[2])
-    mt = sp.get("max_tokens")
+    mt = token_budget.requested(sp.get("max_tokens"))  # an integer >= 1, or absent
     mn = sp.get("min_tokens")
-    if mn is not None and int(mn) > (int(mt) if mt else 16):  # absent/0 = 16
+    if mn is not None and int(mn) > (mt or token_budget.DEFAULT_MAX_TOKENS):
         raise bad(
             "sampling_params.min_tokens",
             f"{mn} is not in [0, max_tokens]",

@@ -98,6 +98,7 @@ class FakeProfile:
             "prompts": list(body["prompts"]),
             "sampling_params": dict(body.get("sampling_params") or {}),
             "strict": bool(body.get("strict")),
+            "clamp_max_tokens": bool(body.get("clamp_max_tokens")),
             "weight_version": sub.weight_version,  # NUMERICS.md: generation depends on it
         }
 
@@ -189,6 +190,7 @@ class OnpremProfile:
             "prompts": checks.prompts(body, 0),
             "sampling_params": dict(body.get("sampling_params") or {}),
             "strict": bool(body.get("strict")),
+            "clamp_max_tokens": bool(body.get("clamp_max_tokens")),
         }
 
     async def export(self, ckpt_dir: Path, meta: Mapping[str, Any], out: Path) -> None:
