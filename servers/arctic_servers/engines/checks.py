@@ -204,6 +204,22 @@ def prompts(body: Mapping[str, Any], vocab: int) -> list[str | list[int]]:
     return out
 
 
+def prompt_room(body: Mapping[str, Any], max_model_len: int) -> None:
+    """Token-id prompts and `max_tokens` against the sampler's context (`max_model_len`, 0 =
+    not known yet) when the call is accepted, so that a call that cannot run is refused rather
+    than failing later; text prompts are checked by the engine once tokenized."""
+    if max_model_len <= 0:
+        return
+    sp: Mapping[str, Any] = body.get("sampling_params") or {}
+    asked = token_budget.requested(sp.get("max_tokens"))
+    clamp = bool(body.get("clamp_max_tokens"))
+    for i, p in enumerate(prompts(body, 0)):
+        if not isinstance(p, str):
+            token_budget.budget(
+                asked, len(p), max_model_len, clamp=clamp, prompt_field=f"prompts[{i}]"
+            )
+
+
 def sampling_params(body: Mapping[str, Any]) -> None:
     """`SamplingParams`: each field's bounds (the spec's, `tables.request_rules`; a generate
     body's were checked on arrival, this covers every other path), then what a bound cannot

@@ -182,6 +182,8 @@ class OnpremProfile:
         elif method is M.GENERATE:
             checks.sampling_params(body)
             checks.prompts(body, sub.vocab_size)
+            info = dict((sub.worker or {}).get("info") or {})
+            checks.prompt_room(body, int(info.get("max_model_len") or 0))
 
     def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
         from ..engines import checks
