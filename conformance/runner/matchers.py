@@ -37,6 +37,7 @@ EXPECT_KEYS = frozenset(
         "fields",
         "headers",
         "not_codec_error",
+        "not_error",
         "http",
         "grpc",
     }

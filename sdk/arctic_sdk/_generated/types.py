@@ -707,7 +707,12 @@ class Limits(TypedDict, total=False):
     max_body_bytes: int
     max_chunk_bytes: int
     max_header_bytes: int
+
     max_frame_bytes: int
+    """The largest reassembled request frame: no more than the chunk budgets below either (a
+    group declaring a larger frame could never complete and is refused at its first chunk).
+    """
+
     max_chunks: int
     max_tensors: int
     max_depth: int
