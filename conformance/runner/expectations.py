@@ -31,8 +31,11 @@ def check_reply(
             return matchers.check_error(reply, [code], False)
         exp = {**exp, "failed": code}
     codes = [exp["error"]] if exp.get("error") else list(exp.get("error_any") or [])
-    if codes:
-        return matchers.check_error(reply, codes, exp.get("error_body") == "optional")
+    if codes:  # the refusal, then what `fields` say of its body (`error.details.field`, ...)
+        diff = matchers.check_error(reply, codes, exp.get("error_body") == "optional")
+        if diff or reply.body is None:
+            return diff
+        return matchers.check_fields(exp.get("fields") or {}, reply.body, scope, variables)
     want_http, want_grpc = exp.get("http_status"), exp.get("grpc_status")
     if reply.transport == "http" and want_http is not None and reply.status != int(want_http):
         return f"answered {reply.describe_status()}, expected HTTP {want_http}"
