@@ -60,6 +60,13 @@ WALKED_BY_TESTS: dict[str, str] = {
 }
 
 
+# limits advertised outside `Limits`: the capabilities' `features` and `lora`
+OTHER_EDGES: dict[str, str] = {
+    "features.lease_max_seconds": "jobs/lease/renew",  # exactly it accepted, one more refused
+    "lora.max_rank": "lora/create-job/rank-too-large",  # one past it refused
+}
+
+
 def test_every_advertised_limit_is_walked(cases: list[Case]) -> None:
     advertised = {f.name for f in jobs_pb2.Limits.DESCRIPTOR.fields}
     walked = set(EDGE_CASES) | set(WALKED_BY_TESTS)
@@ -68,6 +75,8 @@ def test_every_advertised_limit_is_walked(cases: list[Case]) -> None:
     for limit, pair in EDGE_CASES.items():
         missing = [i for i in pair if i not in ids]
         assert not missing, f"{limit}: no conformance case {missing}"
+    for limit, case in OTHER_EDGES.items():
+        assert case in ids, f"{limit}: no conformance case {case}"
     for limit, where in WALKED_BY_TESTS.items():
         module, name = where.split("::")
         assert hasattr(importlib.import_module(module), name), f"{limit}: {where} is gone"
