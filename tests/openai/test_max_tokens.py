@@ -66,3 +66,20 @@ def test_chat_defaults_to_the_room_and_names_max_completion_tokens(
         model="fake-tiny", messages=MESSAGES, max_tokens=room, seed=3
     )
     assert ok.usage.completion_tokens == room
+
+
+def test_tokenize_is_not_checked_against_the_context(openai_server: OpenAIServer) -> None:
+    """vLLM's /tokenize counts a conversation whatever its length (a client asks it to learn
+    whether a prompt fits): no room check there."""
+    import requests
+
+    limit = openai_server.chat.max_model_len
+    long = [{"role": "user", "content": "x" * (limit + 10)}]
+    r = requests.post(
+        openai_server.base_url + "/tokenize",
+        json={"model": "fake-tiny", "messages": long},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["count"] > limit and r.json()["max_model_len"] == limit

@@ -204,7 +204,10 @@ def chat_request(
     sampler: Sampler,
     tool_calls: ToolCalls | None = None,
     session: Session | None = None,
+    *,
+    sample: bool = True,
 ) -> Request:
+    """`sample` False: the prompt only (`/tokenize`), not checked against the context."""
     ignored = request_fields.check(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -243,7 +246,8 @@ def chat_request(
             cont.prompt = sampler.encode(text, add_special_tokens=special)
     stream, usage = _stream_flags(body)
     prompts = [cont.prompt if cont else sampler.encode(text, add_special_tokens=special)]
-    fit_context(body, prompts, params, sampler, chat=True)
+    if sample:
+        fit_context(body, prompts, params, sampler, chat=True)
     return Request(
         model=_model(body),
         prompts=prompts,
