@@ -162,7 +162,11 @@ class FakeServicer(JobControl[Job]):
         # adapter "base": a LoRA job's base model, weight version 0 (NUMERICS.md §6)
         adapter = check_adapter(body, _lora_job(job))
         result = sub.engine.op_generate(
-            body["prompts"], params, weight_version=job.weight_version, adapter=adapter
+            body["prompts"],
+            params,
+            weight_version=job.weight_version,
+            adapter=adapter,
+            clamp_max_tokens=bool(body.get("clamp_max_tokens")),
         )
         entry.update(seed=seed, weight_version=result["weight_version"])
         return result

@@ -23,14 +23,19 @@ def check_reply(
     exp.update(expect.get(reply.transport) or {})
     if reply.transport_error is not None:
         return f"no answer: {reply.transport_error}"
+    if exp.get("not_error"):  # just inside a limit: anything but these codes (or a 5xx)
+        return _not_error(list(exp["not_error"]), reply)
     if exp.get("fails_with"):  # refused with the code, or ran and failed with it
         code = str(exp["fails_with"])
         if reply.is_error:
             return matchers.check_error(reply, [code], False)
         exp = {**exp, "failed": code}
     codes = [exp["error"]] if exp.get("error") else list(exp.get("error_any") or [])
-    if codes:
-        return matchers.check_error(reply, codes, exp.get("error_body") == "optional")
+    if codes:  # the refusal, then what `fields` say of its body (`error.details.field`, ...)
+        diff = matchers.check_error(reply, codes, exp.get("error_body") == "optional")
+        if diff or reply.body is None:
+            return diff
+        return matchers.check_fields(exp.get("fields") or {}, reply.body, scope, variables)
     want_http, want_grpc = exp.get("http_status"), exp.get("grpc_status")
     if reply.transport == "http" and want_http is not None and reply.status != int(want_http):
         return f"answered {reply.describe_status()}, expected HTTP {want_http}"
@@ -52,6 +57,20 @@ def check_reply(
         if diff:
             return f"header {diff}"
     return matchers.check_fields(exp.get("fields") or {}, reply.body, scope, variables)
+
+
+def _not_error(codes: list[str], reply: Reply) -> str | None:
+    """A call just inside an advertised limit: accepted, or refused for another reason (its
+    body is deliberately incomplete), never with the limit's own codes nor a server error."""
+    if not reply.is_error:
+        return reply.decode_error or None
+    if reply.code in codes:
+        err = reply.error or {}
+        return f"refused with {reply.code} inside the limit: {str(err.get('message'))[:200]}"
+    status = reply.status if reply.transport == "http" else None
+    if (status or 0) >= 500 or reply.grpc_code in ("INTERNAL", "UNKNOWN"):
+        return f"answered {reply.describe_status()}: a server error, never the answer to input"
+    return None
 
 
 def _unexpected_error(exp: Mapping[str, Any], reply: Reply) -> str | None:

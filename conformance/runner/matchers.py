@@ -37,6 +37,7 @@ EXPECT_KEYS = frozenset(
         "fields",
         "headers",
         "not_codec_error",
+        "not_error",
         "http",
         "grpc",
     }
@@ -237,8 +238,9 @@ def check_fields(
         if not isinstance(spec, Mapping):
             spec = {"eq": spec}
         found = [scope.lookup(path[1:])] if path.startswith("@") else get_path(value, path)
-        if "present" in spec:
-            if bool(found) != bool(spec["present"]):
+        if "present" in spec:  # true / false, or "optional": absent, or matching the rest
+            optional = spec["present"] == "optional"
+            if not optional and bool(found) != bool(spec["present"]):
                 return f"{path}: {'missing' if not found else 'present, should be absent'}"
             if not found:
                 continue

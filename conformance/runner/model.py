@@ -133,6 +133,7 @@ def _check_expect(exp: Any, where: str) -> None:
         exp.get("failed"),
         exp.get("fails_with"),
         *(exp.get("error_any") or []),
+        *(exp.get("not_error") or []),
     ]:
         if code is not None and code not in _codes():
             raise CaseDataError(f"{where}: {code!r} is not an error code of errors.proto")

@@ -228,3 +228,22 @@ async def test_checkpoints_and_legacy_only_methods(fake_server: Server) -> None:
             await client.weight_norm()
     finally:
         await client.shutdown()
+
+
+async def test_generate_clamps_max_tokens_to_the_room_by_default(fake_server: Server) -> None:
+    """Issue 37: SkyRL and verl ask for a fixed response length that a long prompt may not
+    leave room for; compat asks the server to clamp (`clamp_max_tokens`), and each sample says
+    so. `clamp_max_tokens=False` gets the server's refusal, naming the room."""
+    client = create_arctic_rl_client(fake_server.config(max_seq_len=32))
+    try:
+        long, short = [7] * 28, [7] * 4  # rooms 4 and 28
+        out = await client.generate([long, short], {"max_new_tokens": 10, "seed": 1})
+        assert [s["generation_len"] for s in out] == [4, 10]
+        assert out[0]["clamped_max_tokens"] == 4 and out[0]["finish_reason"] == "length"
+        assert "clamped_max_tokens" not in out[1]
+        with pytest.raises(InvalidArgumentError) as info:
+            await client.generate([long], {"max_tokens": 10}, clamp_max_tokens=False)
+        assert info.value.details["room"] == 4
+        assert info.value.details["field"] == "sampling_params.max_tokens"
+    finally:
+        await client.shutdown()

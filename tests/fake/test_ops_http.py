@@ -327,6 +327,23 @@ async def test_generate_respects_the_samplers_max_seq_len(http: Http) -> None:
     )
     resp = await http.dss(M.GENERATE, job, gen([[5] * 8]))
     assert resp.status == 400 and resp.error["details"]["field"] == "prompts[0]"
-    res = await http.run(M.GENERATE, job, gen([[5] * 5], max_tokens=10, seed=1))
-    sample = res["results"][0]["samples"][0]
-    assert len(sample["token_ids"]) == 3 and sample["finish_reason"] == "length"
+    # past the room a prompt leaves: refused, naming the room (never clamped silently)
+    resp = await http.dss(M.GENERATE, job, gen([[5] * 5], max_tokens=4, seed=1))
+    assert resp.status == 400 and resp.error["code"] == "invalid_argument"
+    d = resp.error["details"]
+    assert d["field"] == "sampling_params.max_tokens" and d["expected"] == "1..3"
+    assert (d["prompt_tokens"], d["max_model_len"], d["room"]) == (5, 8, 3)
+    # the edge itself: exactly the room
+    res = await http.run(M.GENERATE, job, gen([[5] * 5], max_tokens=3, seed=1))
+    assert len(res["results"][0]["samples"][0]["token_ids"]) == 3
+    assert "clamped_max_tokens" not in res["results"][0]
+    # clamping on request: lowered to the room, and the reply says so, per prompt
+    body = {**gen([[5] * 5, [5] * 2], max_tokens=4, seed=1), "clamp_max_tokens": True}
+    res = await http.run(M.GENERATE, job, body)
+    first, second = res["results"]
+    assert len(first["samples"][0]["token_ids"]) == 3 and first["clamped_max_tokens"] == 3
+    assert first["samples"][0]["finish_reason"] == "length"
+    assert len(second["samples"][0]["token_ids"]) == 4 and "clamped_max_tokens" not in second
+    # absent: the default 16, capped by the room (a default is not the caller's ask)
+    res = await http.run(M.GENERATE, job, gen([[5] * 5], seed=1))
+    assert len(res["results"][0]["samples"][0]["token_ids"]) == 3

@@ -378,3 +378,48 @@ async def test_unknown_sub_job_and_grpc(http: Http, onprem: ServerInfo, shared_j
         np.abs(res["outputs"]["logprobs_shifted"] - ref["outputs"]["logprobs_shifted"]).max() == 0.0
     )
     assert len(gen["results"][0]["samples"][0]["token_ids"]) >= 1
+
+
+async def test_generate_max_tokens_against_vllms_context(http: Http, shared_job: str) -> None:
+    """Issue 37 on vLLM: 0 refused naming the field; past the room the prompt leaves under
+    `max_model_len` refused at submission naming the room (it was clamped silently); the edge
+    itself samples; `clamp_max_tokens` lowers it and the Completion says so; a text prompt (the
+    engine tokenizes it) is refused the same way, as a failed request."""
+    with pytest.raises(CallError) as err:
+        await http.run(
+            M.GENERATE, shared_job, {"prompts": [[5, 6]], "sampling_params": {"max_tokens": 0}}
+        )
+    assert (
+        err.value.status == 400
+        and err.value.body["details"]["field"] == "sampling_params.max_tokens"
+    )
+    with pytest.raises(CallError) as err:
+        await http.run(
+            M.GENERATE,
+            shared_job,
+            {"prompts": [[5] * 10], "sampling_params": {"max_tokens": 10**9}},
+        )
+    assert err.value.status == 400, err.value.body
+    d = err.value.body["details"]
+    limit = d["max_model_len"]
+    assert d["field"] == "sampling_params.max_tokens" and d["prompt_tokens"] == 10
+    assert d["room"] == limit - 10 and limit >= 64
+    prompt = [5] * (limit - 3)
+    edge = {"max_tokens": 3, "ignore_eos": True, "seed": 1}
+    got = await http.run(M.GENERATE, shared_job, {"prompts": [prompt], "sampling_params": edge})
+    assert len(got["results"][0]["samples"][0]["token_ids"]) == 3
+    assert not got["results"][0].get("clamped_max_tokens")
+    body = {
+        "prompts": [prompt, [5, 6]],
+        "sampling_params": {"max_tokens": 6, "ignore_eos": True, "seed": 1},
+        "clamp_max_tokens": True,
+    }
+    got = await http.run(M.GENERATE, shared_job, body)
+    long, short = got["results"]
+    assert long["clamped_max_tokens"] == 3 and len(long["samples"][0]["token_ids"]) == 3
+    assert not short.get("clamped_max_tokens") and len(short["samples"][0]["token_ids"]) == 6
+    with pytest.raises(CallError) as err:
+        await http.run(
+            M.GENERATE, shared_job, {"prompts": ["hello"], "sampling_params": {"max_tokens": limit}}
+        )
+    assert err.value.code == "invalid_argument" and err.value.body["details"]["room"] < limit

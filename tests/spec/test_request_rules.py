@@ -54,7 +54,7 @@ def test_bound_text_and_holds() -> None:
         ({"sampling_params": {"top_k": -2}}, ("sampling_params.top_k", "-2 is not >= -1")),
         (
             {"sampling_params": {"max_tokens": "8"}},
-            ("sampling_params.max_tokens", "'8' is not >= 0"),
+            ("sampling_params.max_tokens", "'8' is not >= 1"),
         ),
         ({"sampling_params": {"n": True}}, ("sampling_params.n", "True is not >= 1")),
     ],

@@ -216,6 +216,14 @@ def scenario_context_window(server: str) -> dict:
             sc.sample(prompt, 1, types.SamplingParams(max_tokens=5)).result()
         detail = e.value.body["detail"]
         assert f"{window - 4} + 5 > {window}" in detail and "context window" in detail, detail
+        assert e.value.body["room"] == 4 and "room for 4" in detail, e.value.body
+        # absent: the room left (vLLM's chat default); 0 or negative: refused by name (issue 37)
+        free = sc.sample(prompt, 1, types.SamplingParams(seed=1)).result()
+        assert 1 <= len(free.sequences[0].tokens) <= 4
+        for bad in (0, -3):
+            with pytest.raises(tinker.BadRequestError) as e:
+                sc.sample(prompt, 1, types.SamplingParams(max_tokens=bad)).result()
+            assert e.value.body["field"] == "sampling_params.max_tokens", e.value.body
         with pytest.raises(tinker.BadRequestError):
             sc.compute_logprobs(types.ModelInput.from_ints(ok[:window])).result()
     return {"window": window}

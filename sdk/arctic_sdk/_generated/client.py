@@ -669,6 +669,7 @@ class Client(ClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -686,6 +687,10 @@ class Client(ClientBase):
                 LoRA job: the base model with its latest synced adapter); "base" = the base
                 model without the adapter (a LoRA job only; `weight_version` 0). Anything else
                 is `invalid_argument`.
+            clamp_max_tokens: A `sampling_params.max_tokens` larger than the room a prompt
+                leaves in the sampler's context (`max_model_len` - its tokens) is lowered to
+                that room for that prompt, and its `Completion` says so (`clamped_max_tokens`),
+                instead of being refused with `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -703,6 +708,7 @@ class Client(ClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,
@@ -720,6 +726,7 @@ class Client(ClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -739,6 +746,7 @@ class Client(ClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,
@@ -2333,6 +2341,7 @@ class AsyncClient(AsyncClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2350,6 +2359,10 @@ class AsyncClient(AsyncClientBase):
                 LoRA job: the base model with its latest synced adapter); "base" = the base
                 model without the adapter (a LoRA job only; `weight_version` 0). Anything else
                 is `invalid_argument`.
+            clamp_max_tokens: A `sampling_params.max_tokens` larger than the room a prompt
+                leaves in the sampler's context (`max_model_len` - its tokens) is lowered to
+                that room for that prompt, and its `Completion` says so (`clamped_max_tokens`),
+                instead of being refused with `invalid_argument`.
             job_id: The job (default: the client's `job_id`).
             options: Per-call overrides (`CallOptions`: timeout, retries, idempotency key, job,
                 sub-job).
@@ -2367,6 +2380,7 @@ class AsyncClient(AsyncClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,
@@ -2384,6 +2398,7 @@ class AsyncClient(AsyncClientBase):
         routing_key: str | None = None,
         strict: bool | None = None,
         adapter: str | None = None,
+        clamp_max_tokens: bool | None = None,
         job_id: str | None = None,
         options: CallOptions | None = None,
         **unknown: Never,
@@ -2403,6 +2418,7 @@ class AsyncClient(AsyncClientBase):
                 "routing_key": routing_key,
                 "strict": strict,
                 "adapter": adapter,
+                "clamp_max_tokens": clamp_max_tokens,
                 "job_id": job_id,
             },
             options,

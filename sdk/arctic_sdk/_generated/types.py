@@ -707,7 +707,12 @@ class Limits(TypedDict, total=False):
     max_body_bytes: int
     max_chunk_bytes: int
     max_header_bytes: int
+
     max_frame_bytes: int
+    """The largest reassembled request frame: no more than the chunk budgets below either (a
+    group declaring a larger frame could never complete and is refused at its first chunk).
+    """
+
     max_chunks: int
     max_tensors: int
     max_depth: int
@@ -1073,7 +1078,16 @@ class SamplingParams(TypedDict, total=False):
     temperature: float
     top_p: float
     top_k: int
+
     max_tokens: int
+    """Tokens each sample may have: at least 1 and at most the room each prompt leaves in the
+    sampler's context (`max_model_len` - the prompt's tokens); past the room the request is
+    `invalid_argument` naming the prompt's length, `max_model_len` and the room, unless
+    `GenerateRequest.clamp_max_tokens` is set. Absent = 16, or the room when that is less;
+    0 is refused (it once meant 16).
+    Default: 16.
+    """
+
     stop: list[str]
     stop_token_ids: list[int]
     seed: int
@@ -1089,7 +1103,7 @@ class SamplingParams(TypedDict, total=False):
     repetition_penalty: float
 
     min_tokens: int
-    """At most `max_tokens` (absent or 0 = 16)."""
+    """At most `max_tokens` (absent = 16)."""
 
     ignore_eos: bool
 
@@ -1167,6 +1181,12 @@ class GenerateRequest(TypedDict, total=False):
     (a LoRA job only; `weight_version` 0). Anything else is `invalid_argument`.
     """
 
+    clamp_max_tokens: bool
+    """A `sampling_params.max_tokens` larger than the room a prompt leaves in the sampler's context
+    (`max_model_len` - its tokens) is lowered to that room for that prompt, and its `Completion`
+    says so (`clamped_max_tokens`), instead of being refused with `invalid_argument`.
+    """
+
 
 class Sample(TypedDict, total=False):
     """One sample."""
@@ -1205,6 +1225,11 @@ class Completion(TypedDict, total=False):
     prompt_top_logprobs: list[TopLogprobs]
     """When `sampling_params.prompt_logprobs` = k > 0: the k most likely tokens at each prompt
     position (the first entry is empty).
+    """
+
+    clamped_max_tokens: int
+    """When `GenerateRequest.clamp_max_tokens` lowered this prompt's `max_tokens`: the value its
+    samples ran with (the room its prompt left in the context). 0 = not lowered.
     """
 
 

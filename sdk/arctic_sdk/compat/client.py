@@ -296,11 +296,20 @@ class ArcticRLClient(LegacyLifecycle):
         sampling_params: Mapping[str, Any] | None = None,
         routing_key: str | None = None,
         strict: bool = False,
+        clamp_max_tokens: bool = True,
     ) -> list[dict[str, Any]]:
-        """Samples as a flat list of `{text, token_ids, finish_reason, ...}` (prompt-major)."""
+        """Samples as a flat list of `{text, token_ids, finish_reason, ...}` (prompt-major).
+
+        `clamp_max_tokens` (default on: SkyRL and verl ask for a fixed response length that a
+        long prompt may not leave room for, and expect vLLM to stop at the context's end): a
+        `max_tokens` past a prompt's room is lowered to it, and that prompt's samples carry
+        `clamped_max_tokens`; False refuses such a request (`invalid_argument` naming the room).
+        """
         params = _sampling(sampling_params)
         ps = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         fields: dict[str, Any] = {"prompts": ps, "sampling_params": params}
+        if clamp_max_tokens:
+            fields["clamp_max_tokens"] = True
         if routing_key:
             fields["routing_key"] = routing_key
         if strict:

@@ -158,5 +158,7 @@ def generate_results(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                 item["logprobs"] = [float(x) for x in s["logprobs"]]
             if s.get("stop_reason"):
                 item["stop_reason"] = s["stop_reason"]
+            if completion.get("clamped_max_tokens"):  # max_tokens lowered to the prompt's room
+                item["clamped_max_tokens"] = int(completion["clamped_max_tokens"])
             out.append(item)
     return out

@@ -17,7 +17,7 @@ import numpy as np
 from arctic_sdk.spec import value_rules
 from arctic_sdk.spec.tables.request_rules import BOUNDS
 
-from ..protocol import checkpoint_ids
+from ..protocol import checkpoint_ids, token_budget
 from ..protocol.errors import ProtocolError
 from ..protocol.sub_jobs import field_error
 from . import structured
@@ -204,6 +204,22 @@ def prompts(body: Mapping[str, Any], vocab: int) -> list[str | list[int]]:
     return out
 
 
+def prompt_room(body: Mapping[str, Any], max_model_len: int) -> None:
+    """Token-id prompts and `max_tokens` against the sampler's context (`max_model_len`, 0 =
+    not known yet) when the call is accepted, so that a call that cannot run is refused rather
+    than failing later; text prompts are checked by the engine once tokenized."""
+    if max_model_len <= 0:
+        return
+    sp: Mapping[str, Any] = body.get("sampling_params") or {}
+    asked = token_budget.requested(sp.get("max_tokens"))
+    clamp = bool(body.get("clamp_max_tokens"))
+    for i, p in enumerate(prompts(body, 0)):
+        if not isinstance(p, str):
+            token_budget.budget(
+                asked, len(p), max_model_len, clamp=clamp, prompt_field=f"prompts[{i}]"
+            )
+
+
 def sampling_params(body: Mapping[str, Any]) -> None:
     """`SamplingParams`: each field's bounds (the spec's, `tables.request_rules`; a generate
     body's were checked on arrival, this covers every other path), then what a bound cannot
@@ -212,9 +228,9 @@ def sampling_params(body: Mapping[str, Any]) -> None:
     wrong = value_rules.bound_error(BOUNDS[SAMPLING_PARAMS], sp, "sampling_params.")
     if wrong is not None:
         raise bad(wrong[0], wrong[1], expected=wrong[2])
-    mt = sp.get("max_tokens")
+    mt = token_budget.requested(sp.get("max_tokens"))  # an integer >= 1, or absent
     mn = sp.get("min_tokens")
-    if mn is not None and int(mn) > (int(mt) if mt else 16):  # absent/0 = 16
+    if mn is not None and int(mn) > (mt or token_budget.DEFAULT_MAX_TOKENS):
         raise bad(
             "sampling_params.min_tokens",
             f"{mn} is not in [0, max_tokens]",

@@ -98,6 +98,7 @@ class FakeProfile:
             "prompts": list(body["prompts"]),
             "sampling_params": dict(body.get("sampling_params") or {}),
             "strict": bool(body.get("strict")),
+            "clamp_max_tokens": bool(body.get("clamp_max_tokens")),
             "weight_version": sub.weight_version,  # NUMERICS.md: generation depends on it
         }
 
@@ -181,6 +182,8 @@ class OnpremProfile:
         elif method is M.GENERATE:
             checks.sampling_params(body)
             checks.prompts(body, sub.vocab_size)
+            info = dict((sub.worker or {}).get("info") or {})
+            checks.prompt_room(body, int(info.get("max_model_len") or 0))
 
     def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
         from ..engines import checks
@@ -189,6 +192,7 @@ class OnpremProfile:
             "prompts": checks.prompts(body, 0),
             "sampling_params": dict(body.get("sampling_params") or {}),
             "strict": bool(body.get("strict")),
+            "clamp_max_tokens": bool(body.get("clamp_max_tokens")),
         }
 
     async def export(self, ckpt_dir: Path, meta: Mapping[str, Any], out: Path) -> None:

@@ -71,6 +71,7 @@ class DataPlane(forwarding.WorkerForwarding, OnpremBase):
                 prompts=prompts,
                 sampling_params=dict(body.get("sampling_params") or {}),
                 strict=bool(body.get("strict")),
+                clamp_max_tokens=bool(body.get("clamp_max_tokens")),
                 **({"adapter": adapter} if adapter else {}),
             )
         )

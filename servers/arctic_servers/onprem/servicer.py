@@ -63,6 +63,8 @@ class OnpremServicer(Operations, Checkpoints):
             assert sub is not None
             checks.sampling_params(body)
             checks.prompts(body, self._vocab_of(sub))
+            info = sub.worker.info if sub.worker is not None else {}
+            checks.prompt_room(body, int(info.get("max_model_len") or 0))
             check_adapter(body, job.syncs_adapter)
         elif m is M.SAVE_CHECKPOINT:
             checks.save_body(body)

@@ -18,6 +18,8 @@ from typing import Any
 from ..engines.fake import sampling as fake_sampling
 from ..engines.fake import tokenizer
 from ..engines.tiny_tokenizer import TOOLS_POSTAMBLE, TOOLS_PREAMBLE
+from ..protocol import token_budget
+from ..protocol.errors import ProtocolError
 from .sampler import ModelCard, OpenAIError, Sample, StreamEvent
 from .tokenized import FakeTokenizer, TokenizedSampler, content_text
 
@@ -76,7 +78,7 @@ class FakeSampler(TokenizedSampler):
         *,
         chat_template: bool = True,
         token_delay_s: float = 0.0,
-        max_model_len: int = 4096,
+        max_model_len: int = fake_sampling.CONTEXT_LENGTH,
         weight_version: int = 0,
         model_step: int = 0,
     ) -> None:
@@ -92,14 +94,13 @@ class FakeSampler(TokenizedSampler):
         except Exception as exc:  # the fake's ProtocolError: a bad value
             raise OpenAIError(400, str(exc), code="invalid_argument") from None
 
-    def _check(self, prompt: Sequence[int]) -> None:
-        if len(prompt) >= self.max_model_len:
-            raise OpenAIError(
-                400,
-                f"the prompt has {len(prompt)} tokens; this model's context "
-                f"is {self.max_model_len}",
-                param="prompt",
-            )
+    def _budget(self, prompt: Sequence[int], p: fake_sampling.Params) -> int:
+        """The prompt's `max_tokens` under this model's context (`protocol/token_budget.py`;
+        the routes checked the caller's value against it already)."""
+        try:
+            return token_budget.budget(p.max_tokens, len(prompt), self.max_model_len).max_tokens
+        except ProtocolError as exc:
+            raise OpenAIError(400, exc.message, param="prompt") from None
 
     async def generate(
         self,
@@ -111,11 +112,11 @@ class FakeSampler(TokenizedSampler):
         seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
         out = []
         for prompt in prompts:
-            self._check(prompt)
+            budget = self._budget(prompt, p)
             samples = []
             for k in range(p.n):
                 s = fake_sampling.sample(
-                    prompt, k, p, seed, self.weight_version, self.model_step, self.max_model_len
+                    prompt, k, p, seed, self.weight_version, self.model_step, budget
                 )
                 samples.append(
                     Sample(
@@ -138,13 +139,11 @@ class FakeSampler(TokenizedSampler):
         """The tokens of `fake_sampling.sample` (the same sample `generate` answers), released
         one at a time."""
         p = self._params(params)
-        self._check(prompt)
+        budget = self._budget(prompt, p)
         self.requests.append({"prompts": [list(prompt)], "params": dict(params), "stream": True})
         seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
         version = self.weight_version  # the weights this sample is drawn from, start to end
-        s = fake_sampling.sample(
-            prompt, index, p, seed, version, self.model_step, self.max_model_len
-        )
+        s = fake_sampling.sample(prompt, index, p, seed, version, self.model_step, budget)
         tokens, lps = s["token_ids"], s.get("logprobs")
         for j, t in enumerate(tokens):
             if self.token_delay_s:

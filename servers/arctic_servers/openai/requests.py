@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol import token_budget
+from ..protocol.errors import ProtocolError
 from . import request_fields
 from .sampler import OpenAIError, Sampler
 from .sessions import Continuation, Session, continue_prompt
@@ -71,10 +73,8 @@ def sampling_params(body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
     mt = _num(body, "max_completion_tokens", lo=1, integer=True)
     if mt is None:
         mt = _num(body, "max_tokens", lo=1, integer=True)
-    if mt is not None:
+    if mt is not None:  # absent: `fit_context` (chat: the room) or the engines' default
         sp["max_tokens"] = mt
-    elif not chat:
-        sp["max_tokens"] = 16  # OpenAI's (and vLLM's) completions default
     for name, lo in (
         ("temperature", 0.0),
         ("top_p", 0.0),
@@ -163,12 +163,51 @@ def _model(body: Mapping[str, Any]) -> str:
     return model
 
 
+def fit_context(
+    body: Mapping[str, Any],
+    prompts: Sequence[Sequence[int]],
+    params: dict[str, Any],
+    sampler: Sampler,
+    *,
+    chat: bool,
+) -> None:
+    """vLLM's OpenAI server's rule (`get_max_tokens`, its protocol's defaults): a prompt must
+    leave room under `max_model_len`; an asked-for `max_tokens` / `max_completion_tokens` past
+    the room is refused (400 naming the field, the prompt's length, `max_model_len` and the
+    room: never clamped silently); absent, chat gets the room and completions 16 (capped by the
+    room, by the engines: `protocol/token_budget.py`)."""
+    mct = body.get("max_completion_tokens") is not None
+    name = "max_completion_tokens" if mct else "max_tokens"
+    asked = params.get("max_tokens")
+    limit = int(getattr(sampler, "max_model_len", 0) or 0)
+    for i, p in enumerate(prompts):
+        where = "messages" if chat else ("prompt" if len(prompts) == 1 else f"prompt[{i}]")
+        try:
+            b = token_budget.budget(
+                asked,
+                len(p),
+                limit,
+                default=None if chat else token_budget.DEFAULT_MAX_TOKENS,
+                field=name,
+                prompt_field=where,
+                hint="",
+            )
+        except ProtocolError as exc:
+            param = str(exc.details.get("field") or name)
+            raise OpenAIError(400, exc.message, param=param, code="invalid_value") from None
+        if chat and asked is None and limit > 0:
+            params["max_tokens"] = b.max_tokens
+
+
 def chat_request(
     body: Mapping[str, Any],
     sampler: Sampler,
     tool_calls: ToolCalls | None = None,
     session: Session | None = None,
+    *,
+    sample: bool = True,
 ) -> Request:
+    """`sample` False: the prompt only (`/tokenize`), not checked against the context."""
     ignored = request_fields.check(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -206,9 +245,12 @@ def chat_request(
         if not cont.extends:
             cont.prompt = sampler.encode(text, add_special_tokens=special)
     stream, usage = _stream_flags(body)
+    prompts = [cont.prompt if cont else sampler.encode(text, add_special_tokens=special)]
+    if sample:
+        fit_context(body, prompts, params, sampler, chat=True)
     return Request(
         model=_model(body),
-        prompts=[cont.prompt if cont else sampler.encode(text, add_special_tokens=special)],
+        prompts=prompts,
         params=params,
         stream=stream,
         include_usage=usage,
@@ -255,10 +297,12 @@ def completion_request(body: Mapping[str, Any], sampler: Sampler) -> Request:
     echo = bool(body.get("echo"))
     stream, usage = _stream_flags(body)
     want = body.get("logprobs")
+    params = sampling_params(body, chat=False)
+    fit_context(body, prompts, params, sampler, chat=False)
     return Request(
         model=_model(body),
         prompts=prompts,
-        params=sampling_params(body, chat=False),
+        params=params,
         stream=stream,
         include_usage=usage,
         logprobs=want is not None and want is not False,

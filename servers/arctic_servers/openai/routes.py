@@ -231,7 +231,7 @@ class OpenAIRoutes:
         body = await self._body(request)
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         if "messages" in body:
-            req = chat_request({**body, "max_tokens": 1}, sampler)
+            req = chat_request({**body, "max_tokens": 1}, sampler, sample=False)
             ids, ignored = req.prompts[0], req.ignored
         elif isinstance(body.get("prompt"), str):
             ignored = tuple(request_fields.check(body, chat=False))

@@ -29,6 +29,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from ..protocol import token_budget
 from .sampler import NoChatTemplateError, OpenAIError, Sample, StreamEvent, cut_at_stop
 
 __all__ = [
@@ -364,7 +365,9 @@ async def continuation_stream(
     chunk_tokens: int = 4,
 ) -> AsyncIterator[StreamEvent]:
     """One sample streamed `chunk_tokens` at a time through whole-reply generates."""
-    max_tokens = int(params.get("max_tokens") or 16)
+    max_tokens = token_budget.budget(
+        token_budget.requested(params.get("max_tokens")), len(prompt), sampler.max_model_len
+    ).max_tokens
     chunk_tokens = max(1, chunk_tokens)
     if any(params.get(k) for k in NOT_INCREMENTAL):
         samples, whole_version = await sampler.generate([prompt], {**params, "n": 1})

@@ -221,15 +221,16 @@ class ChunkGroups:
                 expected=f"0 <= chunk_idx < {total}",
             )
         size = desc.get("frame_size_bytes")
-        if isinstance(size, int) and size > self.budget.per_job_bytes:
+        cap = min(self.budget.per_job_bytes, self.budget.server_bytes)
+        if isinstance(size, int) and size > cap:
             raise ProtocolError(
                 "frame_too_large",
                 f"chunk group {gid!r} declares a frame of {size} bytes, more than the "
-                f"{self.budget.per_job_bytes} bytes a job's open chunk groups may hold "
-                "(max_open_chunk_bytes_per_job); it could never complete",
+                f"{cap} bytes open chunk groups may hold (max_open_chunk_bytes_per_job, "
+                "max_open_chunk_bytes; the advertised max_frame_bytes); it could never complete",
                 field="op.request_chunk.frame_size_bytes",
                 chunk_group_id=gid,
-                limit=self.budget.per_job_bytes,
+                limit=cap,
             )
         group = self.store.get_group(job_id, gid)
         key = (job_id, gid)

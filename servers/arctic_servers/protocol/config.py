@@ -68,6 +68,15 @@ class ProtocolLimits:
     # it a call is refused with 429 `rate_limited` and `Retry-After` (0 = no bound).
     max_sampling_requests_per_job: int = 256
 
+    @property
+    def frame_bytes(self) -> int:
+        """The largest request frame that can arrive (advertised as `max_frame_bytes`): the
+        codec's `max_frame_bytes`, or less where the chunk budgets cannot hold a group that
+        large (such a group is refused at its first chunk: `chunk_groups.py`)."""
+        return min(
+            self.max_frame_bytes, self.max_open_chunk_bytes_per_job, self.max_open_chunk_bytes
+        )
+
 
 @dataclass(frozen=True)
 class ProtocolConfig:

@@ -173,7 +173,7 @@ class CoreBase:
                 "max_body_bytes": lim.max_body_bytes,
                 "max_chunk_bytes": lim.max_chunk_bytes,
                 "max_header_bytes": lim.max_header_bytes,
-                "max_frame_bytes": lim.max_frame_bytes,
+                "max_frame_bytes": lim.frame_bytes,  # what the chunk budgets let through
                 "max_chunks": lim.max_chunks,
                 "max_tensors": lim.max_tensors,
                 "max_depth": lim.max_depth,

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..engines.fake.sampling import CONTEXT_LENGTH
+
 __all__ = [
     "FAKE_CONTEXT_LENGTH",
     "FAKE_MODEL",
@@ -32,9 +34,9 @@ __all__ = [
     "engine_catalog",
 ]
 
-#: The fake engine's context window (prompt + sampled tokens; a datum's model input): the
-#: fake model has no positions, so the surface gives it one and its jobs enforce it.
-FAKE_CONTEXT_LENGTH = 4096
+#: The fake engine's context window (prompt + sampled tokens; a datum's model input): the fake
+#: model's own (`engines/fake/sampling.py`), which its jobs enforce.
+FAKE_CONTEXT_LENGTH = CONTEXT_LENGTH
 
 
 @dataclass(frozen=True)

@@ -70,10 +70,11 @@ def context_error(what: str, n: int, limit: int, extra: int | None = None) -> Ti
     else:
         msg = (
             "Prompt length plus max_tokens exceeds the model's context window: "
-            f"{n} + {extra} > {limit}"
+            f"{n} + {extra} > {limit} (the prompt leaves room for {max(limit - n, 0)})"
         )
+    room = {} if extra is None else {"room": max(limit - n, 0), "prompt_tokens": n}
     return TinkerError(
-        400, msg, "prompt_too_long", field=what, limit=limit, tokens=n + (extra or 0)
+        400, msg, "prompt_too_long", field=what, limit=limit, tokens=n + (extra or 0), **room
     )
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..protocol import token_budget
+from ..protocol.errors import ProtocolError
 from .backend import Backend
 from .errors import TinkerError
 from .ops import context_error
@@ -83,6 +85,22 @@ def _topk(req: Any, name: str) -> int:
     return k
 
 
+def _max_tokens(value: Any, prompt_len: int, window: int) -> int:
+    """The tinker SDK's `SamplingParams.max_tokens` (None: the room left, as vLLM's chat route)
+    against the room the prompt leaves in the window (`protocol/token_budget.py`): 0, a negative
+    or a non-integer is `invalid_argument`; past the room, Tinker's context-window 400."""
+    field = "sampling_params.max_tokens"
+    try:
+        asked = token_budget.requested(value, field)
+    except ProtocolError as exc:
+        raise TinkerError(400, exc.message, "invalid_argument", field=field) from None
+    if prompt_len >= window:
+        raise context_error("prompt", prompt_len, window, 1)
+    if asked is not None and prompt_len + asked > window:
+        raise context_error("prompt", prompt_len, window, asked)
+    return token_budget.budget(asked, prompt_len, window, default=None).max_tokens
+
+
 def sampling_params(req: Any, prompt_len: int, window: int) -> dict[str, Any]:
     """Our generate's sampling params for a Tinker `SampleRequest` (checked: refusals, the
     context window), with `n` the number of samples to request."""
@@ -101,9 +119,7 @@ def sampling_params(req: Any, prompt_len: int, window: int) -> dict[str, Any]:
             "invalid_argument",
             field="sampling_params.temperature",
         )
-    max_tokens = window - prompt_len if sp.max_tokens is None else int(sp.max_tokens)
-    if max_tokens < 1 or prompt_len + max_tokens > window:
-        raise context_error("prompt", prompt_len, window, max(max_tokens, 1))
+    max_tokens = _max_tokens(sp.max_tokens, prompt_len, window)
     n = int(req.num_samples)
     if n < 1:
         raise TinkerError(

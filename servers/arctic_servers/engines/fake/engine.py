@@ -53,7 +53,8 @@ class FakeEngine(EngineBase):
         self.config: dict[str, Any] = dict(es.get("config") or {})
         self.model_name = str(es.get("model_name") or "")
         self.vocab = int(es.get("vocab_size") or DEFAULT_VOCAB)
-        self.max_seq_len = int(self.config.get("max_seq_len") or 0)
+        # the sampler's context: the sub-job's max_seq_len, else the fake model's
+        self.max_seq_len = sampling.context_length(int(self.config.get("max_seq_len") or 0))
         self.latency: dict[str, float] = {
             str(k): float(v) for k, v in (es.get("latency_s") or {}).items()
         }
@@ -75,7 +76,12 @@ class FakeEngine(EngineBase):
         self._cancel: threading.Event | None = None
 
     def info(self) -> dict[str, Any]:
-        return {"engine": "fake", "role": self.role, "vocab_size": self.vocab}
+        return {
+            "engine": "fake",
+            "role": self.role,
+            "vocab_size": self.vocab,
+            "max_model_len": self.max_seq_len,
+        }
 
     def note(self, meta: Mapping[str, Any], cancel: threading.Event) -> None:
         """Called by the worker host before each command: who asked, and its cancel flag."""
@@ -190,18 +196,24 @@ class FakeEngine(EngineBase):
         strict: bool = False,
         weight_version: int = 0,
         adapter: str = "",
+        clamp_max_tokens: bool = False,
     ) -> dict[str, Any]:
         self._begin(M.GENERATE.python_name)
-        body = {"prompts": list(prompts), "sampling_params": dict(sampling_params or {})}
+        body = {
+            "prompts": list(prompts),
+            "sampling_params": dict(sampling_params or {}),
+            "clamp_max_tokens": clamp_max_tokens,
+        }
         p = sampling.parse_params(body)
         ids_list = sampling.prompt_ids(body, self.vocab, self.max_seq_len)
+        budgets = sampling.budgets(body, ids_list, p, self.max_seq_len)
         seed = p.seed if p.seed is not None else sampling.draw_seed()
         if adapter:  # "base": a LoRA job's base model, version 0 (NUMERICS.md §6)
-            results = sampling.completions(ids_list, p, seed, 0, 0, self.max_seq_len)
+            results = sampling.completions(ids_list, p, seed, 0, 0, budgets)
             return {"results": results, "weight_version": 0}
         self.weight_version = int(weight_version)
         results = sampling.completions(
-            ids_list, p, seed, self.weight_version, self.model_step, self.max_seq_len
+            ids_list, p, seed, self.weight_version, self.model_step, budgets
         )
         return {"results": results, "weight_version": self.weight_version}
 

@@ -1,7 +1,10 @@
 """The fake sampler: `generate` bodies checked and answered with NUMERICS.md §5 samples.
 
 The sampling parameters get the servers' shared checks (`arctic_servers.engines.checks`) first,
-so the fake refuses what the on-prem server refuses; the fake adds its own resource limits.
+so the fake refuses what the on-prem server refuses; the fake adds its own resource limits. Like
+a real engine it has a context: `max_seq_len` when the sub-job sets it, else its model's
+`CONTEXT_LENGTH`; `max_tokens` is checked against the room each prompt leaves in it
+(`protocol.token_budget`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...protocol import fields
+from ...protocol import fields, token_budget
 from ...protocol.errors import ProtocolError
 from .. import checks
 from .. import structured as structured_outputs
@@ -30,7 +33,10 @@ from .numerics import (
     top_logprobs,
 )
 
-DEFAULT_MAX_TOKENS = 16
+#: The fake model's context window (prompt + sampled tokens) when a sub-job sets no
+#: `max_seq_len`: the fake model has no positions, so it is given one, as vLLM's `max_model_len`
+#: defaults to a real model's `max_position_embeddings`.
+CONTEXT_LENGTH = 4096
 MAX_N = 1024
 # Tokens one request may ask for (prompts x n x max_tokens): the fake stays fast.
 MAX_REQUEST_TOKENS = 1 << 20
@@ -50,7 +56,7 @@ class Params:
     """Sampling params with defaults applied."""
 
     n: int = 1
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int | None = None  # None: absent (the default, capped by each prompt's room)
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -82,14 +88,7 @@ def parse_params(body: Mapping[str, Any]) -> Params:
         if n > MAX_N:
             raise _bad("sampling_params.n", f"{n} is not in [1, {MAX_N}]", expected=f"1..{MAX_N}")
         p.n = n
-    mt = _int(sp, "max_tokens")
-    if mt is not None and mt > MAX_REQUEST_TOKENS:
-        raise _bad(
-            "sampling_params.max_tokens",
-            f"{mt} is not in [0, {MAX_REQUEST_TOKENS}]",
-            expected=f"0..{MAX_REQUEST_TOKENS} (0 = 16)",
-        )
-    p.max_tokens = mt or DEFAULT_MAX_TOKENS
+    p.max_tokens = token_budget.requested(sp.get("max_tokens"))
     p.min_tokens = _int(sp, "min_tokens") or 0
     p.stop = [str(s) for s in sp.get("stop") or []]
     p.stop_token_ids = [int(t) for t in sp.get("stop_token_ids") or []]
@@ -126,19 +125,40 @@ def parse_params(body: Mapping[str, Any]) -> Params:
     return p
 
 
+def context_length(max_seq_len: int) -> int:
+    """The sampler's context: the sub-job's `max_seq_len`, else the fake model's."""
+    return max_seq_len or CONTEXT_LENGTH
+
+
+def budgets(
+    body: Mapping[str, Any], prompts: Sequence[Sequence[int]], p: Params, max_seq_len: int
+) -> list[token_budget.Budget]:
+    """Each prompt's `max_tokens` against the room it leaves in the context (refused past it
+    unless `clamp_max_tokens`), and the fake's bound on the tokens of one request."""
+    ctx = context_length(max_seq_len)
+    clamp = bool(body.get("clamp_max_tokens"))
+    out = [
+        token_budget.budget(p.max_tokens, len(ids), ctx, clamp=clamp, prompt_field=f"prompts[{i}]")
+        for i, ids in enumerate(prompts)
+    ]
+    total = sum(b.max_tokens for b in out) * p.n
+    if total > MAX_REQUEST_TOKENS:
+        raise _bad(
+            "sampling_params.max_tokens",
+            f"{len(prompts)} prompts x n {p.n} x max_tokens ask for {total} tokens, more than "
+            f"the fake gateway's {MAX_REQUEST_TOKENS} tokens per request",
+            expected=f"prompts x n x max_tokens <= {MAX_REQUEST_TOKENS}",
+        )
+    return out
+
+
 def prompt_ids(body: Mapping[str, Any], vocab_size: int, max_seq_len: int) -> list[list[int]]:
-    """Token ids of every prompt; text goes through the byte-level tokenizer."""
+    """Token ids of every prompt (text goes through the byte-level tokenizer), each checked
+    against the context with its `max_tokens` (`budgets`)."""
     prompts = body.get("prompts")
     if not isinstance(prompts, list | tuple) or not prompts:
         raise _bad("prompts", "must be a non-empty list", expected="at least one prompt")
     p = parse_params(body)
-    if len(prompts) * p.n * p.max_tokens > MAX_REQUEST_TOKENS:
-        raise _bad(
-            "sampling_params.max_tokens",
-            f"{len(prompts)} prompts x n {p.n} x max_tokens {p.max_tokens} exceeds the "
-            f"fake gateway's {MAX_REQUEST_TOKENS} tokens per request",
-            expected=f"prompts x n x max_tokens <= {MAX_REQUEST_TOKENS}",
-        )
     out: list[list[int]] = []
     for i, pr in enumerate(prompts):
         path = f"prompts[{i}]"
@@ -165,13 +185,8 @@ def prompt_ids(body: Mapping[str, Any], vocab_size: int, max_seq_len: int) -> li
                 f"token id {bad[0]} is outside [0, {vocab_size})",
                 expected=f"ids in [0, {vocab_size})",
             )
-        if max_seq_len and len(ids) >= max_seq_len:
-            raise _bad(
-                path,
-                f"has {len(ids)} tokens; the sampler's max_seq_len is {max_seq_len}",
-                expected=f"fewer than {max_seq_len} tokens",
-            )
         out.append(ids)
+    budgets(body, out, p, max_seq_len)
     return out
 
 
@@ -227,12 +242,10 @@ def sample(
     seed: int,
     weight_version: int,
     model_step: int,
-    max_seq_len: int = 0,
+    budget: int,
 ) -> dict[str, Any]:
-    """One sample (NUMERICS.md §5): tokens, text, finish and stop reasons, log-probs."""
-    budget = p.max_tokens
-    if max_seq_len:
-        budget = min(budget, max_seq_len - len(prompt))
+    """One sample (NUMERICS.md §5) of at most `budget` tokens (its prompt's `max_tokens`,
+    `budgets`): tokens, text, finish and stop reasons, log-probs."""
     s_seed, s_idx = (0, 0) if p.greedy else (seed, idx)
     tokens: list[int] = []
     text_end: int | None = None
@@ -285,16 +298,19 @@ def completions(
     seed: int,
     weight_version: int,
     model_step: int,
-    max_seq_len: int = 0,
+    budgets: Sequence[token_budget.Budget],
 ) -> list[dict[str, Any]]:
-    """`GenerateResult.results`: per prompt its ids, `n` samples and, when asked, the prompt's
-    log-probs (NUMERICS.md §5)."""
+    """`GenerateResult.results`: per prompt its ids, `n` samples of at most its budget's
+    `max_tokens` (`clamped_max_tokens` when it was lowered on request) and, when asked, the
+    prompt's log-probs (NUMERICS.md §5)."""
     out = []
-    for ids in prompts:
+    for ids, b in zip(prompts, budgets, strict=True):
         samples = [
-            sample(ids, k, p, seed, weight_version, model_step, max_seq_len) for k in range(p.n)
+            sample(ids, k, p, seed, weight_version, model_step, b.max_tokens) for k in range(p.n)
         ]
         c: dict[str, Any] = {"prompt_token_ids": list(ids), "samples": samples}
+        if b.clamped:
+            c["clamped_max_tokens"] = b.max_tokens
         if p.prompt_logprobs is not None:
             c["prompt_logprobs"] = [0.0] + [
                 float(token_logprob(ids[i], i, ids[i - 1], model_step)) for i in range(1, len(ids))

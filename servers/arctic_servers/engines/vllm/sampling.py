@@ -26,6 +26,7 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
+from ...protocol import token_budget
 from ...protocol.collective_sync import START_TIMEOUT_S
 from .. import structured
 from ..worker.commands import Command
@@ -236,10 +237,8 @@ class SamplingEngine(VllmScoring, EngineBase):
     def _sampling_params(self, sp: Mapping[str, Any], strict: bool) -> Any:
         from vllm import SamplingParams
 
-        kw: dict[str, Any] = {
-            "n": int(sp.get("n") or 1),
-            "max_tokens": int(sp.get("max_tokens") or 16),
-        }
+        # max_tokens: each prompt's, against its room (`_budgets`)
+        kw: dict[str, Any] = {"n": int(sp.get("n") or 1)}
         for name in ("temperature", "top_p"):
             if sp.get(name) is not None:
                 kw[name] = float(sp[name])
@@ -296,15 +295,26 @@ class SamplingEngine(VllmScoring, EngineBase):
                     field=f"prompts[{i}]",
                 )
             if len(ids) >= self.max_model_len:
-                raise WorkerError(
-                    "invalid_argument",
-                    f"field prompts[{i}]: {len(ids)} tokens leave no room under max_model_len "
-                    f"{self.max_model_len}",
-                    field=f"prompts[{i}]",
-                    expected=f"< {self.max_model_len} tokens",
-                )
+                raise token_budget.no_room(len(ids), self.max_model_len, f"prompts[{i}]")
             out.append(TokensPrompt(prompt_token_ids=ids))
         return out
+
+    def _budgets(
+        self, inputs: Sequence[Any], sp: Mapping[str, Any], clamp: bool
+    ) -> list[token_budget.Budget]:
+        """Each prompt's `max_tokens` against the room it leaves under `max_model_len`: refused
+        past it unless `clamp` (protocol/token_budget.py)."""
+        asked = token_budget.requested(sp.get("max_tokens"))
+        return [
+            token_budget.budget(
+                asked,
+                len(inp["prompt_token_ids"]),
+                self.max_model_len,
+                clamp=clamp,
+                prompt_field=f"prompts[{i}]",
+            )
+            for i, inp in enumerate(inputs)
+        ]
 
     def _batch_generate(
         self,
@@ -312,23 +322,24 @@ class SamplingEngine(VllmScoring, EngineBase):
         sampling_params: Mapping[str, Any],
         strict: bool = False,
         adapter: str = "",
+        clamp_max_tokens: bool = False,
     ) -> tuple[list[Any], list[Any], Finish]:
         params = self._sampling_params(sampling_params or {}, strict)
         inputs = self._prompts(prompts)
-        # clamp max_tokens per prompt so a long prompt is not an engine error
+        budgets = self._budgets(inputs, sampling_params or {}, clamp_max_tokens)
         per_prompt = []
-        for inp in inputs:
-            room = self.max_model_len - len(inp["prompt_token_ids"])
-            if params.max_tokens is not None and params.max_tokens > room:
-                p2 = params.clone()
-                p2.max_tokens = room
-                per_prompt.append(p2)
-            else:
-                per_prompt.append(params)
+        for b in budgets:
+            p2 = params.clone()
+            p2.max_tokens = b.max_tokens
+            per_prompt.append(p2)
         version = 0 if adapter else self.weight_version  # "base": the base model, version 0
 
         def finish(outs: list[Any]) -> dict[str, Any]:
-            return {**self._generate_result(outs, params), "weight_version": version}
+            res = self._generate_result(outs, params)
+            for c, b in zip(res["results"], budgets, strict=True):
+                if b.clamped:
+                    c["clamped_max_tokens"] = b.max_tokens
+            return {**res, "weight_version": version}
 
         return inputs, per_prompt, finish
 
@@ -376,9 +387,8 @@ class SamplingEngine(VllmScoring, EngineBase):
             )
         params = self._sampling_params(sp, False)
         (inp,) = self._prompts([prompt])
-        room = self.max_model_len - len(inp["prompt_token_ids"])
-        if params.max_tokens is None or params.max_tokens > room:
-            params.max_tokens = room
+        (b,) = self._budgets([inp], sp, False)
+        params.max_tokens = b.max_tokens
         return [inp], [params], None
 
     # -- weights, cache, lifecycle -------------------------------------------------------------

@@ -1128,6 +1128,9 @@ class Limits(_message.Message):
     max_chunk_bytes: _builtins.int
     max_header_bytes: _builtins.int
     max_frame_bytes: _builtins.int
+    """The largest reassembled request frame: no more than the chunk budgets below either (a
+    group declaring a larger frame could never complete and is refused at its first chunk).
+    """
     max_chunks: _builtins.int
     max_tensors: _builtins.int
     max_depth: _builtins.int

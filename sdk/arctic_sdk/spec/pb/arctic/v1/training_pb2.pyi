@@ -685,6 +685,12 @@ class SamplingParams(_message.Message):
     top_p: _builtins.float
     top_k: _builtins.int
     max_tokens: _builtins.int
+    """Tokens each sample may have: at least 1 and at most the room each prompt leaves in the
+    sampler's context (`max_model_len` - the prompt's tokens); past the room the request is
+    `invalid_argument` naming the prompt's length, `max_model_len` and the room, unless
+    `GenerateRequest.clamp_max_tokens` is set. Absent = 16, or the room when that is less;
+    0 is refused (it once meant 16).
+    """
     seed: _builtins.int
     logprobs: _builtins.int
     """Log-probs of the generated tokens: 0 = each sampled token's log-prob (`Sample.logprobs`);
@@ -695,7 +701,7 @@ class SamplingParams(_message.Message):
     frequency_penalty: _builtins.float
     repetition_penalty: _builtins.float
     min_tokens: _builtins.int
-    """At most `max_tokens` (absent or 0 = 16)."""
+    """At most `max_tokens` (absent = 16)."""
     ignore_eos: _builtins.bool
     min_p: _builtins.float
     """Min-p sampling: only tokens whose probability is at least `min_p` times the most likely
@@ -895,6 +901,7 @@ class GenerateRequest(_message.Message):
     ROUTING_KEY_FIELD_NUMBER: _builtins.int
     STRICT_FIELD_NUMBER: _builtins.int
     ADAPTER_FIELD_NUMBER: _builtins.int
+    CLAMP_MAX_TOKENS_FIELD_NUMBER: _builtins.int
     routing_key: _builtins.str
     """Requests with the same routing key go to the same replica (prefix-cache reuse)."""
     strict: _builtins.bool
@@ -903,6 +910,11 @@ class GenerateRequest(_message.Message):
     """Which weights sample (PROTOCOL.md §3.6): "" = the job's current weights (a LoRA job: the
     base model with its latest synced adapter); "base" = the base model without the adapter
     (a LoRA job only; `weight_version` 0). Anything else is `invalid_argument`.
+    """
+    clamp_max_tokens: _builtins.bool
+    """A `sampling_params.max_tokens` larger than the room a prompt leaves in the sampler's context
+    (`max_model_len` - its tokens) is lowered to that room for that prompt, and its `Completion`
+    says so (`clamped_max_tokens`), instead of being refused with `invalid_argument`.
     """
     @_builtins.property
     def prompts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Prompt]: ...
@@ -918,10 +930,11 @@ class GenerateRequest(_message.Message):
         routing_key: _builtins.str = ...,
         strict: _builtins.bool = ...,
         adapter: _builtins.str = ...,
+        clamp_max_tokens: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling_params", b"sampling_params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "prompts", b"prompts", "routing_key", b"routing_key", "sampling_params", b"sampling_params", "strict", b"strict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "clamp_max_tokens", b"clamp_max_tokens", "prompts", b"prompts", "routing_key", b"routing_key", "sampling_params", b"sampling_params", "strict", b"strict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -985,6 +998,11 @@ class Completion(_message.Message):
     SAMPLES_FIELD_NUMBER: _builtins.int
     PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
     PROMPT_TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    CLAMPED_MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    clamped_max_tokens: _builtins.int
+    """When `GenerateRequest.clamp_max_tokens` lowered this prompt's `max_tokens`: the value its
+    samples ran with (the room its prompt left in the context). 0 = not lowered.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1009,10 +1027,11 @@ class Completion(_message.Message):
         samples: _abc.Iterable[Global___Sample] | None = ...,
         prompt_logprobs: _abc.Iterable[_builtins.float] | None = ...,
         prompt_top_logprobs: _abc.Iterable[Global___TopLogprobs] | None = ...,
+        clamped_max_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_logprobs", b"prompt_logprobs", "prompt_token_ids", b"prompt_token_ids", "prompt_top_logprobs", b"prompt_top_logprobs", "samples", b"samples"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clamped_max_tokens", b"clamped_max_tokens", "prompt_logprobs", b"prompt_logprobs", "prompt_token_ids", b"prompt_token_ids", "prompt_top_logprobs", b"prompt_top_logprobs", "samples", b"samples"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
