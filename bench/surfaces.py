@@ -19,6 +19,8 @@ answer:
 
 Each row: median and p90 latency over the timed calls (after warm-up calls), and `x native`:
 the median over its baseline's median (the surface's overhead as a factor: 1.0 = free).
+Target (issue 32; reported, not asserted): the Tinker row at least 2x faster than before the
+surface called the core in process (bench/README.md: before and after).
 """
 
 from __future__ import annotations
