@@ -45,6 +45,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "sdk"), str(ROOT / "servers")]
 
+from bench.common.workers import kill_workers  # noqa: E402
+
 TOKEN = "bench-token"
 MODEL = "fake-model"
 TOKENS = list(range(5, 22))  # a datum of 16 input tokens and 16 targets
@@ -88,6 +90,7 @@ def gateway(tmp: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        kill_workers(tmp)  # the worker hosts outlive the gateway by design
         log.close()
 
 
