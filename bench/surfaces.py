@@ -45,11 +45,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "sdk"), str(ROOT / "servers")]
 
+from arctic_sdk.spec.tables import methods as M  # noqa: E402
 from bench.common.workers import kill_workers  # noqa: E402
 
 TOKEN = "bench-token"
 MODEL = "fake-model"
 TOKENS = list(range(5, 22))  # a datum of 16 input tokens and 16 targets
+FB, GEN = M.FORWARD_BACKWARD.python_name, M.GENERATE.python_name  # the rows' names
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
@@ -141,10 +143,8 @@ def bench_native(base: str, n: int, warm: int) -> dict[str, list[float]]:
         body = fb_body()
         params = {"max_tokens": 3, "seed": 1, "temperature": 1.0}
         return {
-            "forward_backward": timed(lambda: c.forward_backward(body), n, warm),
-            "generate": timed(
-                lambda: c.generate(prompts=[[5, 6, 7, 8]], sampling_params=params), n, warm
-            ),
+            FB: timed(lambda: c.forward_backward(body), n, warm),
+            GEN: timed(lambda: c.generate(prompts=[[5, 6, 7, 8]], sampling_params=params), n, warm),
         }
 
 
@@ -213,10 +213,10 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, {n} timed calls each"
     )
     print(f"{'call':<40} {'median':>12} {'p90':>12} {'x native':>8}")
-    print(row("arctic.v1 forward_backward (arctic_sdk)", native["forward_backward"], None))
-    print(row("tinker forward_backward", tink, native["forward_backward"]))
-    print(row("arctic.v1 generate (arctic_sdk)", native["generate"], None))
-    print(row("openai chat.completions (3 tokens)", chat, native["generate"]))
+    print(row(f"arctic.v1 {FB} (arctic_sdk)", native[FB], None))
+    print(row(f"tinker {FB}", tink, native[FB]))
+    print(row(f"arctic.v1 {GEN} (arctic_sdk)", native[GEN], None))
+    print(row("openai chat.completions (3 tokens)", chat, native[GEN]))
 
 
 if __name__ == "__main__":
