@@ -40,6 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "sdk"), str(ROOT / "servers")]
 import dssst1  # noqa: E402
 from arctic_sdk.spec.model import MethodInfo  # noqa: E402
 from arctic_sdk.spec.tables import methods as M  # noqa: E402
+from bench.common.workers import kill_workers  # noqa: E402
 
 TOKEN = "bench-token"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -198,18 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(30)
             proc.kill()
-            _kill_workers(tmp)
+            kill_workers(tmp)
     print(json.dumps(result))
     return 0
-
-
-def _kill_workers(tmp: Path) -> None:
-    """Workers of jobs that were not cancelled (an aborted run): found by the temp dir."""
-    for p in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            cmd = (p / "cmdline").read_bytes()
-            if b"worker_host" in cmd and str(tmp).encode() in cmd:
-                os.killpg(int(p.name), signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -32,12 +32,12 @@ class TinkerServer:
 
 
 def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
-    """The Tinker routes (`settings`) in front of a fake gateway (admin on: tests read its
-    jobs' state)."""
+    """The Tinker routes (`settings`) over a fake gateway's protocol core, in process, on the
+    fake's event loop (admin on: tests read its jobs' state)."""
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with BackgroundFake(tokens=(TOKEN, OTHER_TOKEN), grpc=False, admin=True) as fake:
         runner, url, routes = fake.run(
-            start_tinker_server(fake.base_url, settings, tokens=[TOKEN, OTHER_TOKEN])
+            start_tinker_server(fake.core, settings, tokens=[TOKEN, OTHER_TOKEN])
         )
         try:
             yield TinkerServer(url, routes, fake)

@@ -24,6 +24,9 @@ class IncomingCall:
     body: bytes | memoryview | None = None  # JSON text or one DSSST1 frame
     value: Any = None  # an already-decoded body (gRPC unary messages)
     accept_octet: bool = False
+    # transport "inproc" (`inproc.py`): `value` is the body as decoded values (tensors as arrays,
+    # no frame), and the result value is put in this box as the servicer answered it
+    result_box: dict[str, Any] | None = None
     # The server's id of this call (`X-Request-Id`, logs, spans); a recorded request answers
     # its own id instead (`Outcome.request_id`).
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

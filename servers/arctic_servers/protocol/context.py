@@ -28,3 +28,6 @@ class CallContext:
     # its engine, never run again.
     resumed: bool = False
     recovered: bool = False
+    # An in-process caller's box (`inproc.py`): the request's result value is put in it as the
+    # servicer answered it, so the caller reads it without decoding the recorded frame.
+    result_box: dict[str, Any] | None = field(default=None, repr=False)

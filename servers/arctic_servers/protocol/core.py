@@ -90,6 +90,7 @@ class ProtocolCore(Durable, Polls):
             transport=call.transport,
             headers=dict(call.headers),
             query={k: v for k, v in call.query.items()},
+            result_box=call.result_box,
         )
         if method is M.GET_CAPABILITIES:
             return Outcome(200, method, value=self.capabilities())
@@ -175,8 +176,12 @@ class ProtocolCore(Durable, Polls):
         method = call.method
         assert ctx.job_id is not None
         kind, identity, body_hash, group = "", "", "", ""
-        # gRPC carries every op's body as chunk frames, a JSON body as a tensor-free value (§4.3).
-        if method.body is BodyKind.DSSST1 or call.transport == "grpc":
+        ctx_frame: bytes | None = None  # the body's frame, kept by a durable store
+        # gRPC carries every op's body as chunk frames, a JSON body as a tensor-free value (§4.3);
+        # an in-process call (`inproc.py`) its body as values: the limits on a decoded body
+        if call.transport == "inproc":
+            body = self._inproc_body(call)
+        elif method.body is BodyKind.DSSST1 or call.transport == "grpc":
             if call.body is None:
                 raise ProtocolError("missing_field", "the DSSST1 body is empty", field="body")
             step = self._accept_chunk(ctx.job_id, method, call.body)
@@ -203,9 +208,7 @@ class ProtocolCore(Durable, Polls):
             assert step.frame is not None
             body = self._decode(step.frame)
             if method.body is BodyKind.DSSST1 and self.requests.durable:
-                ctx_frame: bytes | None = bytes(step.frame)
-            else:
-                ctx_frame = None
+                ctx_frame = bytes(step.frame)
             group = step.group_id
             if step.group_id:
                 kind, identity, body_hash = "group", step.group_id, step.frame_sha256
@@ -217,7 +220,6 @@ class ProtocolCore(Durable, Polls):
                 body = self._params_body(call, dict(body))
         else:
             body = self._params_body(call, dict(self._json_body(call)))
-            ctx_frame = None
         keyed = ctx.idempotency_key and method.idempotency is Idempotency.KEYED
         if keyed and method.body is not BodyKind.DSSST1:
             kind, identity = "key", str(ctx.idempotency_key)
@@ -236,6 +238,16 @@ class ProtocolCore(Durable, Polls):
                 # start the group afresh, not find it completed with no request
                 self.groups.reset(ctx.job_id, group)
             raise
+
+    def _inproc_body(self, call: IncomingCall) -> dict[str, Any]:
+        """The body of an in-process call: a value, under the limits a decoded body meets."""
+        if not isinstance(call.value, dict):
+            raise ProtocolError(
+                "invalid_json", f"the body must be an object, got {type(call.value).__name__}"
+            )
+        input_limits.check_value(call.value, self.config.limits.max_depth + 1)
+        body = dict(call.value)
+        return body if call.method.body is BodyKind.DSSST1 else self._params_body(call, body)
 
     def _accept_chunk(
         self, job_id: str, method: MethodInfo, frame: bytes | memoryview

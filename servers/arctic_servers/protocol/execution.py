@@ -182,6 +182,8 @@ class Execution(CoreBase):
                 faultpoints.hit("request_started")
             with tracing.span("arctic.execute"):
                 result = await self._invoke(method, ctx, body)
+            if ctx.result_box is not None:  # an in-process caller reads the value itself
+                ctx.result_box["value"] = result
             faultpoints.hit("request_executed")
             rec.result_frame = dssst1.dumps(result)
             move_request(rec, "completed")
@@ -318,6 +320,20 @@ class Execution(CoreBase):
         elif event is not None:
             await event.wait()
         return self._record(rec.job_id, rec.request_id)
+
+    async def wait_terminal(self, rec: RequestRecord) -> RequestRecord:
+        """The request `rec` once it ended (an in-process caller's wait: no poll interval while
+        it runs here), marked fetched as a poll that saw it end would."""
+        event = self._done.get((rec.job_id, rec.request_id))
+        if event is not None:
+            await event.wait()
+        fresh = self.requests.get(rec.job_id, rec.request_id) or rec
+        while not fresh.terminal:  # not run by this process's task (taken up after a restart)
+            await asyncio.sleep(0.05)
+            fresh = self.requests.get(rec.job_id, rec.request_id) or fresh
+        if fresh.fetched_at is None:
+            self.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
+        return fresh
 
     # ------------------------------------------------------------------ result events
 

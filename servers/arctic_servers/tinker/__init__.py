@@ -5,9 +5,10 @@
 Mounted by the on-prem server and the gateway beside the protocol, as `arctic_servers.openai`
 is: `ServiceClient(base_url="http://HOST:PORT")` then trains and samples on the server's jobs.
 Modules: `wire` (the SDK's protobuf bodies), `losses` (Tinker's losses on ours), `ops` (each
-Tinker op on our ops), `state` (sessions, models, futures), `backend` (our protocol client),
-`base` (auth, bodies, errors of every route), `routes` (service, sessions, sampling, futures),
-`train_routes` (training), `rest` (REST listings), `cli` (the `--tinker-*` flags).
+Tinker op on our ops), `state` (sessions, models, futures), `backend` (our ops on the server's
+protocol core, in process), `base` (auth, bodies, errors of every route), `routes` (service,
+sessions, sampling, futures), `train_routes` (training), `rest` (REST listings), `cli` (the
+`--tinker-*` flags).
 """
 
 from __future__ import annotations

@@ -1,47 +1,44 @@
-"""The protocol side of the Tinker surface: our own ops, called through `arctic_sdk.AsyncClient`
-on the server's own protocol endpoint, with the caller's token.
+"""The protocol side of the Tinker surface: our own ops, as arctic.v1 bodies handed to the
+server's protocol core in this process (`protocol/inproc.py`), with the caller's token.
 
-So a Tinker call is served by the same jobs, engines and protocol core (auth, validation,
-sequencing, the per-loss field rules) as a native call — on the on-prem server, the gateway or
-the fake gateway alike; nothing of the protocol is re-implemented here.
+So a Tinker call is served by the same core (auth, input limits, the field rules, the servicer's
+per-op checks, idempotency, the request record), jobs and engines as a native call — on the
+on-prem server, the gateway or the fake gateway alike — without an HTTP hop or a DSSST1 frame:
+the arrays the surface builds are the arrays the servicer reads. Nothing of the protocol is
+re-implemented here. The order of a model's calls is the surface's (`state.Model`, Tinker's
+`seq_id` turns): each call is awaited before the model's next turn starts, so its calls carry
+no `X-Arctic-Seq`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
-from arctic_sdk import AsyncClient, CallOptions
+from arctic_sdk.spec.tables import methods as M
+
+from ..protocol.core import ProtocolCore
+from ..protocol.inproc import CoreCalls
 
 __all__ = ["Backend"]
 
 
 class Backend:
-    """Protocol calls for one server; `url()` answers its protocol base URL (known once the
-    listener is bound)."""
+    """Protocol calls on one server's core."""
 
-    def __init__(self, url: Callable[[], str]) -> None:
-        self._url = url
-        self._clients: dict[str | None, AsyncClient] = {}
-
-    def client(self, token: str | None) -> AsyncClient:
-        c = self._clients.get(token)
-        if c is None:
-            c = AsyncClient(self._url(), token=token or "tinker-anonymous", timeout=600)
-            self._clients[token] = c
-        return c
+    def __init__(self, core: ProtocolCore) -> None:
+        self.calls = CoreCalls(core)
 
     async def create_job(
         self, token: str | None, body: Mapping[str, Any], key: str | None = None
     ) -> str:
         """Create the job and wait for it to run; `key` its Idempotency-Key (a resent create
         answers the same job)."""
-        c = self.client(token)
-        res = await c.create_job(cast(Any, dict(body)), options=CallOptions(idempotency_key=key))
+        res = await self.calls.call(M.CREATE_JOB, token, body, key=key)
         job_id = str(res["job_id"])
         for _ in range(3600):
-            job = (await c.get_job(job_id=job_id))["job"]
+            job = (await self.calls.call(M.GET_JOB, token, job_id=job_id))["job"]
             state = str(job.get("state", "")).lower()
             if state.endswith("running"):
                 return job_id
@@ -53,10 +50,8 @@ class Backend:
     async def forward_backward(
         self, token: str | None, job_id: str, body: Mapping[str, Any], *, forward_only: bool
     ) -> Any:
-        c = self.client(token)
-        if forward_only:
-            return await c.forward(cast(Any, dict(body)), job_id=job_id)
-        return await c.forward_backward(cast(Any, dict(body)), job_id=job_id)
+        method = M.FORWARD if forward_only else M.FORWARD_BACKWARD
+        return await self.calls.call(method, token, body, job_id=job_id)
 
     async def step(
         self,
@@ -66,43 +61,35 @@ class Backend:
         adam: Mapping[str, float] | None = None,
         key: str | None = None,
     ) -> Any:
-        return await self.client(token).step(
-            learning_rate=lr,
-            adam=cast(Any, dict(adam)) if adam else None,
-            job_id=job_id,
-            options=CallOptions(idempotency_key=key),
-        )
+        body: dict[str, Any] = {"learning_rate": lr}
+        if adam:
+            body["adam"] = dict(adam)
+        return await self.calls.call(M.STEP, token, body, job_id=job_id, key=key)
 
     async def sync(self, token: str | None, job_id: str) -> int:
-        res = await self.client(token).sync_weights(job_id=job_id)
+        res = await self.calls.call(M.SYNC_WEIGHTS, token, {}, job_id=job_id)
         return int(res.get("weight_version") or 0)
 
     async def save(self, token: str | None, job_id: str, checkpoint_id: str) -> Any:
-        return await self.client(token).save_checkpoint(
-            checkpoint_id=checkpoint_id, checkpoint_type="resumable", job_id=job_id
-        )
+        body = {"checkpoint_id": checkpoint_id, "checkpoint_type": "resumable"}
+        return await self.calls.call(M.SAVE_CHECKPOINT, token, body, job_id=job_id)
 
     async def load(
         self, token: str | None, job_id: str, checkpoint_id: str, source_job_id: str
     ) -> Any:
-        kw: dict[str, Any] = {"checkpoint_id": checkpoint_id, "job_id": job_id}
+        body = {"checkpoint_id": checkpoint_id}
         if source_job_id != job_id:
-            kw["source_job_id"] = source_job_id
-        return await self.client(token).load_checkpoint(**kw)
+            body["source_job_id"] = source_job_id
+        return await self.calls.call(M.LOAD_CHECKPOINT, token, body, job_id=job_id)
 
     async def generate(
         self, token: str | None, job_id: str, prompt: list[int], params: Mapping[str, Any]
     ) -> Any:
-        return await self.client(token).generate(
-            prompts=[prompt],
-            sampling_params=cast(Any, dict(params)),
-            job_id=job_id,
-        )
+        body = {"prompts": [prompt], "sampling_params": dict(params)}
+        return await self.calls.call(M.GENERATE, token, body, job_id=job_id)
 
     async def cancel(self, token: str | None, job_id: str) -> None:
-        await self.client(token).cancel_job(job_id=job_id)
+        await self.calls.call(M.CANCEL_JOB, token, job_id=job_id)
 
     async def close(self) -> None:
-        for c in self._clients.values():
-            await c.close()
-        self._clients.clear()
+        """Nothing to close: no connections (kept for the surface's shutdown path)."""

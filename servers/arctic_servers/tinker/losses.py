@@ -234,12 +234,20 @@ def surrogate(fb: FwdBwd, grads: Sequence[np.ndarray] | None) -> dict[str, Any]:
     return _body(kwargs, {"weights": weights}, "cross_entropy", {"loss_agg_mode": "sum"})
 
 
+def _array(v: Any) -> np.ndarray:
+    """A result tensor as float32 NumPy: results reach the surface as the servicer returned
+    them (`backend.py`), a NumPy array or, from an engine in this process, a torch tensor."""
+    if hasattr(v, "detach"):  # torch (also bf16, which NumPy lacks)
+        v = v.detach().float().cpu().numpy()
+    return np.asarray(v, dtype=np.float32)
+
+
 METRIC_REDUCTIONS = {"num_tokens": "sum", "clip_fraction": "mean", "approx_kl": "mean"}
 
 
 def logprobs_of(result: Mapping[str, Any], lens: Sequence[int]) -> list[np.ndarray]:
     """Each datum's target log-probs [N] in a forward(-backward) result."""
-    lp = np.asarray((result.get("outputs") or {}).get("logprobs_shifted"), dtype=np.float32)
+    lp = _array((result.get("outputs") or {}).get("logprobs_shifted"))
     if lp.ndim != 2 or lp.shape[0] != len(lens):
         raise TinkerError(502, f"the trainer answered log-probs of shape {lp.shape}", "internal")
     return [lp[i, :n].copy() for i, n in enumerate(lens)]

@@ -3,10 +3,11 @@
 The paths (`route_table.ROUTES`) are registered at start; the surface itself (`TinkerRoutes`,
 which imports the `tinker` package and, through it, torch: about 3 s of CPU) is built on the
 first Tinker request, off the event loop, so a server that no Tinker client calls starts
-without it. Its protocol calls go to this same listener (the address that first request came
-in on), with the caller's token. Without the `tinker` package (the `[tinker]` extra) the routes
-under `/api/v1/` answer 404 `unimplemented` naming the extra: a status the SDK does not retry
-(it retries every 5xx for 300 s), so a client fails at its first call, in seconds.
+without it. Its protocol calls go to the app's protocol core in this process (`backend.py`,
+`protocol/inproc.py`), with the caller's token. Without the `tinker` package (the `[tinker]`
+extra) the routes under `/api/v1/` answer 404 `unimplemented` naming the extra: a status the
+SDK does not retry (it retries every 5xx for 300 s), so a client fails at its first call, in
+seconds.
 
 The server's models (`catalog.py`) also serve their tokenizer files under `/hf/`
 (`hf_files.py`), so `get_tokenizer()` works by the server's model names.
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..protocol.core import ProtocolCore
+from ..protocol.http_app import CORE_KEY
 from .auth import NO_TOKEN, caller_token
 from .catalog import Catalog
 from .hf_files import add_hf_routes
@@ -45,11 +48,14 @@ class LazyTinker:
     """The Tinker surface of one app, built once, on its first request."""
 
     def __init__(
-        self, settings: TinkerSettings, tokens: Iterable[str], token_sha256: Iterable[str]
+        self,
+        settings: TinkerSettings,
+        core: ProtocolCore,
+        tokens: Iterable[str],
+        token_sha256: Iterable[str],
     ) -> None:
-        self.settings = settings
+        self.settings, self.core = settings, core
         self.tokens, self.token_sha256 = tuple(tokens), tuple(token_sha256)
-        self.base_url = ""
         self.routes: TinkerRoutes | None = None
         self._handlers: dict[int, Callable[[web.Request], Any]] = {}
         self._lock = asyncio.Lock()
@@ -58,7 +64,6 @@ class LazyTinker:
         if self.routes is None:
             async with self._lock:
                 if self.routes is None:
-                    self.base_url = self.base_url or _address(request)
                     self.routes = await asyncio.to_thread(self._build)
         return self.routes
 
@@ -67,7 +72,7 @@ class LazyTinker:
         from .routes import TinkerRoutes
 
         log.info("Tinker surface built on its first request")
-        backend = Backend(lambda: self.base_url)
+        backend = Backend(self.core)
         return TinkerRoutes(backend, self.settings, self.tokens, self.token_sha256)
 
     def handler(self, index: int, pick: Callable[[TinkerRoutes], Handler]) -> Any:
@@ -90,14 +95,6 @@ class LazyTinker:
             await self.routes.close()
 
 
-def _address(request: web.Request) -> str:
-    sock = request.transport.get_extra_info("sockname") if request.transport else None
-    if not sock:
-        raise RuntimeError("the Tinker surface's first request has no socket address")
-    host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
-    return f"http://{host}:{sock[1]}"
-
-
 def mount(
     app: web.Application,
     settings: TinkerSettings | None = None,
@@ -106,11 +103,12 @@ def mount(
     token_sha256: Iterable[str] = (),
     catalog: Catalog | None = None,
     state_path: str | None = None,
+    core: ProtocolCore | None = None,
 ) -> LazyTinker | None:
-    """Serve Tinker's `/api/v1/...` on `app` (and `/hf/` for `catalog`'s models, the models
-    the server's engines serve: `catalog.py`), keeping its state in `state_path` (`store.py`);
-    the `LazyTinker` (its `routes` once a Tinker request came), or None when the tinker
-    package is missing."""
+    """Serve Tinker's `/api/v1/...` on `app` over its protocol core (`core`, default the one
+    `make_app` put on `app`), and `/hf/` for `catalog`'s models, the models the server's engines
+    serve (`catalog.py`), keeping its state in `state_path` (`store.py`); the `LazyTinker` (its
+    `routes` once a Tinker request came), or None when the tinker package is missing."""
     if importlib.util.find_spec("tinker") is None:
 
         async def missing(request: web.Request) -> web.Response:
@@ -127,7 +125,7 @@ def mount(
         settings = dataclasses.replace(settings, catalog=catalog)
     if state_path is not None and settings.state_path is None:  # the server's data directory
         settings = dataclasses.replace(settings, state_path=state_path)
-    lazy = LazyTinker(settings, tokens, token_sha256)
+    lazy = LazyTinker(settings, core or app[CORE_KEY], tokens, token_sha256)
     for index, (method, path, pick) in enumerate(ROUTES):
         app.router.add_route(method, P + path, lazy.handler(index, pick))
     if settings.catalog is not None:

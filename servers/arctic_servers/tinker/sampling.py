@@ -197,7 +197,9 @@ class Sampler:
             if reason == "abort":
                 raise TinkerError(503, "the sampler aborted the request", "unavailable")
             top = s.get("top_logprobs") if params["logprobs"] else None
-            seqs.append((s.get("token_ids") or [], s.get("logprobs"), reason, top))
+            lps = s.get("logprobs")
+            lps = lps.tolist() if hasattr(lps, "tolist") else lps  # an array: its values
+            seqs.append(([int(t) for t in _seq(s.get("token_ids"))], lps, reason, top))
         n = int(req.num_samples)
         if len(seqs) == 1 and n > 1:  # greedy: the one sample, n times
             seqs = seqs * n
@@ -214,11 +216,17 @@ class Sampler:
         if "prompt_logprobs" in params:
             last_n = req.prompt_logprobs_last_n
             keep = len(prompt) - int(last_n) if last_n is not None else 1
-            raw = list(comp.get("prompt_logprobs") or [])
+            raw = list(_seq(comp.get("prompt_logprobs")))
             if req.prompt_logprobs:
                 extra["prompt_logprobs"] = [None if i < keep else v for i, v in enumerate(raw)]
             if params["prompt_logprobs"]:
-                tops = list(comp.get("prompt_top_logprobs") or [])
+                tops = list(_seq(comp.get("prompt_top_logprobs")))
                 extra["topk_prompt"] = [None if i < keep else t for i, t in enumerate(tops)]
                 extra["k"] = params["prompt_logprobs"]
         return seqs, extra
+
+
+def _seq(v: Any) -> Any:
+    """A result's list as the servicer answered it (a list, or an array: results reach the
+    surface as the servicer's values, `backend.py`); none: empty."""
+    return () if v is None else v

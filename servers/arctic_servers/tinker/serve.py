@@ -1,5 +1,5 @@
-"""A standalone Tinker server in front of a protocol server (tests); a protocol server mounts
-the surface with `mount.mount` instead."""
+"""The Tinker surface on a listener of its own over a protocol core of this process (tests); a
+protocol server mounts the surface on its own listener with `mount.mount` instead."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
-from ..protocol.config import ProtocolLimits
+from ..protocol.core import ProtocolCore
 from .backend import Backend
 from .routes import TinkerRoutes, add_tinker_routes
 from .settings import TinkerSettings
@@ -16,17 +16,18 @@ __all__ = ["start_tinker_server"]
 
 
 async def start_tinker_server(
-    protocol_url: str,
+    core: ProtocolCore,
     settings: TinkerSettings,
     *,
     tokens: Iterable[str] = (),
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> tuple[web.AppRunner, str, TinkerRoutes]:
-    """A standalone Tinker service in front of a protocol server at `protocol_url` (tests)."""
+    """The Tinker routes on their own listener, calling `core` in process (run it on the
+    core's event loop)."""
     # the protocol's body limit (PROTOCOL.md §13), after decoding, as on our servers
-    app = web.Application(client_max_size=ProtocolLimits().max_body_bytes + 1)
-    routes = add_tinker_routes(app, Backend(lambda: protocol_url), settings, tokens)
+    app = web.Application(client_max_size=core.config.limits.max_body_bytes + 1)
+    routes = add_tinker_routes(app, Backend(core), settings, tokens)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

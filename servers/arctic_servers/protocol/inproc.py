@@ -1,0 +1,72 @@
+"""The in-process binding: a surface served by this server (Tinker's routes) calls the protocol
+core as the HTTP and gRPC bindings do, without a socket, an HTTP hop or a DSSST1 frame.
+
+A call is an `IncomingCall` of transport "inproc" whose body is a value (tensors as the
+surface's arrays), carrying the caller's token and idempotency key as headers; the core runs it
+as any call — auth, input limits, the field rules (`validate.py`), the servicer's checks,
+idempotency, the request record (and its durable copy), per-token limits — and this binding
+waits for the request to end (no poll interval) and answers its result as the servicer
+returned it, or raises its error as the `ProtocolError` a remote client would have read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import dssst1
+from arctic_sdk.spec.model import MethodInfo
+
+from .calls import IncomingCall
+from .core import ProtocolCore
+from .errors import ProtocolError
+
+__all__ = ["CoreCalls"]
+
+
+class CoreCalls:
+    """Calls of one core on behalf of callers identified by their tokens."""
+
+    def __init__(self, core: ProtocolCore) -> None:
+        self.core = core
+
+    async def call(
+        self,
+        method: MethodInfo,
+        token: str | None,
+        body: Mapping[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        key: str | None = None,
+    ) -> Any:
+        """Run `method` with `body` as the caller `token` (on `job_id`; `key` its
+        Idempotency-Key) and answer its result value."""
+        headers = {}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        if key:
+            headers["idempotency-key"] = key
+        box: dict[str, Any] = {}
+        call = IncomingCall(
+            method=method,
+            transport="inproc",
+            headers=headers,
+            path_params={"job_id": job_id} if job_id else {},
+            value=dict(body or {}),
+            result_box=box,
+        )
+        outcome = await self.core.handle(call)
+        if outcome.record is None:  # the control plane, or a cached answer
+            return outcome.value
+        rec = await self.core.wait_terminal(outcome.record)
+        if rec.status == "completed":
+            if "value" in box:  # ran for this call: the servicer's own value
+                return box["value"]
+            assert rec.result_frame is not None  # an earlier run's (a keyed replay)
+            return dssst1.loads(rec.result_frame)
+        err = rec.error or {}
+        code = str(err.get("code") or "internal")
+        details = {
+            k: v for k, v in (err.get("details") or {}).items() if k not in ("code", "message")
+        }
+        raise ProtocolError(code, str(err.get("message") or rec.status), **details)
