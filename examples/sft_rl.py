@@ -20,7 +20,8 @@ through `arctic_sdk.AsyncClient`:
    problem on the sampling sub-job; exact match against the sum.
 
 It shows a progress bar per phase, writes `OUT/main_job.png` (held-out accuracy over steps: SFT,
-then the RL arm and the control) and `OUT/main_job.json` (every curve), and ends with the lines
+then the RL arm and the control) and `OUT/main_job.json` (every curve), prints one `check:` line
+per guarantee (`checks`; exit status 1 when one fails; not with `--smoke`) and ends with the lines
 
     sft: held-out accuracy A0 -> A1
     rl: held-out accuracy A1 -> A2
@@ -366,6 +367,30 @@ def summary(curves: dict[str, Curve]) -> list[str]:
     ]
 
 
+#: The story the full run must tell on any CPU (README "Main job"): SFT leaves room, RL gains
+#: clearly, the lr = 0 control stays where SFT left it.
+SFT_RANGE = (0.2, 0.6)
+RL_GAIN = 0.15
+CONTROL_DRIFT = 0.02
+
+
+def checks(curves: dict[str, Curve]) -> list[tuple[str, bool]]:
+    """Each guarantee of the full run, and whether this run met it."""
+    a1, a2, a3 = curves["sft"].last, curves["rl"].last, curves["control"].last
+    lo, hi = SFT_RANGE
+    return [
+        (f"SFT leaves room: A1 {a1:.3f} in [{lo}, {hi}]", lo <= a1 <= hi),
+        (
+            f"RL gains: A2 {a2:.3f} >= A1 + {RL_GAIN} = {a1 + RL_GAIN:.3f}",
+            a2 >= a1 + RL_GAIN - 1e-9,
+        ),
+        (
+            f"control flat: |A3 - A1| = {abs(a3 - a1):.3f} <= {CONTROL_DRIFT}",
+            abs(a3 - a1) <= CONTROL_DRIFT + 1e-9,
+        ),
+    ]
+
+
 async def amain(args: argparse.Namespace) -> int:
     r = Recipe.smoke() if args.smoke else Recipe()
     r.seed = args.seed
@@ -388,8 +413,12 @@ async def amain(args: argparse.Namespace) -> int:
         f"curves: {args.out}/main_job.png",
         flush=True,
     )
+    results = checks(curves)
+    if not args.smoke:  # CI sizes make no claims
+        for text, ok in results:
+            print(f"check: {text}: {'ok' if ok else 'FAILED'}", flush=True)
     print("\n".join(summary(curves)), flush=True)
-    return 0
+    return 0 if args.smoke or all(ok for _, ok in results) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

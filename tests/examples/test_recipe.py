@@ -59,3 +59,26 @@ def test_rl_learning_rate_warms_up_then_decays() -> None:
     assert f[34] == pytest.approx(0.55)  # half-way through the decay: the mean of 1 and 0.1
     r.override(["rl_final_lr=1"])
     assert {lr_factor(r, s) for s in range(10, 61)} == {1.0}  # no decay
+
+
+def test_checks_name_each_guarantee_and_fail_outside_it() -> None:
+    from sft_rl import Curve, checks
+
+    def run(a1: float, a2: float, a3: float) -> list[bool]:
+        c = {k: Curve(steps=[0, 1], accuracy=[0.0, a]) for k, a in (("sft", a1), ("rl", a2))}
+        c["control"] = Curve(steps=[0, 1], accuracy=[a1, a3])
+        return [ok for _, ok in checks(c)]
+
+    assert run(0.4, 0.55, 0.4) == [True, True, True]
+    assert run(0.2, 0.35, 0.22) == [True, True, True]  # every edge is inside
+    assert run(0.6, 0.9, 0.58) == [True, True, True]
+    assert run(0.61, 0.9, 0.61) == [False, True, True]  # SFT left too little room
+    assert run(0.19, 0.5, 0.19) == [False, True, True]
+    assert run(0.4, 0.545, 0.4) == [True, False, True]  # RL gained 0.145
+    assert run(0.4, 0.6, 0.425) == [True, True, False]  # the control moved
+    texts = [t for t, _ in checks({"sft": Curve(accuracy=[0.0, 0.4]),
+                                   "rl": Curve(accuracy=[0.4, 0.6]),
+                                   "control": Curve(accuracy=[0.4, 0.4])})]  # fmt: skip
+    assert texts[0] == "SFT leaves room: A1 0.400 in [0.2, 0.6]"
+    assert texts[1] == "RL gains: A2 0.600 >= A1 + 0.15 = 0.550"
+    assert texts[2] == "control flat: |A3 - A1| = 0.000 <= 0.02"
