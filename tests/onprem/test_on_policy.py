@@ -16,9 +16,9 @@ entropy and a temperature, on a one-rank trainer with micro-batches of 1 (verl's
 on a two-rank ZeRO-3 trainer with micro-batches of 2 (per-rank windows, token-balanced rows, a
 short last micro-batch). Before forward ran forward-backward's passes, both failed here (AMD EPYC,
 AVX-512): "8 short rows" and "4 rows, entropy" on one rank (one 8-row pass vs eight 1-row
-passes), "3 rows, ragged" on two ranks (9.5e-07: the ranks' column windows). The kernels differ by CPU: run this module under
-`ATEN_CPU_CAPABILITY=default`, `avx2` and `avx512` too (bench/results/2026-12-06-main-job.md
-records those runs).
+passes), "3 rows, ragged" on two ranks (9.5e-07: the ranks' column windows). The kernels differ
+by CPU: run this module under `ATEN_CPU_CAPABILITY=default`, `avx2` and `avx512` too
+(bench/results/2026-12-06-on-policy.md records those runs).
 """
 
 from __future__ import annotations
