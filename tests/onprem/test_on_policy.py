@@ -15,10 +15,10 @@ entropy and a temperature, on a one-rank trainer with micro-batches of 1 (verl's
 `ppo_micro_batch_size_per_gpu`: one pass keeping the graph for a 1-row call, else one per row) and
 on a two-rank ZeRO-3 trainer with micro-batches of 2 (per-rank windows, token-balanced rows, a
 short last micro-batch). Before forward ran forward-backward's passes, both failed here (AMD EPYC,
-AVX-512): "8 short rows" and "4 rows, entropy" on one rank (one 8-row pass vs eight 1-row
-passes), "3 rows, ragged" on two ranks (9.5e-07: the ranks' column windows). The kernels differ
-by CPU: run this module under `ATEN_CPU_CAPABILITY=default`, `avx2` and `avx512` too
-(bench/results/2026-12-06-on-policy.md records those runs).
+AVX-512): "8 short rows" on one rank (2.9e-06: one 8-row pass vs eight 1-row passes; each case
+stops at its first failing call), "3 rows, ragged" on two ranks (9.5e-07: the column windows).
+The kernels differ by CPU: run this module under `ATEN_CPU_CAPABILITY=default`, `avx2` and
+`avx512` too (bench/results/2026-12-06-on-policy.md records those runs).
 """
 
 from __future__ import annotations
