@@ -90,8 +90,9 @@ else
 fi
 
 step "pytest"
+# --durations=25: the slowest tests stay visible in every CI log (keep CI well inside its limit)
 set +e
-"$PY" -m pytest -q -p no:cacheprovider --timeout=900 "$@"
+"$PY" -m pytest -q -p no:cacheprovider --timeout=900 --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from sft_rl import Recipe
 
@@ -30,13 +32,53 @@ def test_set_refuses_by_name(item: str, message: str) -> None:
         Recipe().override([item])
 
 
-def test_sft_stops_on_a_run_of_evaluations_at_the_target() -> None:
+def test_sft_stops_on_a_window_mean_at_the_target() -> None:
     from sft_rl import reached
 
     assert reached([0.1, 0.35], 0.3, 1)
-    assert not reached([0.1, 0.35], 0.3, 2)  # one evaluation at the target is not a run of two
-    assert not reached([0.35, 0.25, 0.31], 0.3, 2)  # the run restarts after a dip
-    assert reached([0.35, 0.25, 0.31, 0.3], 0.3, 2)
+    assert not reached([0.1, 0.35], 0.3, 2)  # mean 0.225: one lucky evaluation is not enough
+    assert reached([0.25, 0.35], 0.3, 2)  # mean 0.3
+    assert reached([0.0, 0.5, 0.3, 0.1], 0.3, 3)  # mean exactly 0.3 (0.29999... in floats)
+    assert not reached([0.0, 0.5, 0.3, 0.095], 0.3, 3)
+    assert reached([0.0, 0.3, 0.3, 0.3], 0.3, 3)
+    assert not reached([0.9, 0.9], 0.3, 3)  # fewer evaluations than the window
     assert not reached([], 0.3, 1)
-    with pytest.raises(ValueError, match="sft_target_evals must be >= 1, not 0"):
+    with pytest.raises(ValueError, match="sft_window must be >= 1, not 0"):
         reached([0.5], 0.3, 0)
+
+
+def test_rl_learning_rate_warms_up_then_decays() -> None:
+    from sft_rl import lr_factor
+
+    r = Recipe()
+    r.override(["rl_steps=60", "rl_warmup=10", "rl_final_lr=0.1"])
+    f = [lr_factor(r, s) for s in range(1, 61)]
+    assert f[0] == 0.1 and f[9] == 1.0  # linear warm-up over 10 steps
+    assert all(a >= b for a, b in itertools.pairwise(f[9:]))  # then never rises
+    assert f[-1] == pytest.approx(0.1)  # down to rl_final_lr at the last step
+    assert f[34] == pytest.approx(0.55)  # half-way through the decay: the mean of 1 and 0.1
+    r.override(["rl_final_lr=1"])
+    assert {lr_factor(r, s) for s in range(10, 61)} == {1.0}  # no decay
+
+
+def test_checks_name_each_guarantee_and_fail_outside_it() -> None:
+    from sft_rl import Curve, checks
+
+    def run(a1: float, a2: float, a3: float) -> list[bool]:
+        c = {k: Curve(steps=[0, 1], accuracy=[0.0, a]) for k, a in (("sft", a1), ("rl", a2))}
+        c["control"] = Curve(steps=[0, 1], accuracy=[a1, a3])
+        return [ok for _, ok in checks(c)]
+
+    assert run(0.4, 0.55, 0.4) == [True, True, True]
+    assert run(0.2, 0.35, 0.22) == [True, True, True]  # every edge is inside
+    assert run(0.6, 0.9, 0.58) == [True, True, True]
+    assert run(0.61, 0.9, 0.61) == [False, True, True]  # SFT left too little room
+    assert run(0.19, 0.5, 0.19) == [False, True, True]
+    assert run(0.4, 0.545, 0.4) == [True, False, True]  # RL gained 0.145
+    assert run(0.4, 0.6, 0.425) == [True, True, False]  # the control moved
+    texts = [t for t, _ in checks({"sft": Curve(accuracy=[0.0, 0.4]),
+                                   "rl": Curve(accuracy=[0.4, 0.6]),
+                                   "control": Curve(accuracy=[0.4, 0.4])})]  # fmt: skip
+    assert texts[0] == "SFT leaves room: A1 0.400 in [0.2, 0.6]"
+    assert texts[1] == "RL gains: A2 0.600 >= A1 + 0.15 = 0.550"
+    assert texts[2] == "control flat: |A3 - A1| = 0.000 <= 0.02"

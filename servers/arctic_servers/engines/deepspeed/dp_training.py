@@ -20,8 +20,10 @@ one rank on the same batch for every loss:
 
 Loss, metrics, log-probs (caller's rows and columns): rank 0's, the same whichever assignment
 (`rank_tokens_max` / `rank_tokens_min` say how balanced it was). step/save/load/sleep/wake:
-every rank. forward, log-probs, weight export: rank 0 (with ZeRO-3 the others join its
-parameter gathers)."""
+every rank. forward and log-probs: every rank, steps 1-2 without a graph (the same rows, columns
+and passes as forward-backward's, so their log-probs equal its bit for bit: the old log-probs of
+an on-policy update are the ones the update computes). Weight export: rank 0 (with ZeRO-3 the
+others join its parameter gathers)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from . import row_balance
 from .batch import Batch
 from .call_loss import _loss_processing, fb_targets, loss_and_gradients
 from .ranks import RankGroup, RankLost, world_size
+from .scoring import Scored
 from .training import TrainingEngine
 
 ENGINE_START_TIMEOUT_S = 600.0
@@ -122,7 +125,6 @@ class RankTrainer(TrainingEngine):
             "optimizer_step": self.rank_optimizer_step,
             "save_state": self.rank_save_state,
             "load_state": self.rank_load_state,
-            "join_forward": self.rank_join_forward,
             "join_gather": self.rank_join_gather,
             "join_send": self.rank_join_send,
             "sleep_state": self.rank_sleep_state,
@@ -130,10 +132,12 @@ class RankTrainer(TrainingEngine):
         }
 
     def rank_fb_forward(
-        self, body: Mapping[str, Any], n_fwd: int = 0, two_phase: bool = False
+        self, body: Mapping[str, Any], n_fwd: int = 0, two_phase: bool = False, keep: bool = True
     ) -> dict[str, Any]:
+        """This rank's log-probs of its rows. `keep=False` (forward, log-probs): the same passes
+        on the same rows and columns, in eval mode and without a graph; nothing is kept for a
+        backward."""
         self._fb = None
-        self.engine.train()
         proc = _loss_processing(dict(body.get("processing") or {}))
         st = losses.parse_processing(proc)
         post = frozenset(str(p) for p in (body.get("processing") or {}).get("post") or [])
@@ -141,21 +145,26 @@ class RankTrainer(TrainingEngine):
         rows = len((body.get("kwargs") or {}).get("input_ids", ()))
         state: dict[str, Any] = {"rows": rows, "st": st}
         lp = ent = None
-        if rows:
-            b = Batch(body, self.dev)
-            targets = fb_targets(b, st)
-            mbs = self.micro_batch_size or rows
-            state.update(b=b, targets=targets, mbs=mbs)
-            if not two_phase and rows <= mbs:
-                lp, ent = self._logprobs_graph(b, targets, st, want_ent)
-                state.update(mode="graph", lp=lp, ent=ent)
-            else:
-                lp, ent = self._logprobs_no_grad(b, targets, st, mbs, want_ent)
-                state.update(mode="micro")
-        with torch.no_grad():
-            for _ in range(n_fwd - _passes(rows, state.get("mbs", 0)) if two_phase else 0):
-                self._dummy_logits()
-        self._fb = state
+        self.engine.train(keep)
+        try:
+            if rows:
+                b = Batch(body, self.dev)
+                targets = fb_targets(b, st)
+                mbs = self.micro_batch_size or rows
+                state.update(b=b, targets=targets, mbs=mbs)
+                if keep and not two_phase and rows <= mbs:
+                    lp, ent = self._logprobs_graph(b, targets, st, want_ent)
+                    state.update(mode="graph", lp=lp, ent=ent)
+                else:  # the graph's one pass is this one pass when rows <= mbs
+                    lp, ent = self._logprobs_no_grad(b, targets, st.temperature, mbs, want_ent)
+                    state.update(mode="micro")
+            with torch.no_grad():
+                for _ in range(n_fwd - _passes(rows, state.get("mbs", 0)) if two_phase else 0):
+                    self._dummy_logits()
+        finally:
+            self.engine.train()
+        if keep:
+            self._fb = state
         return {"lp": _numpy(lp), "ent": _numpy(ent)}
 
     def rank_fb_backward(
@@ -201,15 +210,6 @@ class RankTrainer(TrainingEngine):
 
     def rank_load_state(self, directory: str, tag: str, checkpoint_type: str) -> dict[str, Any]:
         return self.op_load(directory, tag, checkpoint_type)
-
-    def rank_join_forward(self) -> None:
-        """ZeRO-3: one no-grad pass, joining rank 0's forward's parameter gathers."""
-        self.engine.eval()
-        try:
-            with torch.no_grad():
-                self._dummy_logits()
-        finally:
-            self.engine.train()
 
     def rank_join_gather(self) -> None:
         """ZeRO-3: join rank 0's full-weight gather (export, weight sync)."""
@@ -307,37 +307,49 @@ class DataParallelTrainer(EngineBase):
             "send_weights": self.op_send_weights,
         }
 
-    def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _rank_logprobs(
+        self, b: Batch, body: Mapping[str, Any], keep: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[np.ndarray], list[tuple[int, int]], int]:
+        """Every rank's log-probs (and entropy) of its rows, gathered into the call's [B, S]; the
+        rows and columns of each rank and the passes of the busiest one. `keep`: forward-backward
+        (each rank keeps what its backward needs); else forward and log-probs, which run the
+        same passes on the same rows and columns, so their log-probs equal forward-backward's
+        bit for bit."""
         eng = self.local
-        b, proc, st = eng._fb_batch(body)
         w = self.world
         # rows per rank (contiguous, or token-balanced: `processing.balance_rows`) and the
         # columns holding their real tokens
         idx = row_balance.assign(b.mask_np, w, bool(b.processing.get("balance_rows")))
         cols = [row_balance.window(b.mask_np, rows) for rows in idx]
         two_phase = self.stage == 3
-        mbs = eng.micro_batch_size
-        n = max(1, *(_passes(len(rows), mbs) for rows in idx))
+        n = max(1, *(_passes(len(rows), eng.micro_batch_size) for rows in idx))
         n_fwd = n if two_phase else 0
-        n_bwd = n if self.stage >= 2 else 1
-        fwd_args = {
-            r: {"body": _slice_body(body, idx[r], cols[r]), "n_fwd": n_fwd, "two_phase": two_phase}
-            for r in range(1, w)
-        }
+
+        def args(r: int) -> dict[str, Any]:
+            sliced = _slice_body(body, idx[r], cols[r])
+            return {"body": sliced, "n_fwd": n_fwd, "two_phase": two_phase, "keep": keep}
+
         mine, theirs = self._collective(
             "fb_forward",
-            lambda: eng.rank_fb_forward(_slice_body(body, idx[0], cols[0]), n_fwd, two_phase),
-            fwd_args,
+            lambda: eng.rank_fb_forward(**args(0)),
+            {r: args(r) for r in range(1, w)},
         )
         parts = [mine, *(theirs[r] for r in range(1, w))]
         shape = (int(b.shape[0]), int(b.shape[1]))
+        lp = torch.as_tensor(_scatter(shape, [p["lp"] for p in parts], idx, cols), device=eng.dev)
+        ent = None
+        if any(p["ent"] is not None for p in parts):
+            ents = _scatter(shape, [p["ent"] for p in parts], idx, cols)
+            ent = torch.as_tensor(ents, device=eng.dev)
+        return lp, ent, idx, cols, n
+
+    def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        eng = self.local
+        b, proc, st = eng._fb_batch(body)
+        w = self.world
+        lp, ent, idx, cols, n = self._rank_logprobs(b, body, keep=True)
+        n_bwd = n if self.stage >= 2 else 1
         try:
-            lps = _scatter(shape, [p["lp"] for p in parts], idx, cols)
-            lp = torch.as_tensor(lps, device=eng.dev)
-            ent = None
-            if any(p["ent"] is not None for p in parts):
-                ents = _scatter(shape, [p["ent"] for p in parts], idx, cols)
-                ent = torch.as_tensor(ents, device=eng.dev)
             res, g_lp_t, g_ent_t = loss_and_gradients(b, proc, st, lp, ent)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -370,11 +382,25 @@ class DataParallelTrainer(EngineBase):
             return dict(fn())
         return dict(self._collective(join, fn)[0])
 
+    def _ranks_scored(self, body: Mapping[str, Any]) -> Scored:
+        """`_Forward._scored` on the ranks: forward-backward's rows, columns and passes."""
+
+        def scored(b: Batch, **_: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            lp, ent, *_rest = self._rank_logprobs(b, body, keep=False)
+            return lp, ent
+
+        return scored
+
     def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._on_rank0("join_forward", lambda: self.local.op_forward(body))
+        return self.local.forward_result(body, scored=self._ranks_scored(body))
 
     def op_log_probs(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._on_rank0("join_forward", lambda: self.local.op_log_probs(body))
+        # the ranks score a forward body: the inputs' own tokens at temperature 1 (cross_entropy
+        # without labels), the entropy when asked
+        kw = {k: body.get(k) for k in ("input_ids", "attention_mask", "position_ids")}
+        post = ["compute_entropy"] if body.get("entropy") else []
+        frame = {"kwargs": kw, "processing": {"loss_fn": "cross_entropy", "post": post}}
+        return self.local.log_probs_result(body, scored=self._ranks_scored(frame))
 
     def op_export_weights(self, path: str | None = None, method: str = "shm") -> dict[str, Any]:
         return self._on_rank0("join_gather", lambda: self.local.op_export_weights(path, method))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,9 @@ from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets
 from .ds_setup import device
 from .hf_model import _read_vocab, enable_determinism, load_hf_model, load_state_file
+
+#: `_Forward._scored`'s signature: (batch, temperature, targets, entropy) -> (log-probs, entropy)
+Scored = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
 class _Forward(EngineBase):
@@ -66,10 +69,21 @@ class _Forward(EngineBase):
                 expected=f"ids in [0, {self.vocab_size})",
             )
 
+    def _checked_call(self, body: Mapping[str, Any]) -> tuple[Batch, dict[str, Any], Any]:
+        """A forward / forward-backward body checked: its batch, its loss's processing and
+        settings (`loss_fn` defaults to cross_entropy)."""
+        b = Batch(body, self.dev)
+        self._check_ids(b)
+        proc = _loss_processing(b.processing)
+        st = losses.parse_processing(proc)
+        losses.check_context(st, b.context)
+        return b, proc, st
+
     def _scored(
         self, b: Batch, *, temperature: float, targets: torch.Tensor, entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """No-grad shifted log-probs (and entropy) of the whole batch."""
+        """No-grad shifted log-probs (and entropy) of the whole batch: the scorer's passes (the
+        trainer overrides this with forward-backward's passes, `TrainingEngine._scored`)."""
         with torch.no_grad():
             return self._logprobs(
                 b,
@@ -80,16 +94,15 @@ class _Forward(EngineBase):
                 entropy_grad=False,
             )
 
-    def forward_result(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def forward_result(
+        self, body: Mapping[str, Any], scored: Scored | None = None
+    ) -> dict[str, Any]:
         """ForwardRequest -> ForwardBackwardResult: log-probs always, and the loss and metrics
-        forward-backward would report (`loss_fn` defaults to cross_entropy in both)."""
-        b = Batch(body, self.dev)
-        self._check_ids(b)
-        proc = _loss_processing(b.processing)
-        st = losses.parse_processing(proc)
-        losses.check_context(st, b.context)
+        forward-backward would report (`loss_fn` defaults to cross_entropy in both). `scored`
+        computes the log-probs (default: `_scored`; the multi-rank trainer's runs on its ranks)."""
+        b, proc, st = self._checked_call(body)
         want_ent = "compute_entropy" in b.post or st.needs_entropy
-        lp, ent = self._scored(
+        lp, ent = (scored or self._scored)(
             b, temperature=st.temperature, targets=fb_targets(b, st), entropy=want_ent
         )
         res = batch_loss(b, proc, lp, ent)
@@ -100,12 +113,14 @@ class _Forward(EngineBase):
             outputs["entropy"] = b.out(ent)
         return {"loss": loss, "metrics": metrics, "outputs": outputs}
 
-    def log_probs_result(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def log_probs_result(
+        self, body: Mapping[str, Any], scored: Scored | None = None
+    ) -> dict[str, Any]:
         """LogProbsRequest -> ForwardBackwardResult."""
         b = Batch(body, self.dev)
         self._check_ids(b)
         want_ent = bool(body.get("entropy"))
-        lp, ent = self._scored(b, temperature=1.0, targets=b.ids, entropy=want_ent)
+        lp, ent = (scored or self._scored)(b, temperature=1.0, targets=b.ids, entropy=want_ent)
         outputs: dict[str, Any] = {"logprobs_shifted": b.out(lp)}
         if ent is not None:
             outputs["entropy"] = b.out(ent)

@@ -36,7 +36,7 @@ from ...protocol.errors import ProtocolError
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
 from .batch import Batch
-from .call_loss import _loss_processing, batch_loss, fb_targets, loss_and_gradients
+from .call_loss import batch_loss, fb_targets, loss_and_gradients
 
 # ds_config, load_hf_model and set_ds_env are also imported from here by bench/server.py
 from .ds_setup import _unlink_allreduce_buffers, device, ds_config, set_ds_env
@@ -197,12 +197,20 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
         self, body: Mapping[str, Any]
     ) -> tuple[Batch, dict[str, Any], losses.LossSettings]:
         """A ForwardBackwardRequest checked: its batch, its loss's processing and settings."""
-        b = Batch(body, self.dev)
-        self._check_ids(b)
-        proc = _loss_processing(b.processing)
-        st = losses.parse_processing(proc)
-        losses.check_context(st, b.context)
+        b, proc, st = self._checked_call(body)
         return b, proc, st
+
+    def _scored(
+        self, b: Batch, *, temperature: float, targets: torch.Tensor, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """forward's and log-probs' log-probs: forward-backward's passes on the same rows —
+        one pass of the call when it fits `micro_batch_size`, else one per `micro_batch_size`
+        rows (`_fb_passes`) — so the old log-probs a client takes from `forward` equal, bit for
+        bit, the ones forward-backward computes for its first (on-policy) update. No graph is
+        kept (autograd does not change the forward's kernels; `tests/onprem/test_on_policy.py`
+        checks the equality)."""
+        mbs = self.micro_batch_size or int(b.shape[0])
+        return self._logprobs_no_grad(b, targets, temperature, mbs, entropy)
 
     def _logprobs_graph(
         self, b: Batch, targets: torch.Tensor, st: losses.LossSettings, entropy: bool
@@ -219,7 +227,7 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
         )
 
     def _logprobs_no_grad(
-        self, b: Batch, targets: torch.Tensor, st: losses.LossSettings, mbs: int, entropy: bool
+        self, b: Batch, targets: torch.Tensor, temperature: float, mbs: int, entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """No-grad log-probs (and entropy) of every row of `b`, `mbs` rows a pass."""
         lps, ents = [], []
@@ -229,7 +237,7 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
                     b,
                     slice(r, r + mbs),
                     targets,
-                    temperature=st.temperature,
+                    temperature=temperature,
                     entropy=entropy,
                     entropy_grad=False,
                 )
@@ -320,7 +328,7 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
         else:
             # 1) no-grad log-probs of the whole call; 2) d loss / d log-probs; 3) per micro-batch
             # backward of <log-probs, that gradient> (exact chain rule, one micro-batch alive).
-            lp, ent = self._logprobs_no_grad(b, targets, st, mbs, want_ent)
+            lp, ent = self._logprobs_no_grad(b, targets, st.temperature, mbs, want_ent)
             res, g_lp, g_ent = loss_and_gradients(b, proc, st, lp, ent)
             self._backward_micro(b, targets, st, mbs, g_lp, g_ent)
         self.acc_calls += 1
