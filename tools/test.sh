@@ -71,6 +71,17 @@ else
   echo "prometheus not installed and no root for apt-get: tests/gateway/test_prometheus.py skips"
 fi
 
+step "tmux (Debian's package) for tests/openai/test_harbor.py (terminus-2 drives a tmux session)"
+if command -v tmux >/dev/null 2>&1; then
+  tmux -V
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends tmux >/dev/null && tmux -V \
+    || echo "apt-get could not install tmux: the Harbor tests fail under CI" >&2
+else
+  echo "tmux not installed and no root for apt-get: the Harbor tests skip (fail under CI)"
+fi
+
 step "tinker-cookbook 0.6.1 for tests/tinker (servers/TINKER.md)"
 # It pins tml-renderers>=0.4.1, which the registry lacks: installed --no-deps, with its other
 # dependencies named here (tml-renderers 0.2.1 serves the renderers the recipes use).
