@@ -302,8 +302,9 @@ class DataParallelTrainer(EngineBase):
             "load": self.op_load,  # not-an-op
             "sleep": self.op_sleep,
             "wake": self.op_wake,
-            # the weight group is rank 0's (the trainer's one sender); followers join gathers
-            **self.local.group_commands(),
+            "weight_group_open": self.op_weight_group_open,
+            "weight_group_join": self.op_weight_group_join,
+            "weight_group_close": self.op_weight_group_close,
             "send_weights": self.op_send_weights,
         }
 
@@ -404,6 +405,17 @@ class DataParallelTrainer(EngineBase):
 
     def op_export_weights(self, path: str | None = None, method: str = "shm") -> dict[str, Any]:
         return self._on_rank0("join_gather", lambda: self.local.op_export_weights(path, method))
+
+    # The weight group is rank 0's (the trainer's one sender; followers join gathers): its
+    # commands run on rank 0's RankTrainer (`weight_transfer/member.py`).
+    def op_weight_group_open(self, group_id: str, host: str) -> dict[str, Any]:
+        return self.local.op_weight_group_open(group_id, host)
+
+    def op_weight_group_join(self, group_id: str, host: str, **kw: Any) -> dict[str, Any]:
+        return self.local.op_weight_group_join(group_id, host, **kw)
+
+    def op_weight_group_close(self, group_id: str = "") -> dict[str, Any]:
+        return self.local.op_weight_group_close(group_id)
 
     def op_send_weights(self, group_id: str, version: int, **kw: Any) -> dict[str, Any]:
         """Rank 0 broadcasts; under ZeRO-3 the followers join its per-bucket gathers."""
