@@ -18,12 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,39 +35,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "sdk"), str(ROOT / "servers")]
 import dssst1  # noqa: E402
 from arctic_sdk.spec.model import MethodInfo  # noqa: E402
 from arctic_sdk.spec.tables import methods as M  # noqa: E402
-from bench.common.workers import kill_workers  # noqa: E402
+from bench.common.fake_gateway import fake_gateway  # noqa: E402
 
 TOKEN = "bench-token"
 TERMINAL = ("completed", "failed", "cancelled")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_gateway(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    (tmp / "tokens").write_text(TOKEN + "\n")
-    ready, port = tmp / "ready.json", free_port()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "servers"), str(ROOT / "sdk"), str(ROOT), env.get("PYTHONPATH", "")]
-    )
-    argv = [
-        sys.executable, "-m", "arctic_servers.gateway", "--db", str(tmp / "state.db"),
-        "--tokens-file", str(tmp / "tokens"), "--engine", "fake", "--port", str(port),
-        "--no-grpc", "--gpus", "64", "--admin", "--ready-file", str(ready),
-        "--max-inflight-per-token", "0",
-    ]  # fmt: skip
-    log = (tmp / "gateway.log").open("wb")
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the gateway did not start: {(tmp / 'gateway.log').read_text()}")
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())["base_url"]
 
 
 class Driver:
@@ -189,17 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=50)
     args = ap.parse_args(argv)
     drivers, n = (2, 6) if args.smoke else (args.drivers, args.requests)
-    with tempfile.TemporaryDirectory(prefix="gw-load-") as d:
-        tmp = Path(d)
-        proc, base = start_gateway(tmp)
-        try:
-            result = asyncio.run(asyncio.wait_for(load(base, drivers, n), 600))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(30)
-            proc.kill()
-            kill_workers(tmp)
+    with (
+        tempfile.TemporaryDirectory(prefix="gw-load-") as d,
+        fake_gateway(
+            Path(d), TOKEN, ["--gpus", "64", "--admin", "--max-inflight-per-token", "0"], 60
+        ) as base,
+    ):
+        result = asyncio.run(asyncio.wait_for(load(base, drivers, n), 600))
     print(json.dumps(result))
     return 0
 

@@ -26,17 +26,13 @@ surface called the core in process (bench/README.md: before and after).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,54 +42,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "sdk"), str(ROOT / "servers")]
 
 from arctic_sdk.spec.tables import methods as M  # noqa: E402
-from bench.common.workers import kill_workers  # noqa: E402
+from bench.common.fake_gateway import fake_gateway  # noqa: E402
 
 TOKEN = "bench-token"
 MODEL = "fake-model"
 TOKENS = list(range(5, 22))  # a datum of 16 input tokens and 16 targets
 FB, GEN = M.FORWARD_BACKWARD.python_name, M.GENERATE.python_name  # the rows' names
 MESSAGES = [{"role": "user", "content": "Say something."}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def gateway(tmp: Path) -> Iterator[str]:
-    """The gateway on the fake engine, serving Tinker and OpenAI beside the protocol."""
-    (tmp / "tokens").write_text(TOKEN + "\n")
-    ready, port = tmp / "ready.json", free_port()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "servers"), str(ROOT / "sdk"), str(ROOT), env.get("PYTHONPATH", "")]
-    )
-    argv = [
-        sys.executable, "-m", "arctic_servers.gateway", "--db", str(tmp / "state.db"),
-        "--tokens-file", str(tmp / "tokens"), "--engine", "fake", "--port", str(port),
-        "--no-grpc", "--gpus", "16", "--ready-file", str(ready),
-        "--tinker-models", MODEL,
-    ]  # fmt: skip
-    log = (tmp / "gateway.log").open("wb")
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the gateway did not start: {(tmp / 'gateway.log').read_text()}")
-            time.sleep(0.05)
-        yield str(json.loads(ready.read_text())["base_url"])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        kill_workers(tmp)  # the worker hosts outlive the gateway by design
-        log.close()
 
 
 def timed(fn: Callable[[], Any], n: int, warm: int) -> list[float]:
@@ -201,7 +156,10 @@ def main() -> None:
     args = ap.parse_args()
     n, warm = (5, 2) if args.smoke else (args.n, 5)
     os.environ.setdefault("TINKER_TELEMETRY", "0")
-    with tempfile.TemporaryDirectory() as d, gateway(Path(d)) as base:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        fake_gateway(Path(d), TOKEN, ["--gpus", "16", "--tinker-models", MODEL]) as base,
+    ):
         native = bench_native(base, n, warm)
         tink = bench_tinker(base, n, warm)
         chat = bench_openai(base, n, warm)
