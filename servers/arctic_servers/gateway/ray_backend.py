@@ -282,8 +282,9 @@ class RayPlacement:
     async def _watch_loop(self) -> None:
         """Ping every placed actor: the answer feeds `gone` (which must not block). An actor
         Ray calls unavailable (its node not answering, not yet declared dead: Ray's health
-        checks take ~15 s here) is given `UNREACHABLE_S` before it counts as gone, so that the
-        reason can name a lost node once Ray has declared it dead."""
+        checks take ~15 s here) or that leaves a ping unanswered is given `UNREACHABLE_S`
+        before it counts as gone, so that the reason can name a lost node once Ray has declared
+        it dead; an actor Ray reports dead is gone at once."""
         unreachable: dict[str, float] = {}
         while True:
             await asyncio.sleep(1.0)
@@ -293,11 +294,13 @@ class RayPlacement:
                     ok: bool = await asyncio.wait_for(actor.ping.remote(), 10)
                     self._alive[sid] = None if ok else "its worker host on the Ray node exited"
                     unreachable.pop(sid, None)
-                except ray.exceptions.ActorUnavailableError as exc:
+                except (ray.exceptions.ActorUnavailableError, TimeoutError) as exc:
+                    # a ping unanswered in 10 s is a busy or unreachable actor, not yet a dead
+                    # one (a CPU host under load, an engine building its kernels)
                     since = unreachable.setdefault(sid, time.monotonic())
                     if time.monotonic() - since > UNREACHABLE_S:
                         self._alive[sid] = self._why_gone(sid, exc, UNREACHABLE_S)
-                except (ValueError, TimeoutError, ray.exceptions.RayError) as exc:
+                except (ValueError, ray.exceptions.RayError) as exc:
                     self._alive[sid] = self._why_gone(sid, exc)
 
     def _why_gone(self, sid: str, exc: BaseException, waited: float = 0.0) -> str:
