@@ -24,9 +24,17 @@ class IncomingCall:
     body: bytes | memoryview | None = None  # JSON text or one DSSST1 frame
     value: Any = None  # an already-decoded body (gRPC unary messages)
     accept_octet: bool = False
-    # transport "inproc" (`inproc.py`): `value` is the body as decoded values (tensors as arrays,
-    # no frame), and the result value is put in this box as the servicer answered it
+    # a call of the in-process binding (`inproc.py`, transport "inproc"): `value` is the body as
+    # decoded values (tensors as arrays, no frame), and the result value is put in this box as
+    # the servicer answered it. The SDK's in-process transport (`arctic_sdk.transports.inproc`)
+    # is "inproc" too but carries wire bodies, as HTTP does, and no box.
     result_box: dict[str, Any] | None = None
+
+    @property
+    def carries_values(self) -> bool:
+        """The body is `value`, decoded values (the in-process binding), not a wire body."""
+        return self.result_box is not None
+
     # The server's id of this call (`X-Request-Id`, logs, spans); a recorded request answers
     # its own id instead (`Outcome.request_id`).
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -179,7 +179,7 @@ class ProtocolCore(Durable, Polls):
         ctx_frame: bytes | None = None  # the body's frame, kept by a durable store
         # gRPC carries every op's body as chunk frames, a JSON body as a tensor-free value (§4.3);
         # an in-process call (`inproc.py`) its body as values: the limits on a decoded body
-        if call.transport == "inproc":
+        if call.carries_values:
             body = self._inproc_body(call)
         elif method.body is BodyKind.DSSST1 or call.transport == "grpc":
             if call.body is None:
