@@ -40,12 +40,14 @@ def scenario_inflight_sampler_follows_new_weights(server: str) -> dict:
     params = types.SamplingParams(max_tokens=3, seed=4)
     with _service(server) as svc:
         tc = svc.create_lora_training_client(BASE_MODEL, rank=8).result()
-        inflight = tc.save_weights_and_get_sampling_client(kind="inflight")
-        snapshot = tc.save_weights_and_get_sampling_client()
+        # tinker 0.38 answers a future here: .result() so each publish has happened before
+        # the next sample (the un-awaited publish raced the sample: CI saw (2, [2, 2]))
+        inflight = tc.save_weights_and_get_sampling_client(kind="inflight").result()
+        snapshot = tc.save_weights_and_get_sampling_client().result()
         first = inflight.sample(types.ModelInput.from_ints(PROMPT), 1, params).result()
         v0 = _version(server, first.sequences[0].sequence_id)
         _train(tc)
-        tc.save_weights_and_get_sampling_client(kind="inflight")  # publishes the new weights
+        tc.save_weights_and_get_sampling_client(kind="inflight").result()  # publishes them
         after = inflight.sample(types.ModelInput.from_ints(PROMPT), 2, params).result()
         v1 = [_version(server, s.sequence_id) for s in after.sequences]
         assert all(v > v0 for v in v1), (v0, v1)
