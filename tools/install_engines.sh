@@ -41,7 +41,7 @@ prebuild() {
   # so the first engine start-up in the tests is not charged for it (cached in ~/.cache).
   # (the cache directory is the one the on-prem workers use: arctic_servers.engines.worker.worker)
   local ext
-  ext=$(PYTHONPATH=servers "$PY" -c "from arctic_servers.engines.worker.worker import torch_extensions_dir as d; print(d())")
+  ext=$(PYTHONPATH=servers "$PY" -c "from arctic_servers.engines.worker.process_env import torch_extensions_dir as d; print(d())")
   TORCH_EXTENSIONS_DIR="$ext" DS_ACCELERATOR=cpu "$PY" -c "from deepspeed.accelerator import get_accelerator as g; g().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
 }
 

@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 from arctic_servers.engines.deepspeed.ds_scoring import DeepSpeedScoringEngine
 from arctic_servers.engines.deepspeed.scoring import ScoringEngine
-from arctic_servers.engines.worker.worker import WorkerError
+from arctic_servers.engines.errors import WorkerError
 
 
 @pytest.mark.parametrize(

@@ -183,28 +183,29 @@ def test_request_checks_do_not_import_torch() -> None:
 
 
 def test_engine_errors_keep_their_code_across_the_worker_boundary() -> None:
-    """The worker runs as `__main__`, so an engine's `WorkerError` (imported under the package
-    name) is another class than the one `error_body` sees: it must still answer its code, not
-    `internal` (found when a vLLM sub-job's unsupported_option came back as a 500)."""
-    from arctic_servers.engines.worker import worker
+    """`error_body` matches an engine's error by shape, not class: a `WorkerError` of another
+    module (the worker once ran its own copy as `__main__`), or `LossConfigError`, must still
+    answer its code, not `internal` (found when a vLLM sub-job's unsupported_option came back as
+    a 500)."""
+    from arctic_servers.engines import errors
 
-    class WorkerError(Exception):  # what `__main__.WorkerError` is to the engines' instances
+    class WorkerError(Exception):  # an error class of the same shape, not `errors.WorkerError`
         def __init__(self, code: str, message: str, **details: object) -> None:
             super().__init__(message)
             self.code, self.message, self.details = code, message, details
 
     for exc in (
-        worker.WorkerError("unsupported_option", "no entropy", options=["entropy"]),
+        errors.WorkerError("unsupported_option", "no entropy", options=["entropy"]),
         WorkerError("unsupported_option", "no entropy", options=["entropy"]),
     ):
-        body = worker.error_body(exc, "forward")
+        body = errors.error_body(exc, "forward")
         assert body == {
             "code": "unsupported_option",
             "message": "no entropy",
             "details": {"options": ["entropy"]},
         }
-    assert worker.error_body(RuntimeError("boom"), "forward")["code"] == "internal"
-    assert worker.error_body(WorkerError("not-a-code", "x"), "forward")["code"] == "internal"
+    assert errors.error_body(RuntimeError("boom"), "forward")["code"] == "internal"
+    assert errors.error_body(WorkerError("not-a-code", "x"), "forward")["code"] == "internal"
 
 
 def test_lora_without_peft_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
+from arctic_servers.engines.errors import WorkerError
 from arctic_servers.engines.worker.engine_base import EngineBase
+from arctic_servers.engines.worker.messages import STREAM_CMD
 from arctic_servers.engines.worker.procs import WorkerHandle
-from arctic_servers.engines.worker.worker import STREAM_CMD, WorkerError, serve
+from arctic_servers.engines.worker.worker import serve
 from arctic_servers.protocol.errors import ProtocolError
 
 STEP_S = 0.002
@@ -156,7 +158,7 @@ async def test_stream_yields_as_the_engine_steps(worker: tuple[WorkerHandle, Toy
 
 
 def test_merge_stream_keeps_every_token_and_the_last_fields() -> None:
-    from arctic_servers.engines.worker.worker import merge_stream
+    from arctic_servers.engines.worker.messages import merge_stream
 
     a = {"token_ids": [1], "text": "a", "logprobs": [-1.0], "at": 1.0, "weight_version": 3}
     b = {"token_ids": [2, 3], "text": "bc", "logprobs": [-2.0, -3.0], "at": 2.0}
@@ -268,7 +270,8 @@ def test_every_engine_build_uses_this_interpreters_op_cache(
     loaded machine for a gateway trainer's start)."""
     import os
 
-    from arctic_servers.engines.worker.worker import build_engine, torch_extensions_dir
+    from arctic_servers.engines.registry import build_engine
+    from arctic_servers.engines.worker.process_env import torch_extensions_dir
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     with pytest.raises(WorkerError):

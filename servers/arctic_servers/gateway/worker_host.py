@@ -50,11 +50,13 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
+from ..engines.errors import WorkerError
 from ..engines.worker.commands import lookup
 from ..engines.worker.engine_base import EngineBase
+from ..engines.worker.messages import BATCH_KIND
 from ..engines.worker.replies import no_delay
 from ..engines.worker.tenant_queue import TenantQueue, tenant_of
-from ..engines.worker.worker import BATCH_KIND, WorkerError, busy, placement, submits
+from ..engines.worker.worker import busy, placement, submits
 from ..protocol import tracing
 from ..protocol.states import WORKER_CALL, WORKER_HOST
 from .worker_process import (
@@ -348,7 +350,7 @@ class WorkerHost:
 
     def _step(self, pump: Any) -> None:
         """One engine step: its stream partials go out as one message per connection (like
-        `engines.worker.worker.send_step`), then what finished."""
+        `engines.worker.messages.send_step`), then what finished."""
         out: list[dict[str, Any]] = []
         pump(out.append)
         by_chan: dict[int, tuple[Channel, list[dict[str, Any]]]] = {}

@@ -64,22 +64,21 @@ def error_body(exc: BaseException, what: str) -> dict[str, Any]:
 
 
 def build_engine(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """The sub-job's engine, and what to add to its info."""
+    """The sub-job's engine (`engines/registry.py`), and what to add to its info."""
+    from ..engines import registry
+
     kind = spec.get("engine", "fake")
     if kind == "fake":
-        from ..engines.fake.engine import FakeEngine
-
-        return FakeEngine(spec), {}
+        return registry.build_engine(str(spec.get("role") or ""), {**spec, "engine": "fake"}), {}
     if kind == "onprem":
         from ..engines.config import ModelChoice, resolve_model
-        from ..engines.worker.worker import build_engine as onprem_engine
-        from ..engines.worker.worker import set_threads
+        from ..engines.worker.process_env import set_threads
 
         es = dict(spec["engine_spec"])
         set_threads(int(es.get("num_threads") or os.environ.get("ARCTIC_NUM_THREADS") or 1))
         settings = ModelChoice(model=str(es.get("model") or ""))
         es["model_dir"] = str(resolve_model(str(es.get("model_name") or ""), settings))
-        return onprem_engine(str(spec["role"]), es), {"model_dir": es["model_dir"]}
+        return registry.build_engine(str(spec["role"]), es), {"model_dir": es["model_dir"]}
     raise ValueError(f"unknown engine {kind!r}")
 
 

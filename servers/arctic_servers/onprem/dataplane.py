@@ -85,7 +85,7 @@ class DataPlane(forwarding.WorkerForwarding, OnpremBase):
         """One sample of `body["prompts"][0]`, token by token (the OpenAI routes' streams): the
         same checks, weight-sync gate and `weight_version` as `generate`; each item is the new
         tokens of one engine step, the last has `finished`. Leaving early aborts the request."""
-        from ..engines.worker.worker import STREAM_CMD
+        from ..engines.worker.messages import STREAM_CMD
 
         self.check_request(ctx, body)
         job, sub = await self._begin(ctx)

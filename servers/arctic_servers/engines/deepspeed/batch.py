@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..worker.worker import WorkerError
+from ..errors import WorkerError
 
 
 class Batch:

@@ -39,11 +39,11 @@ import torch
 
 from arctic_sdk.spec.tables import methods as M
 
+from ..errors import WorkerError
 from ..losses import torch_losses as losses
 from ..weight_transfer.buckets import DEFAULT_BUCKET_BYTES
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
-from ..worker.worker import WorkerError
 from . import row_balance
 from .batch import Batch
 from .call_loss import _loss_processing, fb_targets, loss_and_gradients

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from ..errors import WorkerError
 from ..weight_transfer.member import receive_into_module
-from ..worker.worker import WorkerError
 from .ds_setup import _merge, _unlink_allreduce_buffers, set_ds_env
 from .scoring import ScoringEngine
 

@@ -18,8 +18,9 @@ import time
 import traceback
 from multiprocessing.connection import Client
 
+from ..errors import error_body
+from ..worker.process_env import set_threads
 from ..worker.replies import no_delay
-from ..worker.worker import error_body, set_threads
 from .ranks import CONNECT_TIMEOUT_S, FOLLOWER_MODULE, SPEC_ENV, dist_env, remove_shm_buffers
 
 

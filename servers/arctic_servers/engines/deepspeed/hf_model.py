@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..worker.worker import WorkerError
+from ..errors import WorkerError
 
 MODEL_FILES = (
     "config.json",

@@ -43,9 +43,9 @@ import torch
 from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD
+from ..errors import WorkerError
 from ..worker.commands import Command
 from ..worker.engine_base import WEIGHT_GROUP_CMDS, EngineBase, no_weight_group, tenant_in
-from ..worker.worker import WorkerError
 from .ds_setup import device
 from .hf_model import _read_vocab, enable_determinism, load_hf_model
 from .lora_trainer import is_adapter_param, peft_config

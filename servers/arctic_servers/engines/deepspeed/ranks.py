@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from ..errors import WorkerError
 from ..worker.replies import no_delay
-from ..worker.worker import WorkerError
 
 SPEC_ENV = "ARCTIC_RANK_SPEC"
 CONNECT_TIMEOUT_S = 600.0  # followers wait this long for rank 0's control port

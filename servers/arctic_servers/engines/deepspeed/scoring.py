@@ -15,11 +15,11 @@ import torch
 
 from arctic_sdk.spec.tables import methods as M
 
+from ..errors import WorkerError
 from ..losses import torch_losses as losses
 from ..weight_transfer.member import GroupMember, receive_into_module
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
-from ..worker.worker import WorkerError
 from .batch import Batch
 from .call_loss import _loss_processing, batch_loss, fb_targets
 from .ds_setup import device

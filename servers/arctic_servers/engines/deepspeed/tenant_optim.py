@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..worker.worker import WorkerError
+from ..errors import WorkerError
 from .ds_setup import ds_config
 from .lora_trainer import load_adapter_dir
 from .train_options import lr_factor

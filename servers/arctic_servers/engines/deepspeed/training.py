@@ -426,7 +426,7 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
                 "applied": False,
                 "reason": CPU_TRAINER_REASON,
             }
-        from ..vllm.weight_sync import offload_trainer
+        from .gpu_handoff import offload_trainer
 
         return offload_trainer(self, mode)
 
@@ -436,7 +436,7 @@ class TrainingEngine(WeightSender, TrainerWeights, _Forward):
                 "applied": False,
                 "reason": CPU_TRAINER_REASON,
             }
-        from ..vllm.weight_sync import reload_trainer
+        from .gpu_handoff import reload_trainer
 
         return reload_trainer(self)
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ...protocol.lora_config import adapter_sync
-from ..worker.worker import WorkerError
+from ..errors import WorkerError
 from .hf_model import write_hf_dir
 from .lora_trainer import ADAPTER
 from .tenant_optim import STATE_FILE
@@ -52,7 +52,7 @@ class TrainerWeights:
 
         t = time.perf_counter()
         if method == "cuda_ipc":
-            from ..vllm.weight_sync import trainer_export_gpu
+            from .gpu_handoff import trainer_export_gpu
 
             return trainer_export_gpu(self, method)
         out: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..worker.worker import WorkerError, error_body
+from ..errors import WorkerError, error_body
 
 Send = Callable[[dict[str, Any]], None]
 Finish = Callable[[list[Any]], dict[str, Any]]

@@ -31,9 +31,9 @@ from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.lora_config import vllm_max_rank
 from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD, TENANT_ARG
+from ..errors import WorkerError
 from ..worker.commands import Command
 from ..worker.engine_base import WEIGHT_GROUP_CMDS, no_weight_group, tenant_in
-from ..worker.worker import WorkerError
 from . import lora_sampler
 from .lora_sampler import EMBEDDING_ENV, serve_embedding_adapters
 from .sampling import SamplingEngine

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...protocol.lora_config import BASE_ADAPTER, vllm_max_rank
-from ..worker.worker import WorkerError
+from ..errors import WorkerError
 
 
 def engine_args(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,9 +29,10 @@ from arctic_sdk.spec.tables import methods as M
 from ...protocol import token_budget
 from ...protocol.collective_sync import START_TIMEOUT_S
 from .. import structured
+from ..errors import WorkerError
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
-from ..worker.worker import STREAM_CMD, WorkerError
+from ..worker.messages import STREAM_CMD
 from . import lora_sampler
 from .engine_batch import EngineBatch, Finish
 from .vllm_scoring import VllmScoring

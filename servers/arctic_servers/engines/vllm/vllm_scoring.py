@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..worker.worker import WorkerError
+from ..errors import WorkerError
 from .engine_batch import Finish
 
 

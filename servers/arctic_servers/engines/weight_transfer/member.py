@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from ..errors import WorkerError
 from ..worker.commands import Command
-from ..worker.worker import WorkerError
 from . import buckets
 from .group import GroupError, Rendezvous, WeightGroup, device_backend
 

@@ -21,8 +21,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from ..errors import WorkerError
 from .commands import Command
-from .worker import ABORT_CMD, WorkerError
+from .messages import ABORT_CMD
 
 V = TypeVar("V")
 

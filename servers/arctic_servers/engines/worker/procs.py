@@ -37,8 +37,8 @@ from typing import Any
 from ...protocol.errors import ProtocolError
 from ..config import worker_env
 from ..deepspeed.ranks import describe_exit
+from .messages import ABORT_CMD
 from .replies import Replies
-from .worker import ABORT_CMD
 
 log = logging.getLogger("arctic_servers.onprem")
 LOG_LINES = 2000

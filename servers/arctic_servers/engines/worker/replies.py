@@ -24,7 +24,7 @@ from typing import Any
 from ...protocol import tracing
 from ...protocol.errors import ProtocolError
 from ...protocol.metrics import BusyMeter
-from .worker import merge_stream, unbatch
+from .messages import merge_stream, unbatch
 
 
 def no_delay(conn: Connection) -> Connection:

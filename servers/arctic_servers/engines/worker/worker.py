@@ -39,6 +39,9 @@ The messages of one engine step travel as one, `{"kind": "batch", "msgs": [...]}
 the reader unpacks them, `unbatch`). `abort_stream` (of any batched command, not only a stream;
 a command still waiting is dropped) and `stream_stats` run at once.
 
+The message shapes are `messages.py`, the engines' error `engines/errors.py`, the engine a spec
+names `engines/registry.py` (which imports each engine only when it builds it).
+
 This module imports neither the protocol layer nor the SDK: a worker runs in the engines'
 environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`. A command message
 may carry `"trace"` (the server's span context, when it traces: `protocol/tracing.py`); only
@@ -57,129 +60,15 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from ..errors import WorkerError, error_body
+from ..registry import WORKER_ENGINES, build_engine, preload
 from .commands import lookup
+from .messages import ABORT_CMD, IMMEDIATE_CMDS, send_step, unbatch
+from .process_env import set_threads
 from .tenant_queue import TenantQueue, tenant_of
 
 if TYPE_CHECKING:
     from .engine_base import EngineBase
-
-
-class WorkerError(Exception):
-    """An error with a spec code, raised by the engines; becomes the call's error body."""
-
-    def __init__(self, code: str, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
-
-    def body(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "details": self.details}
-
-
-def error_body(exc: BaseException, what: str) -> dict[str, Any]:
-    """The error body of an engine's exception. Matched by shape, not class: the worker runs as
-    `__main__`, so the engines' `WorkerError` (imported as `arctic_servers.engines.worker.worker`)
-    is not this module's class; `LossConfigError` carries a spec code the same way."""
-    from arctic_sdk.spec.tables.error_codes import ERRORS
-
-    code, message = getattr(exc, "code", None), getattr(exc, "message", None)
-    if isinstance(code, str) and code in ERRORS and isinstance(message, str):
-        details = getattr(exc, "details", None)
-        return {"code": code, "message": message, "details": dict(details or {})}
-    tb = traceback.format_exc(limit=8)
-    return {
-        "code": "internal",
-        "message": f"{what} failed: {type(exc).__name__}: {exc}",
-        "details": {"traceback": tb[-4000:]},
-    }
-
-
-def set_threads(n: int) -> None:
-    """Pin torch's intra-op pool to `n` threads (vLLM's CPU worker forbids changing it later)."""
-    import torch
-
-    torch.set_num_threads(n)
-    with contextlib.suppress(RuntimeError):  # already set (a parallel region ran first)
-        torch.set_num_interop_threads(1)
-
-
-def build_engine(role: str, spec: dict[str, Any]) -> Any:
-    engine = spec.get("engine") or {"training": "deepspeed", "sampling": "vllm"}.get(role, "hf")
-    # every process that builds an engine (on-prem and gateway workers, Ray-placed ones, their
-    # rank followers, which inherit it) loads DeepSpeed's JIT ops from this interpreter's cache
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
-    if spec.get("pool"):  # a LoRA pool's engine: many jobs' adapters over one base model
-        if engine == "deepspeed" and role == "training":
-            from ..deepspeed.lora_pool_trainer import LoraPoolTrainer
-
-            return LoraPoolTrainer(spec)
-        if engine == "vllm" and role == "sampling":
-            from ..vllm.lora_pool_sampler import LoraPoolSampler
-
-            return LoraPoolSampler(spec)
-        raise WorkerError("invalid_argument", f"no LoRA pool engine for {role} on {engine}")
-    if engine == "deepspeed" and role == "log_prob":  # a forward-only reference model
-        from ..deepspeed.ds_scoring import DeepSpeedScoringEngine
-
-        return DeepSpeedScoringEngine(spec)
-    if engine == "deepspeed":
-        from ..deepspeed.ranks import world_size
-
-        if world_size(spec) > 1:  # n_gpus ranks under torch.distributed (dp_training.py)
-            from ..deepspeed.dp_training import DataParallelTrainer
-
-            return DataParallelTrainer(spec)
-        from ..deepspeed.training import TrainingEngine
-
-        return TrainingEngine(spec)
-    if engine == "vllm":
-        from ..vllm.sampling import SamplingEngine
-
-        return SamplingEngine(spec)
-    if engine == "hf":
-        from ..deepspeed.scoring import ScoringEngine
-
-        return ScoringEngine(spec)
-    raise WorkerError("invalid_argument", f"unknown engine {engine!r}")
-
-
-STREAM_CMD = "generate_stream"  # a command answered by partial messages, then its reply
-ABORT_CMD = "abort_stream"  # ends a batched command early (a stream's final: finish "abort")
-IMMEDIATE_CMDS = frozenset({ABORT_CMD, "stream_stats"})  # never deferred
-
-
-BATCH_KIND = "batch"  # {"kind": "batch", "msgs": [...]}: the messages of one engine step
-
-
-def send_step(pump: Any, send: Any) -> None:
-    """One engine step; its messages (a partial per stream, finished replies) in one pipe
-    message, so N streams cost the engine's thread one send a step, not N."""
-    out: list[dict[str, Any]] = []
-    pump(out.append)
-    if len(out) == 1:
-        send(out[0])
-    elif out:
-        send({"kind": BATCH_KIND, "msgs": out})
-
-
-def unbatch(msg: dict[str, Any]) -> list[dict[str, Any]]:
-    """The messages a pipe message carries (`send_step`)."""
-    return list(msg["msgs"]) if msg.get("kind") == BATCH_KIND else [msg]
-
-
-def merge_stream(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Consecutive messages of one stream (partials; the final result may be last) as one: all
-    their tokens, log-probs and text, the last one's other fields. A consumer that fell behind
-    the engine (a busy server, a slow client) sends one chunk for what piled up, not one each."""
-    if len(items) == 1:
-        return items[0]
-    out = dict(items[-1])
-    out["token_ids"] = [t for it in items for t in it.get("token_ids") or []]
-    out["text"] = "".join(str(it.get("text") or "") for it in items)
-    lps = [it.get("logprobs") for it in items]
-    out["logprobs"] = None if any(lp is None for lp in lps) else [x for lp in lps for x in lp or []]
-    return out
 
 
 def submits(engine: EngineBase, cmd: Any) -> bool:
@@ -331,40 +220,6 @@ def serve(conn: Connection, engine: EngineBase) -> None:
             shutdown = msg
 
 
-def torch_extensions_dir() -> str:
-    """Where DeepSpeed's JIT-built ops are cached: one directory per interpreter prefix.
-
-    torch's default (`~/.cache/torch_extensions/py311_cpu`) is shared by every environment of
-    the same Python and torch build; two venvs then rebuild each other's ops (about 30-60 s a
-    time). `tools/install_engines.sh` prebuilds into this same directory.
-    """
-    import hashlib
-
-    tag = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "arctic", "torch_extensions", tag)
-
-
-def preload(engine: str) -> None:
-    """Import the engine's libraries before any job needs them (the slow part of a start-up)."""
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
-    import torch
-
-    cuda = bool(torch.cuda.is_available())
-    if engine == "deepspeed":
-        if not cuda:
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        import deepspeed  # noqa: F401
-        from transformers import AutoModelForCausalLM
-    elif engine == "vllm":
-        from ..vllm.sampling import set_vllm_env
-
-        set_vllm_env(cuda)
-        from vllm import LLM, SamplingParams  # noqa: F401
-    else:
-        from transformers import AutoModelForCausalLM  # noqa: F401
-
-
 def report_failure(conn: Connection, reason: str) -> None:
     """A rank of this multi-rank sub-job was lost (ranks.py): tell the server, then end."""
     from ..deepspeed.ranks import RANK_GROUP_FAILED
@@ -378,7 +233,7 @@ def report_failure(conn: Connection, reason: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m arctic_servers.engines.worker.worker")
     ap.add_argument("--role", required=True, choices=("training", "sampling", "log_prob"))
-    ap.add_argument("--engine", required=True, choices=("deepspeed", "vllm", "hf"))
+    ap.add_argument("--engine", required=True, choices=WORKER_ENGINES)
     ap.add_argument("--fd", type=int, required=True, help="inherited socket to the server")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
