@@ -15,23 +15,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
-from arctic_servers.engines import checks
+from arctic_servers.engines import op_checks
 from arctic_servers.engines.fake import checkpoints as ck
 from arctic_servers.engines.fake import numerics as nx
-from arctic_servers.engines.fake import operations, sampling, training
+from arctic_servers.engines.fake import operations, sampling
 from arctic_servers.engines.fake.config import FAKE_CONFIG_KEYS
 from arctic_servers.engines.fake.state import Job, SubJob
+from arctic_servers.engines.op_checks import CallFacts
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import step_args
 from arctic_servers.protocol.job_control import JobControl
 from arctic_servers.protocol.lora_config import SUPPORT as LORA_SUPPORT
 from arctic_servers.protocol.lora_config import adapter_sync, check_adapter, job_lora
-from arctic_servers.protocol.operation_types import OPERATION_TYPES
+from arctic_servers.protocol.operation_types import OPERATION_TYPES, forward_body
 
 from . import control
 from . import operations as run_operation
@@ -77,26 +79,28 @@ class FakeServicer(JobControl[Job]):
         return False  # the core cancels the request's task
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
-        """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
-        bounds are the spec's, checked by the protocol layer (`tables.request_rules`)."""
+        """Semantic checks before a data-plane call is accepted (4xx on failure): the servers'
+        one per-op check table (`engines/op_checks.py`) over what this server knows of the
+        call; a training op's parsed loss goes to its engine (`ctx.checked`)."""
         job = self._job(ctx)
-        m = ctx.method
-        if m is M.OPERATION:
-            operations.check(self, job, ctx, body)
-            return
+        ctx.checked = op_checks.check(ctx.method, self._facts(ctx, job), body)
+
+    def _facts(self, ctx: CallContext, job: Job) -> CallFacts:
+        base = CallFacts(
+            job=job,
+            vocab_size=self.vocab_size,
+            engine="fake",
+            adapter_job=_lora_job(job),
+            visible=functools.partial(self.jobs.visible, owner=self._owner(ctx)),
+            check_sync=functools.partial(operations.check_sync, job),
+            operation_types=self.operation_types,
+            operation_forward=lambda _, payload: (forward_body(payload), base),
+        )
+        if ctx.method is M.OPERATION:
+            return base
         sub = self.target(job, ctx)
-        if m is M.FORWARD_BACKWARD or m is M.FORWARD:
-            training.parse_train(body, self.vocab_size)
-            if m is M.FORWARD and sub.role == "sampling":  # a vLLM sampler's scoring, as on-prem
-                checks.vllm_forward(body)
-        elif m is M.LOG_PROBS:
-            training.check_tokens(body["input_ids"], body.get("attention_mask"), self.vocab_size)
-        elif m is M.GENERATE:
-            sampling.prompt_ids(body, self.vocab_size, sub.max_seq_len)
-            check_adapter(body, _lora_job(job))
-        else:
-            visible = functools.partial(self.jobs.visible, owner=self._owner(ctx))
-            operations.check_simple(job, m, body, visible)
+        # a forward on a sampler is a vLLM sampler's scoring, as on-prem
+        return replace(base, scores_with_vllm=sub.role == "sampling", max_context=sub.max_seq_len)
 
     # ------------------------------------------------------------------ helpers
 
@@ -140,6 +144,8 @@ class FakeServicer(JobControl[Job]):
         """Every `engine` op of the method table (forward-backward, forward, log-probs): the
         target sub-job's fake engine runs the command of the op's name on the body."""
         job, sub, _ = await self._begin(ctx)
+        if method in (M.FORWARD_BACKWARD, M.FORWARD):  # checked in `check_request`: not again
+            return engine_command(job, sub, method.python_name, body=body, loss=ctx.checked)
         return engine_command(job, sub, method.python_name, body=body)
 
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:

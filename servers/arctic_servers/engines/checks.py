@@ -81,9 +81,10 @@ def tokens(ids: Any, mask: Any, path: str, vocab: int) -> np.ndarray | None:
     return m
 
 
-def train_body(body: Mapping[str, Any], vocab: int) -> None:
+def train_body(body: Mapping[str, Any], vocab: int) -> loss_config.LossSettings:
     """ForwardBackwardRequest / ForwardRequest: both have a loss (`loss_fn` defaults to
-    cross_entropy, PROTOCOL.md §9), so both get its checks."""
+    cross_entropy, PROTOCOL.md §9), so both get its checks. Answers the loss settings it parsed
+    (`processing` with its defaults), so that no one parses them again."""
     if body.get("args"):
         raise bad("args", "must be empty (a deployed field kept for compatibility)", expected="[]")
     kw: Mapping[str, Any] = body["kwargs"]
@@ -126,6 +127,7 @@ def train_body(body: Mapping[str, Any], vocab: int) -> None:
         loss_config.check_context(st, {k: v for k, v in ctx.items() if v is not None})
     except loss_config.LossConfigError as exc:
         raise ProtocolError(exc.code, exc.message, **exc.details) from None
+    return st
 
 
 def vllm_forward(body: Mapping[str, Any]) -> None:

@@ -13,12 +13,11 @@ import asyncio
 import os
 import shutil
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk.spec.model import MethodInfo
-from arctic_sdk.spec.tables import methods as M
-
+from ..engines.op_checks import CallFacts
 from ..protocol.checkpoint_files import run_export
 from ..protocol.errors import ProtocolError
 from ..protocol.lora_config import SUPPORT as LORA_SUPPORT
@@ -32,6 +31,7 @@ def _has_cuda() -> bool:
 
 
 GATEWAY_REFUSED = "checkpoint_path"
+DEFAULT_VOCAB_SIZE = 151_936  # a fake sub-job's before its worker reports one (Qwen2's)
 
 
 class FakeProfile:
@@ -78,20 +78,16 @@ class FakeProfile:
             "latency_s": dict(self.settings.fake_latency_s),
         }
 
-    def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
-        from ..engines import checks
-        from ..engines.fake import sampling, training
-
-        vocab = sub.vocab_size or 151_936
-        if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            training.parse_train(body, vocab)
-            if method is M.FORWARD and sub.role == "sampling":  # as the vLLM sampler refuses
-                checks.vllm_forward(body)
-        elif method is M.LOG_PROBS:
-            training.check_tokens(body["input_ids"], body.get("attention_mask"), vocab)
-        elif method is M.GENERATE:
-            sampling.parse_params(body)
-            sampling.prompt_ids(body, vocab, sub.max_seq_len)
+    def facts(self, base: CallFacts, sub: SubJob) -> CallFacts:
+        """What the per-op checks (`engines/op_checks.py`) know of a fake sub-job: a forward
+        on a sampler is refused what the vLLM sampler refuses."""
+        return replace(
+            base,
+            vocab_size=sub.vocab_size or DEFAULT_VOCAB_SIZE,
+            engine="fake",
+            scores_with_vllm=sub.role == "sampling",
+            max_context=sub.max_seq_len,
+        )
 
     def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
         return {
@@ -170,20 +166,18 @@ class OnpremProfile:
             "num_threads": sub.config.get("num_threads") or self.settings.worker_threads or 1,
         }
 
-    def check(self, method: MethodInfo, body: Mapping[str, Any], sub: SubJob) -> None:
-        from ..engines import checks
-
-        if method is M.FORWARD_BACKWARD or method is M.FORWARD:
-            checks.train_body(body, sub.vocab_size)
-            if method is M.FORWARD and engine_kind(sub.role, sub.config) == "vllm":
-                checks.vllm_forward(body)
-        elif method is M.LOG_PROBS:
-            checks.log_probs_body(body, sub.vocab_size)
-        elif method is M.GENERATE:
-            checks.sampling_params(body)
-            checks.prompts(body, sub.vocab_size)
-            info = dict((sub.worker or {}).get("info") or {})
-            checks.prompt_room(body, int(info.get("max_model_len") or 0))
+    def facts(self, base: CallFacts, sub: SubJob) -> CallFacts:
+        """What the per-op checks (`engines/op_checks.py`) know of an on-prem sub-job: its
+        vocabulary and a sampler's context once its worker reported them."""
+        engine = engine_kind(sub.role, sub.config)
+        info = dict((sub.worker or {}).get("info") or {})
+        return replace(
+            base,
+            vocab_size=sub.vocab_size,
+            engine=engine,
+            scores_with_vllm=engine == "vllm",
+            max_context=int(info.get("max_model_len") or 0),
+        )
 
     def generate_args(self, body: Mapping[str, Any], sub: SubJob) -> dict[str, Any]:
         from ..engines import checks

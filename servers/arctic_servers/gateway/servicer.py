@@ -9,29 +9,25 @@ each run on a sub-job's worker (`dataplane.py`, `checkpoints.py`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from arctic_sdk.spec.model import GrpcShape
 from arctic_sdk.spec.tables import methods as M
 
+from ..engines import op_checks
+from ..engines.fake import operations as fake_operations
+from ..engines.op_checks import CallFacts
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.lora_pools import lora_support_json
-from ..protocol.operation_types import OP_TAIL_LOGS, OP_WEIGHT_SYNC, OPERATION_TYPES
+from ..protocol.operation_types import OP_TAIL_LOGS, OPERATION_TYPES, forward_body
 from . import lora
 from .base import GatewayBase
 from .checkpoints import Checkpoints
 from .dataplane import DataPlane
 from .model import Job
-
-
-class _OperationChecks:
-    """What `engines.fake.operations.check` needs of its servicer."""
-
-    operation_types = OPERATION_TYPES
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
+from .profiles import DEFAULT_VOCAB_SIZE
 
 
 class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
@@ -56,35 +52,33 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
             self.require_running(job, ctx.method)  # /operation: checked by operation type
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
-        """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
-        bounds are the spec's, checked by the protocol layer (`tables.request_rules`)."""
-        from ..engines.fake import operations
-
+        """Semantic checks before a data-plane call is accepted (4xx on failure): the servers'
+        one per-op check table (`engines/op_checks.py`) over what this gateway and its engine
+        profile know of the call."""
         job = self.job(ctx)
-        m = ctx.method
-        fake_job: Any = job  # the fake's checks are duck-typed: job_id, find_sub_job, sub_job
-        if m is M.OPERATION:
-            if body.get("operation_type") != OP_TAIL_LOGS:
-                self.require_running(job, m)
-            train = job.sub_job("training")
-            vocab = (train.vocab_size if train else 0) or 151_936
-            operations.check(_OperationChecks(vocab), fake_job, ctx, body)  # type: ignore[arg-type]
-            if body.get("operation_type") == OP_WEIGHT_SYNC:
-                payload = body.get("payload") or {}
-                lora.check_sync(job, payload, "payload.")
-                self.sync_method(job, payload, "payload.")
-            return
-        sub = self.target(job, ctx)
-        if m in (M.FORWARD_BACKWARD, M.FORWARD, M.LOG_PROBS, M.GENERATE):
-            self.profile.check(m, body, sub)
-            if m is M.GENERATE:
-                lora.check_adapter(body, lora.adapter_job(job))
-        else:
-            visible = functools.partial(self.jobs.visible, owner=self.owner(ctx))
-            operations.check_simple(fake_job, m, body, visible)
-            if m is M.SYNC_WEIGHTS:
-                lora.check_sync(job, body, "")
-                self.sync_method(job, body)
+        if ctx.method is M.OPERATION and body.get("operation_type") != OP_TAIL_LOGS:
+            self.require_running(job, ctx.method)
+        op_checks.check(ctx.method, self._facts(ctx, job), body)
+
+    def _facts(self, ctx: CallContext, job: Job) -> CallFacts:
+        def check_sync(body: Mapping[str, Any], path: str) -> None:
+            fake_operations.check_sync(job, body, path)
+            lora.check_sync(job, body, path)
+            self.sync_method(job, body, path)
+
+        train = job.sub_job("training")
+        base = CallFacts(
+            job=job,
+            vocab_size=(train.vocab_size if train else 0) or DEFAULT_VOCAB_SIZE,
+            adapter_job=lora.adapter_job(job),
+            visible=functools.partial(self.jobs.visible, owner=self.owner(ctx)),
+            check_sync=check_sync,
+            operation_types=self.operation_types,
+            operation_forward=lambda _, payload: (forward_body(payload), base),
+        )
+        if ctx.method is M.OPERATION:
+            return base
+        return self.profile.facts(base, self.target(job, ctx))
 
     # ------------------------------------------------------------------ control plane
 

@@ -10,41 +10,27 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
-from ..engines import checks
 from ..protocol.context import CallContext
 from ..protocol.operation_types import (
     OP_CANCEL,
-    OP_FORWARD,
     OP_RESET,
     OP_TAIL_LOGS,
     OP_WEIGHT_SYNC,
     OPERATION_TYPES,
     cancel_request,
-    check_operation,
     forward_body,
     operation_sub,
     operation_target,
     tail_args,
 )
 from .dataplane import DataPlane
-from .jobs import Job, engine_kind
+from .jobs import Job
 
 
 class Operations(DataPlane):
     operation_types = OPERATION_TYPES
 
     # ------------------------------------------------------------------ /operation
-
-    def _check_operation(self, job: Job, ctx: CallContext, body: Mapping[str, Any]) -> None:
-        otype, payload = check_operation(job, body, self.operation_types)
-        if otype == OP_WEIGHT_SYNC:
-            self._check_sync(job, payload, "payload.")
-        elif otype == OP_FORWARD:
-            fwd = _forward_body(payload)
-            sub = operation_sub(job, body, "training")
-            checks.train_body(fwd, self._vocab_of(sub))
-            if engine_kind(sub.role, sub.spec.config) == "vllm":
-                checks.vllm_forward(fwd)
 
     async def operation(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         job = self._job(ctx)
@@ -76,7 +62,7 @@ class Operations(DataPlane):
             result = await cancel_request(self.core, ctx, str(payload["request_id"]))
         else:  # forward
             sub = operation_sub(job, body, "training")
-            fwd = _forward_body(payload)
+            fwd = operation_forward_body(payload)
             result = dict(await self._call(sub, M.FORWARD.python_name, body=fwd))
         return {"result": result}
 
@@ -95,7 +81,7 @@ class Operations(DataPlane):
         return {"entries": page, "next_cursor": str(end), "eof": end >= len(lines)}
 
 
-def _forward_body(payload: Mapping[str, Any]) -> dict[str, Any]:
+def operation_forward_body(payload: Mapping[str, Any]) -> dict[str, Any]:
     """A forward body from an operation payload (`forward_body`), its nested lists as arrays:
     `kwargs` as int64, `context` as they are."""
     body = forward_body(payload)

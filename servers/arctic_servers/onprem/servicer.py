@@ -12,28 +12,30 @@ sampling, weight sync, lifecycle), `operations.py` (`/operation`) and `checkpoin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
-from ..engines import checks
+from ..engines import checks, op_checks
 from ..engines.config import (
     DEFAULT_MODEL_NAMES,
     LORA,
     config_keys,
     embedded_model_names,
+    engine_kind,
     sub_job_specs,
 )
-from ..protocol import checkpoint_ids
+from ..engines.op_checks import CallFacts
 from ..protocol import jobs as pj
 from ..protocol.context import CallContext
-from ..protocol.jobs import sub_job_by_id
-from ..protocol.lora_config import check_adapter
 from ..protocol.lora_pools import lora_support_json
+from ..protocol.operation_types import operation_sub
 from .checkpoints import Checkpoints
-from .jobs import Job, engine_kind
-from .operations import Operations
+from .jobs import Job, SubJob
+from .operations import Operations, operation_forward_body
 
 
 class OnpremServicer(Operations, Checkpoints):
@@ -46,46 +48,41 @@ class OnpremServicer(Operations, Checkpoints):
         return lora_support_json(LORA.json(), self.jobs.pools.book)
 
     def check_request(self, ctx: CallContext, body: dict[str, Any]) -> None:
-        """Semantic checks before a data-plane call is accepted (4xx on failure); the fields'
-        bounds are the spec's, checked by the protocol layer (`tables.request_rules`)."""
+        """Semantic checks before a data-plane call is accepted (4xx on failure): the servers'
+        one per-op check table (`engines/op_checks.py`) over what this server knows of the
+        call."""
         job = self._job(ctx)
-        m = ctx.method
-        sub = self.target(job, ctx) if m is not M.OPERATION else None
-        if m is M.FORWARD_BACKWARD or m is M.FORWARD:
-            assert sub is not None
-            checks.train_body(body, self._vocab_of(sub))
-            if m is M.FORWARD and engine_kind(sub.role, sub.spec.config) == "vllm":
-                checks.vllm_forward(body)
-        elif m is M.LOG_PROBS:
-            assert sub is not None
-            checks.log_probs_body(body, self._vocab_of(sub))
-        elif m is M.GENERATE:
-            assert sub is not None
-            checks.sampling_params(body)
-            checks.prompts(body, self._vocab_of(sub))
-            info = sub.worker.info if sub.worker is not None else {}
-            checks.prompt_room(body, int(info.get("max_model_len") or 0))
-            check_adapter(body, job.syncs_adapter)
-        elif m is M.SAVE_CHECKPOINT:
-            checks.save_body(body)
-        elif m is M.LOAD_CHECKPOINT:
-            if not body.get("checkpoint_id"):
-                raise checks.bad("checkpoint_id", "is required", "missing_field")
-            checks.checkpoint_id(body["checkpoint_id"])
-            checkpoint_ids.check_source_job(
-                body, job.job_id, lambda s: self.jobs.visible(s, self._owner(ctx))
-            )
-            tid = body.get("target_sub_job_id")
-            if tid:  # any sub-job: a sampler loads the checkpoint's exported weights
-                sub_job_by_id(job, tid)
-        elif m is M.SYNC_WEIGHTS:
-            self._check_sync(job, body, "")
-        elif m in (M.EXPORT_CHECKPOINT, M.DELETE_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE):
-            checks.checkpoint_id(body.get("checkpoint_id"))
-            if m is M.DOWNLOAD_CHECKPOINT_FILE:
-                checks.filename(body.get("filename"))
-        elif m is M.OPERATION:
-            self._check_operation(job, ctx, body)
+        base = CallFacts(
+            job=job,
+            adapter_job=job.syncs_adapter,
+            visible=lambda s: self.jobs.visible(s, self._owner(ctx)),
+            check_sync=lambda b, path: self._check_sync(job, b, path),
+            operation_types=self.operation_types,
+            operation_forward=lambda env, payload: self._operation_forward(job, env, payload),
+        )
+        facts = base if ctx.method is M.OPERATION else self._facts(base, self.target(job, ctx))
+        op_checks.check(ctx.method, facts, body)
+
+    def _facts(self, base: CallFacts, sub: SubJob) -> CallFacts:
+        """What the checks know of a target sub-job: its vocabulary, its engine, and a
+        sampler's context once its worker reported it."""
+        engine = engine_kind(sub.role, sub.spec.config)
+        info = sub.worker.info if sub.worker is not None else {}
+        return replace(
+            base,
+            vocab_size=self._vocab_of(sub),
+            engine=engine,
+            scores_with_vllm=engine == "vllm",
+            max_context=int(info.get("max_model_len") or 0),
+        )
+
+    def _operation_forward(
+        self, job: Job, envelope: Mapping[str, Any], payload: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], CallFacts]:
+        """An /operation forward's body and the facts of the sub-job it runs on (its target,
+        else the trainer)."""
+        sub = operation_sub(job, envelope, "training")
+        return operation_forward_body(payload), self._facts(CallFacts(job=job), sub)
 
     # ------------------------------------------------------------------ control plane
 

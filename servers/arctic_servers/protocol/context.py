@@ -31,3 +31,7 @@ class CallContext:
     # An in-process caller's box (`inproc.py`): the request's result value is put in it as the
     # servicer answered it, so the caller reads it without decoding the recorded frame.
     result_box: dict[str, Any] | None = field(default=None, repr=False)
+    # What the servicer's `check_request` derived from the body (a training op's parsed loss
+    # settings), for its op to use instead of deriving it again; None where no check ran in
+    # this process (a request taken up after a restart).
+    checked: Any = field(default=None, repr=False)

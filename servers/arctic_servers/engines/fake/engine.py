@@ -21,6 +21,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ...protocol.errors import ProtocolError
 from ...protocol.lora_config import adapter_sync
+from ..losses.table import LossSettings
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase
 from . import checkpoints as fake_ckpt
@@ -133,9 +134,18 @@ class FakeEngine(EngineBase):
             "load": self.op_load,  # not-an-op
         }
 
-    def op_forward_backward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _train_call(self, body: Mapping[str, Any], loss: LossSettings | None) -> training.TrainCall:
+        """The call of a training body: checked here, unless its server's check (the per-op
+        table, `engines/op_checks.py`) already did, in this process, and hands its `loss`."""
+        if loss is None:
+            return training.parse_train(body, self.vocab)
+        return training.to_call(body, loss)
+
+    def op_forward_backward(
+        self, body: Mapping[str, Any], loss: LossSettings | None = None
+    ) -> dict[str, Any]:
         self._begin(M.FORWARD_BACKWARD.python_name)
-        call = training.parse_train(body, self.vocab)
+        call = self._train_call(body, loss)
         result, lr = training.run(call, self.model_step, forward=False)
         assert lr is not None
         for t, g in lr.grad.items():
@@ -145,9 +155,11 @@ class FakeEngine(EngineBase):
         result["metrics"]["global_step"] = self.global_step
         return result
 
-    def op_forward(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def op_forward(
+        self, body: Mapping[str, Any], loss: LossSettings | None = None
+    ) -> dict[str, Any]:
         self._begin(M.FORWARD.python_name)
-        call = training.parse_train(body, self.vocab)
+        call = self._train_call(body, loss)
         result, _ = training.run(call, self.model_step, forward=True)
         result["metrics"]["global_step"] = self.global_step
         return result

@@ -1,30 +1,17 @@
-"""The fake engine's `/operation` envelope, weight sync, and the checks of the small JSON ops.
-
-The gateway runs the same checks on its requests (`gateway/servicer.py`), so both servers refuse
-the same bodies with the same codes."""
+"""The fake engine's weight sync and `/operation` tail-logs, and the weight-sync checks the fake
+gateway and the gateway share (their `CallFacts.check_sync`; every other check is the servers'
+one per-op table, `engines/op_checks.py`), so both refuse the same bodies with the same codes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
-from arctic_sdk.spec.model import MethodInfo
-from arctic_sdk.spec.tables import methods as M
-
-from ...protocol import checkpoint_ids
 from ...protocol.collective_sync import SYNC_METHODS, file_sync_result
-from ...protocol.context import CallContext
-from ...protocol.jobs import sub_job_by_id
+from ...protocol.jobs import JobRecord
 from ...protocol.lora_config import adapter_sync, check_weight_format, job_lora
-from ...protocol.operation_types import (
-    OP_FORWARD,
-    OP_WEIGHT_SYNC,
-    check_operation,
-    forward_body,
-    tail_args,
-)
+from ...protocol.operation_types import tail_args
 from ...protocol.sub_jobs import check_sync_sub_jobs, field_error, sync_sub_jobs
-from . import checkpoints as ck
 from .state import Job
 
 
@@ -36,29 +23,8 @@ def _one_of(body: Mapping[str, Any], name: str, allowed: tuple[str, ...], path: 
         )
 
 
-def check_simple(
-    job: Job, m: MethodInfo, body: Mapping[str, Any], visible: Callable[[str], object]
-) -> None:
-    """Checks of the JSON-bodied and body-less data-plane ops (the fields' values and bounds
-    are the spec's, checked on arrival by the protocol layer); `visible(job_id)` answers a job
-    the caller may load a checkpoint from, or raises."""
-    if m is M.SAVE_CHECKPOINT:
-        ck.check_save(body)
-    elif m is M.SYNC_WEIGHTS:
-        check_sync(job, body, "")
-    elif m in (M.EXPORT_CHECKPOINT, M.DELETE_CHECKPOINT, M.DOWNLOAD_CHECKPOINT_FILE):
-        ck.check_id(body.get("checkpoint_id"))  # the spec's rule: a name, never a path
-        if m is M.DOWNLOAD_CHECKPOINT_FILE:
-            checkpoint_ids.check_filename(body.get("filename"))
-    elif m is M.LOAD_CHECKPOINT:
-        ck.check_id(body.get("checkpoint_id"))
-        target = body.get("target_sub_job_id")
-        if target:
-            sub_job_by_id(job, target)
-        checkpoint_ids.check_source_job(body, job.job_id, visible)
-
-
-def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:
+def check_sync(job: JobRecord[Any], body: Mapping[str, Any], path: str) -> None:
+    """A weight sync's method, targets and weight format (any server's job: the gateway's too)."""
     _one_of(body, "method", SYNC_METHODS, path)
     check_sync_sub_jobs(job, body, path)
     lora = adapter_sync(job_lora([(s.role, s.config) for s in job.sub_jobs]))
@@ -84,27 +50,6 @@ def sync(job: Job, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- /operation
-
-
-class OperationChecks(Protocol):
-    """What `check` needs of its server: the operation types it serves, the model's vocabulary."""
-
-    @property
-    def operation_types(self) -> Iterable[str]: ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-
-def check(svc: OperationChecks, job: Job, ctx: CallContext, body: Mapping[str, Any]) -> None:
-    """The `/operation` envelope (PROTOCOL.md §3.4, jobs.proto OperationRequest)."""
-    otype, payload = check_operation(job, body, svc.operation_types)
-    if otype == OP_WEIGHT_SYNC:
-        check_sync(job, payload, "payload.")
-    elif otype == OP_FORWARD:
-        from . import training
-
-        training.parse_train(forward_body(payload), svc.vocab_size)
 
 
 def tail_logs(job: Job, payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from .. import checks
-from ..losses import table as loss_config
 from . import numerics as nx
 
 
@@ -38,12 +37,16 @@ def check_tokens(ids: Any, mask: Any, vocab_size: int) -> None:
 def parse_train(body: Mapping[str, Any], vocab_size: int) -> TrainCall:
     """Check a ForwardBackwardRequest / ForwardRequest and convert it (the loss defaults to
     cross_entropy for both, PROTOCOL.md §9)."""
-    checks.train_body(body, vocab_size)
+    return to_call(body, checks.train_body(body, vocab_size))
+
+
+def to_call(body: Mapping[str, Any], spec: nx.LossSpec) -> TrainCall:
+    """A body `checks.train_body` accepted, with the loss settings it parsed, as `numerics`
+    inputs (nothing is checked or parsed again)."""
     kw: Mapping[str, Any] = body["kwargs"]
     ctx: Mapping[str, Any] = body.get("context") or {}
     processing: Mapping[str, Any] = body.get("processing") or {}
     batch = nx.make_batch(kw["input_ids"], kw.get("attention_mask"), kw.get("position_ids"))
-    spec = loss_config.parse_processing({k: v for k, v in processing.items() if k != "post"})
 
     def floats(name: str) -> nx.F64 | None:
         v = ctx.get(name)
