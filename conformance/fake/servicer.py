@@ -26,7 +26,7 @@ from arctic_servers.engines.fake import numerics as nx
 from arctic_servers.engines.fake import operations, sampling
 from arctic_servers.engines.fake.config import FAKE_CONFIG_KEYS
 from arctic_servers.engines.fake.state import Job, SubJob
-from arctic_servers.engines.op_checks import CallFacts
+from arctic_servers.engines.op_checks import CallFacts, vocab_of
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.fields import step_args
@@ -88,7 +88,7 @@ class FakeServicer(JobControl[Job]):
     def _facts(self, ctx: CallContext, job: Job) -> CallFacts:
         base = CallFacts(
             job=job,
-            vocab_size=self.vocab_size,
+            vocab=vocab_of(self.vocab_size),
             engine="fake",
             adapter_job=_lora_job(job),
             visible=functools.partial(self.jobs.visible, owner=self._owner(ctx)),

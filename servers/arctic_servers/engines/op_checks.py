@@ -36,6 +36,11 @@ from . import checks
 from .losses.table import LossSettings
 
 
+def vocab_of(size: int) -> Callable[[], int]:
+    """A vocabulary already known."""
+    return lambda: size
+
+
 def _no_sync_checks(body: Mapping[str, Any], path: str) -> None:
     """A server without weight-sync checks of its own (the spec's rules still ran)."""
 
@@ -54,7 +59,9 @@ class CallFacts:
     """What the checks need to know of one call, each server's own answer."""
 
     job: JobRecord[Any]
-    vocab_size: int = 0  # the target sub-job's vocabulary (0: not known; ids are not checked)
+    # the target sub-job's vocabulary (0: not known; ids are not checked), asked only by the rows
+    # that check token ids (the on-prem server may read it from the model's files)
+    vocab: Callable[[], int] = lambda: 0
     engine: str = ""  # the target's engine: "fake" samples as the fake engine, else as vLLM
     scores_with_vllm: bool = False  # a forward on it is vLLM's prompt scoring (temperature 1)
     max_context: int = 0  # a sampler's context, prompt + max_tokens (0: not known yet)
@@ -72,7 +79,7 @@ Check = Callable[[CallFacts, Mapping[str, Any]], LossSettings | None]
 
 def _train(method: MethodInfo) -> Check:
     def check(facts: CallFacts, body: Mapping[str, Any]) -> LossSettings:
-        loss = checks.train_body(body, facts.vocab_size)
+        loss = checks.train_body(body, facts.vocab())
         if method is M.FORWARD and facts.scores_with_vllm:
             checks.vllm_forward(body)
         return loss
@@ -81,17 +88,17 @@ def _train(method: MethodInfo) -> Check:
 
 
 def _log_probs(facts: CallFacts, body: Mapping[str, Any]) -> None:
-    checks.log_probs_body(body, facts.vocab_size)
+    checks.log_probs_body(body, facts.vocab())
 
 
 def _generate(facts: CallFacts, body: Mapping[str, Any]) -> None:
     if facts.engine == "fake":  # the fake engine's own limits too (n, constrained decoding)
         from .fake import sampling
 
-        sampling.prompt_ids(body, facts.vocab_size, facts.max_context)
+        sampling.prompt_ids(body, facts.vocab(), facts.max_context)
     else:
         checks.sampling_params(body)
-        checks.prompts(body, facts.vocab_size)
+        checks.prompts(body, facts.vocab())
         checks.prompt_room(body, facts.max_context)
     check_adapter(body, facts.adapter_job)
 

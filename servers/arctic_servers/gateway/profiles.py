@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..engines.op_checks import CallFacts
+from ..engines.op_checks import CallFacts, vocab_of
 from ..protocol.checkpoint_files import run_export
 from ..protocol.errors import ProtocolError
 from ..protocol.lora_config import SUPPORT as LORA_SUPPORT
@@ -83,7 +83,7 @@ class FakeProfile:
         on a sampler is refused what the vLLM sampler refuses."""
         return replace(
             base,
-            vocab_size=sub.vocab_size or DEFAULT_VOCAB_SIZE,
+            vocab=vocab_of(sub.vocab_size or DEFAULT_VOCAB_SIZE),
             engine="fake",
             scores_with_vllm=sub.role == "sampling",
             max_context=sub.max_seq_len,
@@ -173,7 +173,7 @@ class OnpremProfile:
         info = dict((sub.worker or {}).get("info") or {})
         return replace(
             base,
-            vocab_size=sub.vocab_size,
+            vocab=vocab_of(sub.vocab_size),
             engine=engine,
             scores_with_vllm=engine == "vllm",
             max_context=int(info.get("max_model_len") or 0),

@@ -17,7 +17,7 @@ from arctic_sdk.spec.tables import methods as M
 
 from ..engines import op_checks
 from ..engines.fake import operations as fake_operations
-from ..engines.op_checks import CallFacts
+from ..engines.op_checks import CallFacts, vocab_of
 from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.lora_pools import lora_support_json
@@ -69,7 +69,7 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
         train = job.sub_job("training")
         base = CallFacts(
             job=job,
-            vocab_size=(train.vocab_size if train else 0) or DEFAULT_VOCAB_SIZE,
+            vocab=vocab_of((train.vocab_size if train else 0) or DEFAULT_VOCAB_SIZE),
             adapter_job=lora.adapter_job(job),
             visible=functools.partial(self.jobs.visible, owner=self.owner(ctx)),
             check_sync=check_sync,

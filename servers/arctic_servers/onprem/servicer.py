@@ -70,7 +70,7 @@ class OnpremServicer(Operations, Checkpoints):
         info = sub.worker.info if sub.worker is not None else {}
         return replace(
             base,
-            vocab_size=self._vocab_of(sub),
+            vocab=lambda: self._vocab_of(sub),
             engine=engine,
             scores_with_vllm=engine == "vllm",
             max_context=int(info.get("max_model_len") or 0),
