@@ -213,7 +213,7 @@ async def start_gateway(
     if grpc_port is not None:
         gserver, grpc_port = await start_grpc_server(core, host=host, port=grpc_port)
     app = make_app(core)
-    install_openai(app, servicer, token_sha256, tools)  # /v1/models, /v1/chat/completions, ...
+    install_openai(app, core, tools)  # /v1/models, /v1/chat/completions, ...
     # Tinker's /api/v1/... over the models of the gateway's engine (tinker/catalog.py)
     mount_tinker(
         app,

@@ -80,7 +80,7 @@ def _configure(
     from ..tinker.mount import mount as mount_tinker
 
     def configure(app: web.Application, core: ProtocolCore) -> None:
-        install_openai(app, servicer, tokens, tools=tools)
+        install_openai(app, core, tools=tools)
         mount_tinker(
             app,
             tinker,

@@ -8,16 +8,18 @@ digests); a gateway started without tokens answers 401 on these routes.
 Model ids: a running job with a sampling sub-job is served as the model `{job_id}`; its sub-job
 id and its `model_name` (the caller's newest running job of that name) resolve to it too. A job
 is visible only to the token that created it (another token's job answers 404
-`model_not_found`, as if it did not exist). Generation goes through the gateway servicer's own
-`generate` with a call context of that token: the same job visibility and running-state checks,
-the profile's semantic checks (`check_request`), the weight-sync gate and `weight_version`, and
+`model_not_found`, as if it did not exist). Generation is an arctic.v1 `generate` call of the
+gateway's protocol core in this process (`protocol/inproc.py`) as that token: the core's auth,
+field rules and limits, the same job visibility and running-state checks, the profile's semantic
+checks (`check_request`), the request record, the weight-sync gate and `weight_version`, and
 the same keyed call on the sampling sub-job's worker (fake or vLLM).
 
 Tokenizer: the model directory's (`transformers.AutoTokenizer`; the on-prem engines report it as
 `model_dir`), or for fake workers the fake engine's byte-level tokenizer with the tiny model's
 Qwen-style template (their samples' text is that tokenizer's decoding).
 
-Streaming: on a vLLM sampler, token by token through the servicer's `generate_stream` (the worker
+Streaming (admitted by the core first, `CoreCalls.checked`: the same checks, no request
+record): on a vLLM sampler, token by token through the servicer's `generate_stream` (the worker
 host's `stream` op: the new tokens of every engine step; a client that disconnects has its
 request aborted in the engine). Fake workers do not stream: there each step of a stream asks
 for up to `chunk_tokens` more tokens (`tokenized.continuation_stream`), each a generate of its
@@ -32,10 +34,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk.spec.tables import methods as M
-
 from ..protocol.config import token_digest
-from ..protocol.context import CallContext
+from ..protocol.core import ProtocolCore
+from ..protocol.inproc import CoreCalls
 from .sampler import ModelCard, OpenAIError
 from .tokenized import FakeTokenizer, ServicerSampler, load_tokenizer
 
@@ -50,7 +51,7 @@ NO_TOKENS = (
 class GatewaySampler(ServicerSampler):
     def __init__(
         self,
-        servicer: Any,
+        calls: CoreCalls,
         job_id: str,
         sub: Any,
         token: str,
@@ -59,13 +60,10 @@ class GatewaySampler(ServicerSampler):
         max_model_len: int = 0,
         chunk_tokens: int = 4,
     ) -> None:
-        super().__init__(servicer, job_id, sub, token, tokenizer, max_model_len)
-        self.chunk_tokens = chunk_tokens
-
-    def _ctx(self) -> CallContext:
-        return CallContext(
-            method=M.GENERATE, job_id=self.job_id, sub_job_id=self.sub.sub_job_id, token=self.token
+        super().__init__(
+            calls, job_id, sub, token, tokenizer, max_model_len, sub_job_id=sub.sub_job_id
         )
+        self.chunk_tokens = chunk_tokens
 
     @property
     def token_streaming(self) -> bool:
@@ -80,14 +78,15 @@ def _info(sub: Any) -> dict[str, Any]:
 class GatewayResolver:
     """Models = the caller's running jobs with a sampling sub-job whose worker is up."""
 
-    def __init__(self, servicer: Any, *, chunk_tokens: int = 4) -> None:
-        self.servicer = servicer
+    def __init__(self, calls: CoreCalls, *, chunk_tokens: int = 4) -> None:
+        self.calls = calls
+        self.servicer: Any = calls.core.servicer
         self.chunk_tokens = chunk_tokens
 
     def _owner(self, token: str | None) -> str:
-        if not token:
+        if not token or not self.servicer.auth:
             raise OpenAIError(401, NO_TOKENS, type="authentication_error", code="invalid_api_key")
-        return token_digest(token) if self.servicer.auth else ""
+        return token_digest(token)
 
     def _jobs(self, token: str | None) -> list[tuple[Any, Any]]:
         owner = self._owner(token)
@@ -144,7 +143,7 @@ class GatewayResolver:
                 code="no_tokenizer",
             )
         return GatewaySampler(
-            self.servicer,
+            self.calls,
             job.job_id,
             sub,
             str(token),
@@ -154,9 +153,10 @@ class GatewayResolver:
         )
 
 
-def install(app: Any, servicer: Any, token_sha256: frozenset[str], tools: Any = None) -> None:
-    """Mount the OpenAI-compatible routes of the gateway's sampling sub-jobs on `app`
-    (`tools`: the server's `tool_calls.ToolSettings`)."""
+def install(app: Any, core: ProtocolCore, tools: Any = None) -> None:
+    """Mount the OpenAI-compatible routes of the gateway's sampling sub-jobs on `app`, served
+    by its protocol core in this process (`tools`: the server's `tool_calls.ToolSettings`)."""
     from .routes import add_openai_routes
 
-    add_openai_routes(app, GatewayResolver(servicer), token_sha256=token_sha256, tools=tools)
+    calls = CoreCalls(core)
+    add_openai_routes(app, GatewayResolver(calls), authenticate=calls.authenticate, tools=tools)

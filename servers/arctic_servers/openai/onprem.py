@@ -2,18 +2,21 @@
 
 Model ids: a running job with a sampling sub-job is served as the model `{job_id}`; its sub-job
 id and its `model_name` (the newest running job of that name) resolve to it too. Jobs are
-visible only to the token that created them. Generation goes through the servicer's own
-`generate` (so a weight sync in progress pauses new requests, and `weight_version` is exact);
-the tokenizer and chat template are the model directory's (`transformers.AutoTokenizer`,
-loaded once per model in the server process).
+visible only to the token that created them. Generation is an arctic.v1 `generate` call of the
+server's protocol core in this process (`protocol/inproc.py`: the core's auth, field rules,
+per-op checks, limits and request record; a weight sync in progress pauses new requests, and
+`weight_version` is exact); the tokenizer and chat template are the model directory's
+(`transformers.AutoTokenizer`, loaded once per model in the server process).
 
-Streaming is token by token: `OnpremSampler.stream` iterates over the servicer's
-`generate_stream`, which runs the sampling worker's `generate_stream` command (one vLLM request
-with `RequestOutputKind.DELTA`; the worker sends the new tokens of every engine step, see
-`engines/vllm/sampling.py`). Every sampling parameter applies as in a whole generate (penalties and
-`min_tokens` included: the engine sees the whole completion). Stop strings are vLLM's (it holds
-back text that could start one). When the consumer leaves early (the HTTP client disconnected
-and the route cancelled the stream), the worker aborts the request in the engine.
+Streaming is token by token: the core admits the sample (`CoreCalls.checked`: the same checks,
+no request record; arctic.v1 has no streaming op) and `OnpremSampler.stream` iterates over the
+servicer's `generate_stream`, which runs the sampling worker's `generate_stream` command (one
+vLLM request with `RequestOutputKind.DELTA`; the worker sends the new tokens of every engine
+step, see `engines/vllm/sampling.py`). Every sampling parameter applies as in a whole generate
+(penalties and `min_tokens` included: the engine sees the whole completion). Stop strings are
+vLLM's (it holds back text that could start one). When the consumer leaves early (the HTTP
+client disconnected and the route cancelled the stream), the worker aborts the request in the
+engine.
 """
 
 from __future__ import annotations
@@ -22,9 +25,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from arctic_sdk.spec.tables import methods as M
-
-from ..protocol.context import CallContext
+from ..protocol.core import ProtocolCore
+from ..protocol.inproc import CoreCalls
 from .sampler import ModelCard, OpenAIError
 from .tokenized import ServicerSampler, load_tokenizer
 
@@ -32,8 +34,7 @@ __all__ = ["OnpremResolver", "OnpremSampler"]
 
 
 class OnpremSampler(ServicerSampler):
-    def _ctx(self) -> CallContext:
-        return CallContext(method=M.GENERATE, job_id=self.job_id, token=self.token)
+    """A sampling sub-job of the on-prem server (its job's: the call names no sub-job)."""
 
 
 def _max_len(sub: Any) -> int:
@@ -44,8 +45,9 @@ def _max_len(sub: Any) -> int:
 class OnpremResolver:
     """Models = running jobs with a sampling sub-job, visible to the caller's token."""
 
-    def __init__(self, servicer: Any) -> None:
-        self.servicer = servicer
+    def __init__(self, calls: CoreCalls) -> None:
+        self.calls = calls
+        self.servicer: Any = calls.core.servicer
 
     def _owner(self, token: str | None) -> str | None:
         return token if getattr(self.servicer, "auth", False) else None
@@ -93,12 +95,14 @@ class OnpremResolver:
             )
         job, sub = match[0]
         tok = await asyncio.to_thread(load_tokenizer, Path(sub.model_dir))
-        return OnpremSampler(self.servicer, job.job_id, sub, token, tok, _max_len(sub))
+        return OnpremSampler(self.calls, job.job_id, sub, token, tok, _max_len(sub))
 
 
-def install(app: Any, servicer: Any, tokens: Any = (), tools: Any = None) -> None:
-    """Mount the OpenAI-compatible routes of an on-prem server's sampling sub-jobs on `app`
-    (`tools`: the server's `tool_calls.ToolSettings`)."""
+def install(app: Any, core: ProtocolCore, tools: Any = None) -> None:
+    """Mount the OpenAI-compatible routes of an on-prem server's sampling sub-jobs on `app`,
+    served by its protocol core in this process (its auth: the server's tokens; `tools`: the
+    server's `tool_calls.ToolSettings`)."""
     from .routes import add_openai_routes
 
-    add_openai_routes(app, OnpremResolver(servicer), tokens=tokens, tools=tools)
+    calls = CoreCalls(core)
+    add_openai_routes(app, OnpremResolver(calls), authenticate=calls.authenticate, tools=tools)

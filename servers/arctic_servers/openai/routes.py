@@ -10,20 +10,25 @@ produced its tokens), then `data: [DONE]`; with
 concurrently, each chunk naming its choice `index`. vLLM's `stream_interval` k holds a choice's
 tokens back until k have piled up (its first tokens and its finish go out at once).
 
-Every completion, streamed or not, holds one of its job's sampling slots while it runs
-(`Sampler.admit`: the server's `limits.max_sampling_requests_per_job`, shared with protocol
-`generate` calls); past the bound it is answered 429 `rate_limited` with `Retry-After` before
+Every completion, streamed or not, holds one of its job's sampling slots while it runs (the
+server's `limits.max_sampling_requests_per_job`, shared with protocol `generate` calls: a whole
+completion is a `generate` call of the core, which admits it; a stream holds its slot through
+`Sampler.admit`); past the bound it is answered 429 `rate_limited` with `Retry-After` before
 anything is generated.
 
-`add_openai_routes(app, resolver, tokens=..., token_sha256=...)` mounts the routes; with tokens
-(in clear, or as sha256 hex digests as the gateway keeps them), every route asks for
-`Authorization: Bearer <token>` (401 otherwise) and the token is passed to the resolver.
+`add_openai_routes(app, resolver, authenticate=...)` mounts the routes; every route
+authenticates its caller with `authenticate` (an `Authorization` header value -> the token, or
+`ProtocolError` `unauthenticated`, answered 401 `invalid_api_key`) and passes the token to the
+resolver. A server's routes use its protocol core's rule (`CoreCalls.authenticate`); a
+stand-alone server of the routes (tests, a proxy) the same rule over its own `tokens` (in clear,
+or as sha256 hex digests; `protocol/auth.py`). Errors of the core's calls (its field rules,
+per-op checks, limits) are answered in OpenAI's shape with their HTTP status, `code` and the
+field as `param`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -31,6 +36,8 @@ from typing import Any
 from aiohttp import web
 
 from ..protocol import limits as input_limits
+from ..protocol.auth import accepted_token
+from ..protocol.config import token_digest
 from ..protocol.errors import ProtocolError
 from . import request_fields
 from .reply_parts import (
@@ -51,49 +58,56 @@ __all__ = ["add_openai_routes"]
 
 log = logging.getLogger("arctic_servers.openai")
 Handler = Callable[[web.Request], Any]
+Authenticate = Callable[[str], "str | None"]  # an Authorization header value -> the token
+
+
+def bearer_auth(tokens: Iterable[str] = (), token_sha256: Iterable[str] = ()) -> Authenticate:
+    """The protocol's bearer rule (`protocol/auth.py`) over these tokens; without any, every
+    caller is accepted and none told apart (None)."""
+    clear, digests = frozenset(tokens), frozenset(token_sha256)
+    if not clear and not digests:
+        return lambda authorization: None
+    return lambda authorization: accepted_token(authorization, clear, digests)
 
 
 def _owner(token: str | None) -> str:
     """Whose sessions: a digest of the caller's token ("" on a server without auth)."""
-    return hashlib.sha256(token.encode()).hexdigest() if token else ""
+    return token_digest(token) if token else ""
+
+
+def _error_type(status: int) -> str:
+    """OpenAI's error `type` of an HTTP status."""
+    if status >= 500:
+        return "server_error"
+    return {401: "authentication_error", 403: "permission_error"}.get(
+        status, "invalid_request_error"
+    )
 
 
 class OpenAIRoutes:
     def __init__(
         self,
         resolver: Resolver,
-        tokens: Iterable[str] = (),
-        token_sha256: Iterable[str] = (),
+        authenticate: Authenticate,
         *,
         tools: ToolSettings | None = None,
         sessions: SessionStore | None = None,
     ) -> None:
         self.resolver = resolver
-        self.tokens = frozenset(tokens)
-        self.token_sha256 = frozenset(token_sha256)
+        self.authenticate = authenticate
         self.tool_calls = ToolCalls(tools)
         self.sessions = sessions or SessionStore()
 
-    def _accepted(self, token: str) -> bool:
-        if token in self.tokens:
-            return True
-        return bool(token) and hashlib.sha256(token.encode()).hexdigest() in self.token_sha256
-
     def _token(self, request: web.Request) -> str | None:
-        if not self.tokens and not self.token_sha256:
-            return None
-        try:  # the protocol's rule: a token is printable ASCII
-            token = input_limits.bearer_token(request.headers.get("Authorization", "")) or ""
-        except ProtocolError:
-            token = ""
-        if not self._accepted(token):
+        try:
+            return self.authenticate(request.headers.get("Authorization", ""))
+        except ProtocolError as exc:
             raise OpenAIError(
                 401,
-                "missing or invalid API key: send Authorization: Bearer <token>",
+                f"missing or invalid API key ({exc.message}): send Authorization: Bearer <token>",
                 type="authentication_error",
                 code="invalid_api_key",
-            )
-        return token
+            ) from None
 
     def wrap(self, fn: Handler) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -108,14 +122,17 @@ class OpenAIRoutes:
                 code = str(getattr(exc, "code", "") or "internal")
                 if status >= 500:
                     log.exception("openai route %s failed", request.path)
+                details = getattr(exc, "details", None) or {}
+                field = details.get("field")
                 err = OpenAIError(
                     status,
                     str(getattr(exc, "message", "") or exc) or code,
-                    type="server_error" if status >= 500 else "invalid_request_error",
-                    code=code,
+                    type=_error_type(status),
+                    param=str(field) if field else None,
+                    code="invalid_api_key" if code == "unauthenticated" else code,
                 )
                 headers = {}
-                retry = (getattr(exc, "details", None) or {}).get("retry_after_s")
+                retry = details.get("retry_after_s")
                 if status in (429, 503) and retry is not None:  # the clients wait this long
                     headers["Retry-After"] = str(max(0, int(retry)))
                 return web.json_response(err.body(), status=status, headers=headers)
@@ -171,10 +188,10 @@ class OpenAIRoutes:
     ) -> web.StreamResponse:
         req = chat_request(body, sampler, self.tool_calls, session)
         headers = ignored_header(request, req.ignored)
-        with sampler.admit():
-            if req.stream:
+        if req.stream:
+            with sampler.admit():  # a stream is no request of the core: its slot is held here
                 return await stream_reply(request, sampler, req, chat=True)
-            results, version = await sampler.generate(req.prompts, req.params)
+        results, version = await sampler.generate(req.prompts, req.params)  # the core admits it
         return web.json_response(chat_reply(sampler, req, results[0], version), headers=headers)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -183,10 +200,10 @@ class OpenAIRoutes:
         sampler = await self.resolver.sampler(str(body.get("model") or ""), token)
         req = completion_request(body, sampler)
         headers = ignored_header(request, req.ignored)
-        with sampler.admit():
-            if req.stream:
+        if req.stream:
+            with sampler.admit():  # a stream is no request of the core: its slot is held here
                 return await stream_reply(request, sampler, req, chat=False)
-            results, version = await sampler.generate(req.prompts, req.params)
+        results, version = await sampler.generate(req.prompts, req.params)  # the core admits it
         choices: list[dict[str, Any]] = []
         n_tokens = 0
         for pi, samples in enumerate(results):
@@ -269,14 +286,18 @@ def add_openai_routes(
     app: web.Application,
     resolver: Resolver,
     *,
+    authenticate: Authenticate | None = None,
     tokens: Iterable[str] = (),
     token_sha256: Iterable[str] = (),
     tools: ToolSettings | None = None,
     sessions: SessionStore | None = None,
 ) -> OpenAIRoutes:
     """Mount `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/sessions/{id}`,
-    `/tokenize`, `/detokenize` on `app`."""
-    routes = OpenAIRoutes(resolver, tokens, token_sha256, tools=tools, sessions=sessions)
+    `/tokenize`, `/detokenize` on `app`; callers authenticated by `authenticate` (a server's
+    core's rule), else by `bearer_auth(tokens, token_sha256)`."""
+    if authenticate is None:
+        authenticate = bearer_auth(tokens, token_sha256)
+    routes = OpenAIRoutes(resolver, authenticate, tools=tools, sessions=sessions)
     app.router.add_get("/v1/models", routes.wrap(routes.list_models))
     app.router.add_post("/v1/chat/completions", routes.wrap(routes.chat))
     app.router.add_get("/v1/sessions/{session_id}", routes.wrap(routes.get_session))

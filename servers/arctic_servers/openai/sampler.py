@@ -177,8 +177,9 @@ class Sampler(Protocol):
         ...
 
     def admit(self) -> AbstractContextManager[None]:
-        """One sampling request of the job for the duration of the block: the server's bound on
-        queued sampling work (raises its 429 `rate_limited` past it, before anything is sent)."""
+        """One sampling request of the job for the duration of a stream: the server's bound on
+        queued sampling work (raises its 429 `rate_limited` past it, before anything is sent).
+        A whole `generate` is admitted by the sampler's own call (a server's core)."""
         ...
 
 

@@ -5,8 +5,8 @@ server's own `generate`, and streaming by continuation for workers that answer w
 Hugging Face-style tokenizer: the model directory's (`load_tokenizer`, once per directory in
 the server process) or `FakeTokenizer` (the fake engine's byte-level tokenizer and the tiny
 model's Qwen-style template). A subclass supplies `_generate` (the server's generate body ->
-result) and `stream`; `ServicerSampler` supplies both through a server's own servicer (its
-`check_request`, `generate` and `generate_stream`, called with the caller's token).
+result) and `stream`; `ServicerSampler` supplies both through a server's protocol core in this
+process (`protocol/inproc.py`, as the caller's token).
 
 `continuation_stream` streams a sample through a worker that answers one reply per command:
 each step asks for up to `chunk_tokens` more tokens of the same sample (prompt + tokens so far;
@@ -29,7 +29,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from arctic_sdk.spec.tables import methods as M
+
 from ..protocol import token_budget
+from ..protocol.context import CallContext
+from ..protocol.inproc import CoreCalls
 from .sampler import NoChatTemplateError, OpenAIError, Sample, StreamEvent, cut_at_stop
 
 __all__ = [
@@ -243,6 +247,12 @@ class TokenizedSampler:
     ) -> dict[str, Any]:
         raise NotImplementedError
 
+    async def _stream_step(
+        self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """One generate of a continuation stream (run under the stream's sampling slot)."""
+        return await self._generate(prompts, params)
+
     def admit(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
 
@@ -256,47 +266,65 @@ class TokenizedSampler:
 
 
 class ServicerSampler(TokenizedSampler):
-    """A sampler over a server's own servicer, as the caller's token (`_ctx`): every generate
-    passes the servicer's `check_request` first. `stream` is token by token (`generate_stream`)
-    where the worker streams (`token_streaming`), else `continuation_stream`."""
+    """A sampler over a server's protocol core, as the caller's token: a generate is an
+    arctic.v1 `generate` call of the core in this process (`protocol/inproc.py`: auth, the
+    input limits, the job, the field rules, the servicer's `check_request`, the job's sampling
+    bound and per-token limits, the request record and metrics). A streamed sample is not an
+    arctic.v1 request: the core admits it (`CoreCalls.checked`, the same checks) and the
+    servicer's `generate_stream` runs it, token by token where the worker streams
+    (`token_streaming`), else `continuation_stream` (each step admitted the same way), under
+    the sampling slot the route holds (`admit`)."""
 
     chunk_tokens = 4  # tokens a step of a continuation stream
 
     def __init__(
         self,
-        servicer: Any,
+        calls: CoreCalls,
         job_id: str,
         sub: Any,
         token: str | None,
         tokenizer: Any,
         max_model_len: int = 0,
+        *,
+        sub_job_id: str | None = None,
     ) -> None:
         super().__init__(job_id, tokenizer, max_model_len)
-        self.servicer = servicer
+        self.calls = calls
+        self.servicer: Any = calls.core.servicer
         self.job_id = job_id
         self.sub = sub
         self.token = token
-
-    def _ctx(self) -> Any:
-        """The `CallContext` of a generate call on the sampling sub-job."""
-        raise NotImplementedError
+        self.sub_job_id = sub_job_id  # named in the call (the gateway's), else the job's
 
     def admit(self) -> AbstractContextManager[None]:
-        """The server's bound on the job's queued sampling requests (`protocol/sampling_queue`),
-        the same one its protocol `generate` calls count against."""
-        core = getattr(self.servicer, "core", None)
-        return contextlib.nullcontext() if core is None else core.sampling.hold(self.job_id)
+        """A slot of the server's bound on the job's queued sampling requests
+        (`protocol/sampling_queue`), the one the core's `generate` calls count against."""
+        return self.calls.core.sampling.hold(self.job_id)
 
     async def _generate(
         self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]
     ) -> dict[str, Any]:
-        ctx = self._ctx()
         body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
-        self.servicer.check_request(ctx, body)
+        res = await self.calls.call(
+            M.GENERATE, self.token, body, job_id=self.job_id, sub_job_id=self.sub_job_id
+        )
+        return dict(res)
+
+    async def _checked(self, body: Mapping[str, Any]) -> CallContext:
+        ctx, _ = await self.calls.checked(
+            M.GENERATE, self.token, body, job_id=self.job_id, sub_job_id=self.sub_job_id
+        )
+        return ctx
+
+    async def _stream_step(
+        self, prompts: Sequence[Sequence[int]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """One generate of a stream, under the stream's slot: admitted by the core, run by the
+        servicer (not a request of its own, so not counted twice against the bound)."""
+        body = {"prompts": [list(map(int, p)) for p in prompts], "sampling_params": dict(params)}
+        ctx = await self._checked(body)
         res = dict(await self.servicer.generate(ctx, body))
-        core = getattr(self.servicer, "core", None)
-        if core is not None:  # tokens sampled off the protocol path, in the job's metrics
-            core.metrics.sampled(self.job_id, res)
+        self.calls.core.metrics.sampled(self.job_id, res)  # off the request path: counted here
         return res
 
     @property
@@ -317,12 +345,12 @@ class ServicerSampler(TokenizedSampler):
     async def _token_stream(
         self, prompt: Sequence[int], params: Mapping[str, Any], index: int
     ) -> AsyncIterator[StreamEvent]:
-        ctx, body = self._ctx(), stream_body(prompt, params, index)
-        self.servicer.check_request(ctx, body)
-        core = getattr(self.servicer, "core", None)
+        body = stream_body(prompt, params, index)
+        ctx = await self._checked(body)
+        metrics = self.calls.core.metrics
         async for ev in stream_events(self.servicer.generate_stream(ctx, body)):
-            if core is not None and ev.token_ids:
-                core.metrics.job(self.job_id).tokens_sampled += len(ev.token_ids)
+            if ev.token_ids:
+                metrics.job(self.job_id).tokens_sampled += len(ev.token_ids)
             yield ev
 
 
@@ -370,8 +398,8 @@ async def continuation_stream(
     ).max_tokens
     chunk_tokens = max(1, chunk_tokens)
     if any(params.get(k) for k in NOT_INCREMENTAL):
-        samples, whole_version = await sampler.generate([prompt], {**params, "n": 1})
-        s = samples[0][0]
+        whole = await sampler._stream_step([prompt], {**params, "n": 1})
+        s, whole_version = samples_of(whole)[0][0], int(whole.get("weight_version") or 0)
         yield StreamEvent(
             s.token_ids,
             s.logprobs,
@@ -393,7 +421,7 @@ async def continuation_stream(
         chunk_params = {**base, "max_tokens": want, "n": 1}
         if seed is not None:
             chunk_params["seed"] = int(seed) + SEED_STRIDE * index + step
-        res = await sampler._generate([list(prompt) + ids], chunk_params)
+        res = await sampler._stream_step([list(prompt) + ids], chunk_params)
         s = res["results"][0]["samples"][0]
         new = [int(t) for t in s["token_ids"]]
         ids += new

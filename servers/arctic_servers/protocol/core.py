@@ -73,6 +73,24 @@ class ProtocolCore(Durable, Polls):
 
     async def _handle(self, call: IncomingCall) -> Outcome:
         method = call.method
+        ctx = self._context(call)
+        if method is M.GET_CAPABILITIES:
+            return Outcome(200, method, value=self.capabilities())
+        await self._admit_call(ctx)
+        if method is M.GET_REQUEST:
+            return self._poll(call if self.hooks.poll is None else self.hooks.poll(call), ctx)
+        if method is M.CANCEL_REQUEST:
+            return await self._cancel_request(call, ctx)
+        if method.grpc_shape is GrpcShape.UNARY:
+            return await self._control(call, ctx)
+        try:
+            return await self._data_plane(call, ctx)
+        except ProtocolError as exc:
+            await self._release_refused_seq(ctx, exc)
+            raise
+
+    def _context(self, call: IncomingCall) -> CallContext:
+        """The call's context: its caller authenticated, its headers under the input limits."""
         try:
             token = self._authenticate(call)
         except ProtocolError as exc:
@@ -80,8 +98,8 @@ class ProtocolCore(Durable, Polls):
                 raise
             token = self.hooks.auth_refused(call, exc)
         input_limits.check_headers(call.headers)
-        ctx = CallContext(
-            method=method,
+        return CallContext(
+            method=call.method,
             job_id=call.path_params.get("job_id") or call.headers.get("x-arctic-job-id"),
             sub_job_id=call.headers.get("x-arctic-sub-job"),
             token=token,
@@ -92,8 +110,11 @@ class ProtocolCore(Durable, Polls):
             query={k: v for k, v in call.query.items()},
             result_box=call.result_box,
         )
-        if method is M.GET_CAPABILITIES:
-            return Outcome(200, method, value=self.capabilities())
+
+    async def _admit_call(self, ctx: CallContext) -> None:
+        """A call this server takes now: not draining, its op implemented, its job the
+        caller's (and running, for an engine op)."""
+        method = ctx.method
         if self.draining and method is not M.GET_REQUEST and method.http_method != "GET":
             raise ProtocolError(
                 "unavailable",
@@ -113,17 +134,21 @@ class ProtocolCore(Durable, Polls):
                     "missing_field", "no job id in the route or metadata", field="job_id"
                 )
             await self._authorize_job(ctx, running=not method.protocol)
-        if method is M.GET_REQUEST:
-            return self._poll(call if self.hooks.poll is None else self.hooks.poll(call), ctx)
-        if method is M.CANCEL_REQUEST:
-            return await self._cancel_request(call, ctx)
-        if method.grpc_shape is GrpcShape.UNARY:
-            return await self._control(call, ctx)
-        try:
-            return await self._data_plane(call, ctx)
-        except ProtocolError as exc:
-            await self._release_refused_seq(ctx, exc)
-            raise
+
+    async def checked(self, call: IncomingCall) -> tuple[CallContext, dict[str, Any]]:
+        """Admit an in-process call its surface runs itself, not as a request (a streamed
+        sample: arctic.v1 has no streaming op): everything `handle` checks before a request is
+        recorded — auth, the input limits, the job, the field rules (`validate.py`) and the
+        servicer's `check_request` — and answer its context and body; nothing is recorded,
+        sequenced or run."""
+        if not call.carries_values:
+            raise ProtocolError("internal", "checked() takes in-process calls (a result box)")
+        ctx = self._context(call)
+        await self._admit_call(ctx)
+        body = self._inproc_body(call)
+        self._validate(call.method, body)
+        self.servicer.check_request(ctx, body)
+        return ctx, body
 
     async def _release_refused_seq(self, ctx: CallContext, exc: ProtocolError) -> None:
         """A sequenced call refused for good (never run, never retried as is) counts as executed,

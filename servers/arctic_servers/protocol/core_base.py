@@ -16,9 +16,10 @@ from arctic_sdk.spec.tables import methods as M
 
 from .._generated.servicer import ServicerBase
 from . import limits as input_limits
+from .auth import accepted_token
 from .calls import IncomingCall
 from .chunk_groups import ChunkBudget, ChunkGroups
-from .config import ProtocolConfig, token_digest
+from .config import ProtocolConfig
 from .context import CallContext
 from .errors import ProtocolError
 from .faultpoints import CoreHooks
@@ -119,14 +120,17 @@ class CoreBase:
     def _authenticate(self, call: IncomingCall) -> str | None:
         if call.method is M.GET_CAPABILITIES:
             return None  # no token needed, none read
-        token = input_limits.bearer_token(call.headers.get("authorization", ""))
-        c = self.config
-        if (c.tokens or c.token_sha256) and call.method is not M.GET_CAPABILITIES:
-            if not token:
-                raise ProtocolError("unauthenticated", "missing Authorization: Bearer <token>")
-            if token not in c.tokens and token_digest(token) not in c.token_sha256:
-                raise ProtocolError("unauthenticated", "the bearer token is not accepted")
-        return token
+        return self.authenticate(call.headers.get("authorization", ""))
+
+    def authenticate(self, authorization: str) -> str | None:
+        """The caller's token of an `Authorization` header value, under the server's tokens
+        (`auth.accepted_token`: `unauthenticated` when auth is on and it is not one of them)."""
+        return accepted_token(authorization, self.config.tokens, self.config.token_sha256)
+
+    @property
+    def auth_on(self) -> bool:
+        """The server has tokens: its callers are told apart by them."""
+        return bool(self.config.tokens or self.config.token_sha256)
 
     @staticmethod
     def _parse_seq(raw: str | None) -> int | None:

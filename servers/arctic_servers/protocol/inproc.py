@@ -7,6 +7,10 @@ as any call — auth, input limits, the field rules (`validate.py`), the service
 idempotency, the request record (and its durable copy), per-token limits — and this binding
 waits for the request to end (no poll interval) and answers its result as the servicer
 returned it, or raises its error as the `ProtocolError` a remote client would have read.
+
+A surface that runs part of a call itself (the OpenAI routes' streamed samples: arctic.v1 has no
+streaming op) has it admitted by the core first (`checked`: the same checks, nothing recorded),
+and authenticates its own routes with the core's rule (`authenticate`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import dssst1
 from arctic_sdk.spec.model import MethodInfo
 
 from .calls import IncomingCall
+from .context import CallContext
 from .core import ProtocolCore
 from .errors import ProtocolError
 
@@ -30,24 +35,30 @@ class CoreCalls:
     def __init__(self, core: ProtocolCore) -> None:
         self.core = core
 
-    async def call(
-        self,
+    def authenticate(self, authorization: str) -> str | None:
+        """The caller's token of an `Authorization` header value, by the core's rule; None on a
+        server without tokens (it tells no callers apart)."""
+        token = self.core.authenticate(authorization)
+        return token if self.core.auth_on else None
+
+    @staticmethod
+    def _incoming(
         method: MethodInfo,
         token: str | None,
-        body: Mapping[str, Any] | None = None,
-        *,
-        job_id: str | None = None,
-        key: str | None = None,
-    ) -> Any:
-        """Run `method` with `body` as the caller `token` (on `job_id`; `key` its
-        Idempotency-Key) and answer its result value."""
+        body: Mapping[str, Any] | None,
+        job_id: str | None,
+        sub_job_id: str | None,
+        key: str | None,
+        box: dict[str, Any],
+    ) -> IncomingCall:
         headers = {}
         if token:
             headers["authorization"] = f"Bearer {token}"
         if key:
             headers["idempotency-key"] = key
-        box: dict[str, Any] = {}
-        call = IncomingCall(
+        if sub_job_id:
+            headers["x-arctic-sub-job"] = sub_job_id
+        return IncomingCall(
             method=method,
             transport="inproc",
             headers=headers,
@@ -55,6 +66,36 @@ class CoreCalls:
             value=dict(body or {}),
             result_box=box,
         )
+
+    async def checked(
+        self,
+        method: MethodInfo,
+        token: str | None,
+        body: Mapping[str, Any],
+        *,
+        job_id: str | None = None,
+        sub_job_id: str | None = None,
+    ) -> tuple[CallContext, dict[str, Any]]:
+        """Admit a call the caller runs itself (`ProtocolCore.checked`): its context and body
+        as the servicer reads them."""
+        return await self.core.checked(
+            self._incoming(method, token, body, job_id, sub_job_id, None, {})
+        )
+
+    async def call(
+        self,
+        method: MethodInfo,
+        token: str | None,
+        body: Mapping[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        sub_job_id: str | None = None,
+        key: str | None = None,
+    ) -> Any:
+        """Run `method` with `body` as the caller `token` (on `job_id`, its sub-job
+        `sub_job_id`; `key` its Idempotency-Key) and answer its result value."""
+        box: dict[str, Any] = {}
+        call = self._incoming(method, token, body, job_id, sub_job_id, key, box)
         outcome = await self.core.handle(call)
         if outcome.record is None:  # the control plane, or a cached answer
             return outcome.value
