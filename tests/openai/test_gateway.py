@@ -558,3 +558,20 @@ def test_real_sampler_serves_concurrent_calls_in_one_batch(real_gw: dict[str, An
     assert sum(p[0] for p in periods) >= 10  # the ten calls (and the warm-up one)
     assert max(p[2] for p in periods) >= 5  # one after another: never more than 1
     assert sum(p[1] for p in periods) <= 4 * tokens + 1  # one after another: 10 * tokens
+
+
+def test_the_protocols_field_rules_answer_in_openais_shape(fake_gw: dict[str, Any]) -> None:
+    """The routes call the gateway's core in process: a value the arctic.v1 field rules refuse
+    (`SamplingParams.top_k` >= -1, `top_p` in (0, 1]) is refused by the core before anything
+    runs, as OpenAI's 400 naming the request's field, its value and what was expected."""
+    client = _client(fake_gw)
+    for field, value, expected in (("top_k", -5, ">= -1"), ("top_p", 1.5, "(0, 1]")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(
+                model=fake_gw["job"], prompt="Hi", max_tokens=2, extra_body={field: value}
+            )
+        err = info.value
+        assert err.status_code == 400 and err.param == field, (field, err.body)
+        assert err.body["code"] == "invalid_argument"
+        assert err.body["type"] == "invalid_request_error"
+        assert str(value) in err.message and expected in err.message, err.message

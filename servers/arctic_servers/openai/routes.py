@@ -75,6 +75,12 @@ def _owner(token: str | None) -> str:
     return token_digest(token) if token else ""
 
 
+def _openai_param(field: str) -> str:
+    """The OpenAI field an arctic.v1 generate field stands for (`sampling_params.top_k` is the
+    request's `top_k`); other fields as the core named them."""
+    return field.removeprefix("sampling_params.")
+
+
 def _error_type(status: int) -> str:
     """OpenAI's error `type` of an HTTP status."""
     if status >= 500:
@@ -128,7 +134,7 @@ class OpenAIRoutes:
                     status,
                     str(getattr(exc, "message", "") or exc) or code,
                     type=_error_type(status),
-                    param=str(field) if field else None,
+                    param=_openai_param(str(field)) if field else None,
                     code="invalid_api_key" if code == "unauthenticated" else code,
                 )
                 headers = {}
