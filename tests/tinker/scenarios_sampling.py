@@ -164,6 +164,38 @@ def scenario_models_and_tokenizer(server: str) -> dict:
     return out
 
 
+def scenario_abandoned_sample_is_cancelled(server: str) -> dict:
+    """A sample future the SDK abandons (its task cancelled: the SDK sends cancel_future, the
+    server's dynamic config enables it), then one still running when the ServiceClient closes
+    (the session's end cancels it). The test gives the fake's generate a 30 s latency and checks
+    the server side: both generates cancelled, neither ran."""
+    import asyncio
+    import contextlib
+    import time
+
+    prompt = types.ModelInput.from_ints(PROMPT)
+    params = types.SamplingParams(max_tokens=3, seed=5)
+    with _service(server) as svc:
+        sc = svc.create_sampling_client(base_model=BASE_MODEL).result()
+
+        async def abandon() -> float:
+            task = asyncio.ensure_future(sc.sample_async(prompt, 1, params))
+            await asyncio.sleep(1.5)
+            assert not task.done(), "the sample ended before it could be abandoned"
+            t0 = time.monotonic()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return time.monotonic() - t0
+
+        left = asyncio.run(abandon())
+        time.sleep(1.0)  # the SDK's cancel drain sends cancel_future in the background
+        left_running = sc.sample(prompt, 1, params)
+        time.sleep(1.0)
+        running_at_close = not left_running.done()
+    return {"left_s": left, "running_at_close": running_at_close}
+
+
 if __name__ == "__main__":
     name, url = sys.argv[1], sys.argv[2]
     result = globals()["scenario_" + name](url) or {}

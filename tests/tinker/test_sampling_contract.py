@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import requests
+
 from .conftest import API_KEY, ROOT, TOKEN, TinkerServer, run_scenario, scenario_env
 
 
@@ -44,6 +46,53 @@ def test_base_model_sampler(tinker_fake: TinkerServer) -> None:
     new = [j for k, j in tinker_fake.fake.servicer.jobs.jobs.items() if k not in before]
     assert len(new) == 1 and [s.role for s in new[0].sub_jobs] == ["sampling"]
     _wait_for(lambda: new[0].state == "cancelled", 10, new[0].state)
+
+
+def test_abandoned_sample_is_cancelled(tinker_fake: TinkerServer) -> None:
+    """Issue 37: a sample future the `tinker` SDK abandons (a cancelled task: it sends
+    cancel_future) and one still running when its ServiceClient closes are cancelled on the
+    server: their generates (30 s each on the fake here) end cancelled at once and never ran
+    (no generate in the fake job's execution log), and retrieve_future says so."""
+    fake, routes = tinker_fake.fake, tinker_fake.routes
+    before = set(fake.servicer.jobs.jobs)
+    fake.servicer.behaviour["latency_s"] = {"generate": 30}
+    t0 = time.monotonic()
+    try:
+        out = _run("abandoned_sample_is_cancelled", tinker_fake.url)
+    finally:
+        fake.servicer.behaviour.pop("latency_s", None)
+    assert out["left_s"] < 1.0, out  # the SDK gives the task up at once
+    assert out["running_at_close"], out
+    (job,) = [j for k, j in fake.servicer.jobs.jobs.items() if k not in before]
+    recs = [r for (jid, _), r in fake.core.requests._by_id.items() if jid == job.job_id]
+    gens = [r for r in recs if r.op == "generate"]
+    _wait_for(lambda: all(fake.core.requests.get(job.job_id, r.request_id).terminal
+                          for r in gens), 10, "generates still running")  # fmt: skip
+    first, second = sorted(
+        (fake.core.requests.get(job.job_id, r.request_id) for r in gens),
+        key=lambda r: r.created_at if r is not None else 0.0,
+    )
+    assert first is not None and second is not None
+    assert (first.status, second.status) == ("cancelled", "cancelled"), (first, second)
+    # the abandoned one by cancel_future, before the second was even sent; the second by the
+    # session's end
+    assert first.updated_at < second.created_at, (first, second)
+    assert not [e for e in job.execution_log if e["op"] == "generate"], job.execution_log
+    assert time.monotonic() - t0 < 25, "a generate ran its 30 s"
+    samplers = routes.state.samplers
+    futures = [f for f in routes.state.futures.values() if f.kind == "sample"
+               and samplers[f.spec["sampling_session_id"]].job_id == job.job_id]  # fmt: skip
+    cancelled = [f for f in futures if f.task is not None and f.task.cancelled()]
+    assert len(cancelled) == 2, [(f.request_id, f.task) for f in futures]
+    for f in cancelled:
+        r = requests.post(
+            tinker_fake.url + "/api/v1/retrieve_future",
+            json={"request_id": f.request_id},
+            headers={"X-API-Key": API_KEY},
+            timeout=30,
+        )
+        assert r.status_code == 200 and r.json()["error"].startswith("request_cancelled"), r.text
+        assert r.json()["category"] == "user", r.text
 
 
 def test_models_listed_and_tokenizer_by_name(tinker_embedded: TinkerServer) -> None:

@@ -283,11 +283,12 @@ class Execution(CoreBase):
                         await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
         except asyncio.CancelledError:
             # a gRPC call cancelled while its answer is held: its caller abandoned it (gRPC's
-            # cancellation), so the request is cancelled too. An HTTP connection that drops is
-            # not a cancel (a proxy's idle timeout, a retried attempt): cancel-request is.
-            if call.transport == "grpc" and not self._handing_off:
-                task = asyncio.get_running_loop().create_task(self._cancel_record(rec, ctx))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            # cancellation), so the request is cancelled too; so is an in-process caller's
+            # (`inproc.py`: a Tinker future cancelled, an OpenAI client gone). An HTTP
+            # connection that drops is not a cancel (a proxy's idle timeout, a retried
+            # attempt): cancel-request is.
+            if call.transport == "grpc" or call.carries_values:
+                self.abandon(rec, ctx)
             raise
         fresh = self.requests.get(rec.job_id, rec.request_id) or rec
         if fresh.terminal and fresh.fetched_at is None:
@@ -298,6 +299,14 @@ class Execution(CoreBase):
             record=fresh,
             max_events=self.config.limits.default_max_events,
         )
+
+    def abandon(self, rec: RequestRecord, ctx: CallContext) -> None:
+        """The caller that held `rec`'s answer gave up on it: cancel the request in the
+        background (nothing awaits the outcome; a hand-off at shutdown keeps it for a restart)."""
+        if self._handing_off or rec.terminal:
+            return
+        task = asyncio.get_running_loop().create_task(self._cancel_record(rec, ctx))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _cancel_record(self, rec: RequestRecord, ctx: CallContext) -> RequestRecord:
         """Cancel a request (CancelRequest, an abandoned gRPC call): a queued one never runs; a

@@ -6,7 +6,9 @@ surface's arrays), carrying the caller's token and idempotency key as headers; t
 as any call — auth, input limits, the field rules (`validate.py`), the servicer's checks,
 idempotency, the request record (and its durable copy), per-token limits — and this binding
 waits for the request to end (no poll interval) and answers its result as the servicer
-returned it, or raises its error as the `ProtocolError` a remote client would have read.
+returned it, or raises its error as the `ProtocolError` a remote client would have read. A
+caller whose wait is cancelled (a Tinker future cancelled, a session that ended) has abandoned
+the call: its request is cancelled as CancelRequest would (PROTOCOL.md §3.3, "Abandoned calls").
 
 A surface that runs part of a call itself (the OpenAI routes' streamed samples: arctic.v1 has no
 streaming op) has it admitted by the core first (`checked`: the same checks, nothing recorded),
@@ -15,6 +17,7 @@ and authenticates its own routes with the core's rule (`authenticate`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,7 +102,14 @@ class CoreCalls:
         outcome = await self.core.handle(call)
         if outcome.record is None:  # the control plane, or a cached answer
             return outcome.value
-        rec = await self.core.wait_terminal(outcome.record)
+        try:
+            rec = await self.core.wait_terminal(outcome.record)
+        except asyncio.CancelledError:  # the caller gave up: its request is cancelled too
+            held = outcome.record
+            ctx = CallContext(method=method, job_id=held.job_id, token=token,
+                              request_id=held.request_id, transport="inproc")  # fmt: skip
+            self.core.abandon(held, ctx)
+            raise
         if rec.status == "completed":
             if "value" in box:  # ran for this call: the servicer's own value
                 return box["value"]

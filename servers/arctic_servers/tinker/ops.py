@@ -171,7 +171,8 @@ class Ops:
 
     def end_session(self, s: Session) -> None:
         """An ended session's jobs (its models', its base-model samplers') are cancelled in the
-        background: nothing awaits them."""
+        background (nothing awaits them), and so are its samples still running (their protocol
+        requests are cancelled with them: `protocol/inproc.py`)."""
         jobs = {
             (m.token, m.job_id) for m in self.state.models.values() if m.session_id == s.session_id
         }
@@ -183,6 +184,11 @@ class Ops:
         for token, job_id in jobs:
             task = asyncio.ensure_future(self.backend.cancel(token, job_id))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        # its samples too: one on a sampler of another session's model (whose job goes on)
+        # would otherwise run to its end for nobody
+        for f in self.state.session_samples(s.session_id):
+            assert f.task is not None
+            f.task.cancel()
 
     # ------------------------------------------------------------------ training
 

@@ -42,6 +42,7 @@ ROUTES: tuple[tuple[str, str, Callable[[TinkerRoutes], Handler]], ...] = (
     ("POST", "/asample", lambda r: r.asample),
     ("GET", "/sequences/{sequence_id}", lambda r: r.sequence),  # ours: a sample's version
     ("POST", "/retrieve_future", lambda r: r.retrieve_future),
+    ("POST", "/cancel_future", lambda r: r.cancel_future),
     ("GET", "/training_runs", lambda r: r.training_runs),
     ("GET", "/training_runs/{run_id}", lambda r: r.training_run),
     ("GET", "/training_runs/{run_id}/checkpoints", lambda r: r.run_checkpoints),

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import pydantic
 import tinker.types as T
 from aiohttp import web
 from aiohttp.compression_utils import HAS_ZSTD
@@ -63,7 +64,9 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
         )
 
     async def dynamic_config(self, request: web.Request, token: str | None) -> web.Response:
-        return web.json_response({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
+        # the SDK sends cancel_future for a sample future it abandons (a cancelled task, a
+        # result_async timeout)
+        return web.json_response({"refresh_interval_sec": 300, "sample_cancel_enabled": True})
 
     async def healthz(self, request: web.Request, token: str | None) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -226,6 +229,8 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
             return web.json_response(
                 {"type": "try_again", "request_id": f.request_id, "queue_state": "active"}
             )
+        if f.task.cancelled():
+            return web.json_response(failure_body(self._cancelled(f)))
         exc = f.task.exception()
         if exc is not None:
             return web.json_response(failure_body(exc))
@@ -233,6 +238,49 @@ class TinkerRoutes(TrainRoutes, RestRoutes, RouteBase):
         if isinstance(res, bytes):
             return web.Response(body=res, content_type=PROTO)
         return web.json_response(res)
+
+    async def cancel_future(self, request: web.Request, token: str | None) -> web.Response:
+        """The SDK abandoned a sample future (`sample_cancel_enabled`): its task is cancelled,
+        and with it its generate (a pending one never runs, a running one is aborted in the
+        engine). Other futures cannot be cancelled (Tinker's SDK cancels only samples): refused
+        by name. A future that has ended answers as it is."""
+        req = await self._json(request, CancelFutureRequest)
+        f = self.state.future(req.request_id, token)
+        if f.kind != "sample":
+            raise TinkerError(
+                400,
+                f"request_id {req.request_id!r} is a {f.kind or 'finished'} future; only sample "
+                "futures can be cancelled (a training op runs in its model's turn)",
+                "unsupported_option",
+                field="request_id",
+            )
+        running = f.task is not None and not f.task.done()
+        if running:
+            assert f.task is not None
+            f.task.cancel()
+        return web.json_response({"request_id": f.request_id, "cancelled": running})
+
+    def _cancelled(self, f: Any) -> TinkerError:
+        """The answer of a future whose task was cancelled: by `cancel_future`, or because its
+        session ended."""
+        ref = self.state.samplers.get(str(f.spec.get("sampling_session_id") or ""))
+        s = self.state.sessions.get(ref.session_id) if ref is not None else None
+        why = (
+            f"its session {s.session_id!r} ended"
+            if s is not None and (s.expired or s.finished)
+            else "cancel_future asked for it"
+        )
+        return TinkerError(
+            409, f"future {f.request_id!r} was cancelled ({why})", "request_cancelled",
+            field="request_id",
+        )  # fmt: skip
+
+
+class CancelFutureRequest(pydantic.BaseModel):
+    """`POST /cancel_future`'s body, as the 0.38 SDK sends it (it has no type of its own)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    request_id: str
 
 
 def add_tinker_routes(

@@ -9,14 +9,17 @@ that made it (`sess-<run>-...`, `fut-<run>-...`; model and sampling ids start wi
 session's), so an id of a run whose state is gone (a server without a state file, or another
 one) answers 404 saying the server restarted and what to do, not a bare "does not exist".
 A session whose heartbeats stop (`session_timeout_s`, the SDK beats every 10 s) expires: its
-heartbeat answers 410, its models' calls 410 naming it, and its jobs are cancelled.
+heartbeat answers 410, its models' calls 410 naming it, its jobs are cancelled and so are its
+samples still running (on a sampler of another session's model too).
 
 Ownership is kept as the sha256 of the caller's token (`owner`): the clear token is only held
 in memory, learnt again from the owner's next request after a restart.
 
 Every Tinker op is a future: the submit answers `{"request_id"}` at once and the op runs as a
-task; `retrieve_future` long-polls it. A model's ops run one at a time in `seq_id` order
-(the SDK numbers them from 1 and may send a forward_backward's later chunks first).
+task; `retrieve_future` long-polls it; `cancel_future` (the SDK sends it for a sample future it
+abandons) cancels a sample's task, and with it its protocol request (aborted in the engine). A
+model's ops run one at a time in `seq_id` order (the SDK numbers them from 1 and may send a
+forward_backward's later chunks first).
 """
 
 from __future__ import annotations
@@ -285,6 +288,16 @@ class State:
         task.add_done_callback(lambda _: self.changed(futures=(f.request_id,)))
         f.task = task
         self.changed(futures=(f.request_id,))
+
+    def session_samples(self, session_id: str) -> list[Future]:
+        """The sample futures of a session's sampling sessions that are still running."""
+        out = []
+        for f in self.futures.values():
+            ref = self.samplers.get(str(f.spec.get("sampling_session_id") or ""))
+            running = f.task is not None and not f.task.done()
+            if f.kind == "sample" and running and ref is not None and ref.session_id == session_id:
+                out.append(f)
+        return out
 
     def future(self, request_id: str, token: str | None) -> Future:
         f = self.futures.get(str(request_id))
