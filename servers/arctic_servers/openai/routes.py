@@ -14,7 +14,10 @@ Every completion, streamed or not, holds one of its job's sampling slots while i
 server's `limits.max_sampling_requests_per_job`, shared with protocol `generate` calls: a whole
 completion is a `generate` call of the core, which admits it; a stream holds its slot through
 `Sampler.admit`); past the bound it is answered 429 `rate_limited` with `Retry-After` before
-anything is generated.
+anything is generated. A completion whose client disconnects (a client-side timeout, a closed
+connection) is cancelled where it is, streamed or not: it never starts if it had not, and a
+running one is aborted in the engine (`disconnect.py`; a whole completion's core request is
+cancelled as an abandoned in-process call).
 
 `add_openai_routes(app, resolver, authenticate=...)` mounts the routes; every route
 authenticates its caller with `authenticate` (an `Authorization` header value -> the token, or
@@ -40,6 +43,7 @@ from ..protocol.auth import accepted_token
 from ..protocol.config import token_digest
 from ..protocol.errors import ProtocolError
 from . import request_fields
+from .disconnect import DisconnectWatch
 from .reply_parts import (
     chat_reply,
     envelope,
@@ -103,6 +107,7 @@ class OpenAIRoutes:
         self.authenticate = authenticate
         self.tool_calls = ToolCalls(tools)
         self.sessions = sessions or SessionStore()
+        self.watch = DisconnectWatch()
 
     def _token(self, request: web.Request) -> str | None:
         try:
@@ -114,6 +119,14 @@ class OpenAIRoutes:
                 type="authentication_error",
                 code="invalid_api_key",
             ) from None
+
+    def until_disconnect(self, fn: Handler) -> Handler:
+        """`fn`'s work is cancelled when its client disconnects (`disconnect.py`)."""
+
+        async def handler(request: web.Request) -> Any:
+            return await self.watch.run(request, fn(request))
+
+        return handler
 
     def wrap(self, fn: Handler) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -305,10 +318,10 @@ def add_openai_routes(
         authenticate = bearer_auth(tokens, token_sha256)
     routes = OpenAIRoutes(resolver, authenticate, tools=tools, sessions=sessions)
     app.router.add_get("/v1/models", routes.wrap(routes.list_models))
-    app.router.add_post("/v1/chat/completions", routes.wrap(routes.chat))
+    app.router.add_post("/v1/chat/completions", routes.wrap(routes.until_disconnect(routes.chat)))
     app.router.add_get("/v1/sessions/{session_id}", routes.wrap(routes.get_session))
     app.router.add_delete("/v1/sessions/{session_id}", routes.wrap(routes.delete_session))
-    app.router.add_post("/v1/completions", routes.wrap(routes.completions))
+    app.router.add_post("/v1/completions", routes.wrap(routes.until_disconnect(routes.completions)))
     app.router.add_post("/tokenize", routes.wrap(routes.tokenize))
     app.router.add_post("/detokenize", routes.wrap(routes.detokenize))
     return routes
