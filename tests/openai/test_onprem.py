@@ -18,12 +18,14 @@ from arctic_sdk import Client
 from arctic_sdk.rollouts import flatten_turns, turn_from_response
 
 from ..compat.conftest import SKIP_ONPREM, free_port, onprem_available
+from ..onprem.test_concurrency import _busy_periods
 from .conftest import run_terminus
 from .disconnect import leave_stream_and_wait_abort
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 KEY = "sk-onprem-openai-7d2c"
+ABANDON_TOKENS = 960  # n=32 samples of them: far longer than the client waits (context 1024)
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +206,38 @@ def test_client_disconnect_aborts_the_request(onprem: dict[str, Any]) -> None:
         onprem["v1"], onprem["job"], KEY, lambda: _worker_logs(onprem)
     )
     print(f"client left after {got} chunks; worker: {line.split('] ', 1)[-1]}")
+
+
+def test_client_timeout_aborts_the_completion(onprem: dict[str, Any]) -> None:
+    """Issue 37: the `openai` client gives up on a whole (not streamed) completion after 1.5 s
+    (its timeout); the server cancels the work when the connection closes and the worker
+    aborts the vLLM request: its abort line, and a busy period of far fewer engine steps than
+    the completion's max_tokens (as tests/onprem/test_abandon.py for an abandoned generate)."""
+    before = len(_worker_logs(onprem))
+    client = openai.OpenAI(base_url=onprem["v1"], api_key=KEY, max_retries=0, timeout=1.5)
+    t0 = time.monotonic()
+    with pytest.raises(openai.APITimeoutError):
+        client.completions.create(
+            model=onprem["job"], prompt=[11, 23, 5, 42, 77], n=32, max_tokens=ABANDON_TOKENS,
+            temperature=1.0, seed=7, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+    gave_up = time.monotonic() - t0
+    client.close()
+    lines: list[str] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = _worker_logs(onprem)[before:]
+        if _busy_periods(lines):
+            break
+        time.sleep(0.2)
+    print("\n".join(lines[-3:]))
+    assert any(": aborted (" in ln for ln in lines), lines
+    periods = _busy_periods(lines)
+    assert periods, lines
+    steps = periods[-1][2]
+    print(f"client gave up after {gave_up:.2f} s; the sampler ran {steps} of "
+          f"{ABANDON_TOKENS} steps")  # fmt: skip
+    assert steps < ABANDON_TOKENS * 3 // 4, f"the sampler ran {steps} steps of {ABANDON_TOKENS}"
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
