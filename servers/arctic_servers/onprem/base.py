@@ -4,6 +4,7 @@ targeting, vocabulary sizes, and the call that runs a command on a sub-job's wor
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,10 @@ from ..protocol.context import CallContext
 from ..protocol.errors import ProtocolError
 from ..protocol.job_control import JobControl
 from .jobs import Job, JobManager, SubJob
+from .lora_pools import TenantHandle
 from .settings import ServerSettings
+
+log = logging.getLogger("arctic_servers.onprem")
 
 if TYPE_CHECKING:
     from ..protocol.core import ProtocolCore
@@ -46,6 +50,31 @@ class OnpremBase(JobControl[Job]):
         if key not in self._vocab:
             self._vocab[key] = model_vocab_size(sub.model_dir)
         return self._vocab[key]
+
+    async def cancel_running(self, ctx: CallContext, request_id: str) -> bool:
+        """CancelRequest of a running request (PROTOCOL.md §3.3): while a command of it runs on
+        a worker that cannot stop one midway (a trainer: DeepSpeed, an HF scorer), it runs to
+        its end and the request answers what ran (True: it ends by itself; `cancelled` false
+        once it completed), as on the gateway. Otherwise (it waits in the server, or generates
+        on a vLLM sampler, whose command a cancelled call aborts) the core cancels its task."""
+        job = self.jobs.jobs.get(ctx.job_id or "")
+        if job is None:
+            return False
+        busy = []
+        for sub in job.sub_jobs:
+            handle = sub.worker.worker if isinstance(sub.worker, TenantHandle) else sub.worker
+            if handle is not None and handle.engine != "vllm" and handle.serves(request_id):
+                busy.append(sub.sub_job_id)
+        if not busy:
+            return False
+        log.info(
+            "request %s (job %s): cancel asked while %s run(s) it; a training command runs to "
+            "its end, and the request answers what ran",
+            request_id,
+            job.job_id,
+            ", ".join(busy),
+        )
+        return True
 
     # ------------------------------------------------------------------ helpers
 

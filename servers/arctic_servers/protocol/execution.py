@@ -17,7 +17,7 @@ from arctic_sdk.spec.model import MethodInfo
 
 from . import faultpoints, tracing
 from .calls import IncomingCall, Outcome
-from .context import CallContext
+from .context import RUNNING_REQUEST, CallContext
 from .core_base import CoreBase
 from .errors import ProtocolError
 from .metrics import outcome_code
@@ -180,6 +180,7 @@ class Execution(CoreBase):
                 move_request(rec, "running")
                 self.requests.update(rec)
                 faultpoints.hit("request_started")
+            RUNNING_REQUEST.set(rec.request_id)  # this task's: what its engine commands serve
             with tracing.span("arctic.execute"):
                 result = await self._invoke(method, ctx, body)
             if ctx.result_box is not None:  # an in-process caller reads the value itself

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ...protocol.context import RUNNING_REQUEST
 from ...protocol.errors import ProtocolError
 from ..config import worker_env
 from ..deepspeed.ranks import describe_exit
@@ -71,6 +72,7 @@ class WorkerHandle(Replies):
         self.logs: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
         self.log_count = 0  # lines ever printed (cursor base for tail-logs)
         self.idle: asyncio.Future[dict[str, Any]] | None = None  # set once the imports are done
+        self._serving: collections.Counter[str] = collections.Counter()  # request -> commands
         self._conn: Connection | None = None
         self._outbox: queue.SimpleQueue[tuple[Any, asyncio.Future[None] | None]] | None = None
         self._exit_reported = False
@@ -312,8 +314,21 @@ class WorkerHandle(Replies):
     async def call(self, cmd: str, **args: Any) -> Any:
         """Run `cmd` in the worker; its result, or its error as a ProtocolError."""
         extra: dict[str, Any] = {}
-        with self.command(cmd, extra):  # busy time; the span, whose context goes in `extra`
-            return await self._call(cmd, args, extra)
+        request = RUNNING_REQUEST.get()  # the protocol request this command serves, if any
+        if request:
+            self._serving[request] += 1
+        try:
+            with self.command(cmd, extra):  # busy time; the span, whose context goes in `extra`
+                return await self._call(cmd, args, extra)
+        finally:
+            if request:
+                self._serving[request] -= 1
+                if self._serving[request] <= 0:
+                    del self._serving[request]
+
+    def serves(self, request_id: str) -> bool:
+        """A command of the protocol request `request_id` is in flight on this worker."""
+        return self._serving.get(request_id, 0) > 0
 
     async def _call(self, cmd: str, args: Mapping[str, Any], extra: Mapping[str, Any]) -> Any:
         loop = self._started_loop()

@@ -787,9 +787,11 @@ Global___CancelRequestRequest: _TypeAlias = CancelRequestRequest  # noqa: Y015
 
 @_typing.final
 class CancelRequestResponse(_message.Message):
-    """CancelRequest: a pending request is cancelled at once; a running one is cancelled when its
-    engine reaches a safe point (`cancelled` = true once that happened; a request that completed
-    first stays completed and `cancelled` is false).
+    """CancelRequest: a pending request is cancelled at once (it never runs); a running one is
+    cancelled when its engine reaches a safe point (a sample: the engine's next step), and
+    `cancelled` = true once that happened. A training call may have no safe point (DeepSpeed): it
+    runs to its end, stays completed and `cancelled` is false (`status` running while it still
+    runs after the server's inline wait): the answer always says what ran (PROTOCOL.md §3.3).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
