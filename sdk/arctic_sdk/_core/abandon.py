@@ -117,5 +117,8 @@ def _cancel_outcome(answer: Any) -> str:
     if answer.get("cancelled") or state == "cancelled":
         return "was cancelled on the server"
     if state in IN_FLIGHT:
-        return f"is being cancelled on the server (now {state})"
+        return (
+            f"is still {state} on the server (a training call runs to its end there, a sample "
+            "stops at its engine's next step; client.get_request says how it ended)"
+        )
     return f"had already ended ({state or 'unknown'}) when the cancel arrived"

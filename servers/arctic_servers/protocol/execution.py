@@ -26,6 +26,10 @@ from .states import move_request
 from .stores import RequestRecord
 
 log = logging.getLogger("arctic_servers.protocol")
+CANCEL_WAIT_S = 1.0
+"""How long CancelRequest waits for a running request its servicer ends by itself (a sample
+stops at its engine's next step) before answering its status: a training call that runs to its
+end answers `running` then, well inside the SDK's 2 s bound for an abandoned call."""
 
 
 def resubmittable(rec: RequestRecord) -> bool:
@@ -324,9 +328,10 @@ class Execution(CoreBase):
             handled = bool(await self.servicer.cancel_running(ctx, rec.request_id))
         if task is not None and not handled:
             task.cancel()
-        if event is not None and handled:  # a running engine call may take a while
+        if event is not None and handled:  # a sample stops soon; a training call may run on
+            wait = min(CANCEL_WAIT_S, self.config.inline_wait_seconds)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+                await asyncio.wait_for(event.wait(), wait)
         elif event is not None:
             await event.wait()
         return self._record(rec.job_id, rec.request_id)

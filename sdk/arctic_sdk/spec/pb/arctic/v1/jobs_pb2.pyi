@@ -791,7 +791,7 @@ class CancelRequestResponse(_message.Message):
     cancelled when its engine reaches a safe point (a sample: the engine's next step), and
     `cancelled` = true once that happened. A training call may have no safe point (DeepSpeed): it
     runs to its end, stays completed and `cancelled` is false (`status` running while it still
-    runs after the server's inline wait): the answer always says what ran (PROTOCOL.md §3.3).
+    runs after a short wait): the answer always says what ran (PROTOCOL.md §3.3).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
