@@ -31,6 +31,7 @@ from .admin import Admin
 from .faults import FaultRegistry
 from .injection import FaultInterceptor, fault_middleware
 from .jobs import JobDelays, JobManager
+from .openai import install as install_openai
 from .servicer import DEFAULT_VOCAB_SIZE, FakeServicer
 
 #: The prefix path the fake's URLs use (any db/schema/endpoint values are served).
@@ -57,6 +58,7 @@ def fake_config(
         limits=limits,
         tokens=tokens,
         answer_mode=answer_mode,
+        openai=True,  # /v1/... over its jobs on the same listener (fake/openai.py)
         leases=True,
         lease_default_seconds=0,
         lease_max_seconds=86_400,
@@ -99,6 +101,8 @@ async def start_fake(
 
     def configure(app: web.Application, core: ProtocolCore) -> None:
         servicer.core = core
+        if cfg.openai:
+            install_openai(app, servicer, accepted)
         if admin:
             app.middlewares.insert(0, fault_middleware(registry))
             Admin(servicer, registry, core).add_routes(app)

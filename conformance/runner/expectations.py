@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import matchers
+from .openai_wire import refusal_of_any
 from .session import is_terminal, status_of
 from .values import Scope
 from .wire import Reply
@@ -23,6 +24,11 @@ def check_reply(
     exp.update(expect.get(reply.transport) or {})
     if reply.transport_error is not None:
         return f"no answer: {reply.transport_error}"
+    if exp.get("refuses"):  # an OpenAI-shaped 4xx naming the field (openai/* cases)
+        diff = refusal_of_any(reply, exp["refuses"])
+        if diff or reply.body is None:
+            return diff
+        return matchers.check_fields(exp.get("fields") or {}, reply.body, scope, variables)
     if exp.get("not_error"):  # just inside a limit: anything but these codes (or a 5xx)
         return _not_error(list(exp["not_error"]), reply)
     if exp.get("fails_with"):  # refused with the code, or ran and failed with it

@@ -18,6 +18,7 @@ import requests
 
 import dssst1
 
+from .openai_wire import join_stream
 from .values import summarize
 from .wire import JSON_TYPE, OCTET, Call, Reply, describe_body, redact
 
@@ -232,6 +233,10 @@ def parse_body(reply: Reply, content: bytes, ctype: str) -> None:
     if not content:
         reply.body = None
         reply.received = "(empty body)"
+        return
+    if "text/event-stream" in ctype:  # an OpenAI stream: the events joined (openai_wire)
+        reply.body, reply.decode_error = join_stream(content)
+        reply.received = summarize(reply.body)
         return
     if "json" in ctype or (content[:1] in (b"{", b"[") and OCTET not in ctype):
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,8 @@ EXPECT_KEYS = frozenset(
         "headers",
         "not_codec_error",
         "not_error",
+        "refuses",
+        "or_refuses",
         "http",
         "grpc",
     }
@@ -135,7 +138,7 @@ def match(name: str, arg: Any, value: Any, dims: Mapping[str, Any]) -> str | Non
         sign = {"len": "==", "len_le": "<=", "len_ge": ">="}[name]
         return None if ok else f"length {n}, expected {sign} {arg}"
     if name == "contains":
-        hit = arg in value if isinstance(value, str) else any(_same(v, arg) for v in value)
+        hit = str(arg) in value if isinstance(value, str) else any(_same(v, arg) for v in value)
         return None if hit else f"{summarize(value, 120)} does not contain {arg!r}"
     if name == "matches":
         ok = isinstance(value, str) and re.search(str(arg), value) is not None
@@ -146,6 +149,12 @@ def match(name: str, arg: Any, value: Any, dims: Mapping[str, Any]) -> str | Non
         else:
             ok = isinstance(value, list | tuple) and _same(list(arg[: len(value)]), list(value))
         return None if ok else f"{summarize(value, 80)} is not a prefix of {summarize(arg, 80)}"
+    if name == "starts_with":  # the value begins with arg (a string or a list)
+        if isinstance(value, str):
+            ok = value.startswith(str(arg))
+        else:
+            ok = isinstance(value, list | tuple) and _same(list(value[: len(arg)]), list(arg))
+        return None if ok else f"{summarize(value, 120)} does not start with {summarize(arg, 120)}"
     if name == "cut_at_stop":
         text, stop = str(arg["text"]), str(arg["stop"])
         want = text[: text.find(stop)] if stop in text else text
@@ -235,6 +244,8 @@ def check_fields(
 ) -> str | None:
     for path, spec in fields.items():
         spec = scope.expand(spec)
+        if "${" in path:  # `data[id=${job}]`
+            path = str(scope.expand(path))
         if not isinstance(spec, Mapping):
             spec = {"eq": spec}
         found = [scope.lookup(path[1:])] if path.startswith("@") else get_path(value, path)
@@ -250,10 +261,26 @@ def check_fields(
             if name == "present":
                 continue
             for v in found:
-                diff = match(name, arg, v, dims)
+                if name == "json":  # a string holding JSON: its value against these fields
+                    diff = _json_fields(arg, v, scope, dims)
+                else:
+                    diff = match(name, arg, v, dims)
                 if diff is not None:
                     return f"{path}: {diff}"
     return None
+
+
+def _json_fields(
+    fields: Mapping[str, Any], value: Any, scope: Scope, dims: Mapping[str, Any]
+) -> str | None:
+    if not isinstance(value, str):
+        return f"{summarize(value, 80)} is not a string holding JSON"
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        return f"{value[:120]!r} is not JSON ({exc})"
+    diff = check_fields(fields, parsed, scope, dims)
+    return None if diff is None else f"(JSON {value[:120]!r}) {diff}"
 
 
 # ---------------------------------------------------------------------------- error replies

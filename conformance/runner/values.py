@@ -14,7 +14,7 @@ below it (`st.result.weight_version`), a slice (`text[2:5]`), `uuid` (fresh each
 `uuid:NAME` (one UUID per name per case), `len(expr)`, or arithmetic on names and numbers with
 spaced operators (`limits.max_chunks + 1`, `loss * n`).
 
-Paths: `a.b[0].c`, `a[*].b` (every element), `a[-1]`.
+Paths: `a.b[0].c`, `a[*].b` (every element), `a[-1]`, `a[id=x]` (the elements whose `id` is `x`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ _OPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Mult: lambda a, b: a * b,
     ast.Div: lambda a, b: a / b,
 }
-_TOKEN = re.compile(r"\.?([^.\[\]]+)|\[(\*|-?\d+)\]")
+_TOKEN = re.compile(r"\.?([^.\[\]]+)|\[(\*|-?\d+)\]|\[(\w+)=([^\]]*)\]")
 TYPED_KEYS = ("tensor", "bytes", "tuple", "float", "envelope")
 
 
@@ -233,8 +233,8 @@ def tensor(spec: Mapping[str, Any], dims: Mapping[str, Any]) -> np.ndarray[Any, 
 # ---------------------------------------------------------------------------- paths
 
 
-def _tokens(path: str) -> list[str | int]:
-    out: list[str | int] = []
+def _tokens(path: str) -> list[str | int | tuple[str, str]]:
+    out: list[str | int | tuple[str, str]] = []
     pos = 0
     while pos < len(path):
         m = _TOKEN.match(path, pos)
@@ -242,6 +242,8 @@ def _tokens(path: str) -> list[str | int]:
             raise CaseDataError(f"path {path!r} is malformed at {path[pos:]!r}")
         if m.group(1) is not None:
             out.append(m.group(1))
+        elif m.group(3) is not None:
+            out.append((m.group(3), m.group(4)))
         else:
             idx = m.group(2)
             out.append("*" if idx == "*" else int(idx))
@@ -260,6 +262,10 @@ def get_path(value: Any, path: str) -> list[Any]:
             if tok == "*":
                 if isinstance(v, list | tuple) or is_tensor(v):
                     nxt.extend(list(v))
+            elif isinstance(tok, tuple):  # [key=value]: the elements (objects) that have it
+                key, want = tok
+                if isinstance(v, list | tuple):
+                    nxt.extend(e for e in v if isinstance(e, Mapping) and str(e.get(key)) == want)
             elif isinstance(tok, int):
                 if (isinstance(v, list | tuple) or is_tensor(v)) and -len(v) <= tok < len(v):
                     nxt.append(v[tok])

@@ -94,6 +94,7 @@ def test_every_area_and_tier(cases: list[Case]) -> None:
         "errors",
         "hostile",
         "lora",
+        "openai",
     }
     assert {c.tier for c in cases} == {"required", "recommended"}
     assert len({c.id for c in cases}) == len(cases)

@@ -123,7 +123,7 @@ async def start_onprem(
         lease_default_seconds=settings.lease_default_seconds,
         lease_max_seconds=settings.lease_max_seconds,
         limits=limits or ProtocolLimits(),
-        **config_fields,
+        **{"openai": True, **config_fields},  # /v1/... beside the protocol (openai/onprem.py)
     )
     running = await start_server(
         servicer,
