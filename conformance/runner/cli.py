@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from .engine import CaseResult, CaseRun
+from .engine import REFUSED_NOTE, CaseResult, CaseRun
 from .model import Case, load_cases, matches
 from .report import Report, print_report, write_json, write_junit
 from .session import RunConfig, Session, SetupError
@@ -208,6 +208,9 @@ def progress_printer(stream: TextIO, verbose: bool = False) -> Any:
         line += f"({result.duration:.2f} s)"
         if result.outcome != "pass" and result.difference:
             line += f": {_short(result.difference)}"
+        refused = [n for n in result.notes if n.startswith(REFUSED_NOTE)]
+        if result.outcome == "pass" and refused:  # an `or_refuses` case the server refused
+            line += f": {_short(refused[0])}"
         stream.write(line + "\n")
         stream.flush()
 

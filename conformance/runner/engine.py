@@ -38,6 +38,9 @@ class CaseSkipped(Exception):
     pass
 
 
+REFUSED_NOTE = "refused by name"  # the note of a case passed by an `or_refuses` refusal
+
+
 class RefusedByName(Exception):
     """A step's `or_refuses` field was refused by name: the server does not offer it, and says
     so; the case passes without its remaining steps (a note says which field)."""
@@ -189,7 +192,7 @@ class CaseRun:
                     f"neither honoured nor refused by name: {problem}", reply.display()
                 )
             message = str((reply.error or {}).get("message", ""))[:160]
-            raise RefusedByName(f"refused by name: {field} ({message})")
+            raise RefusedByName(f"{REFUSED_NOTE}: {field} ({message})")
         difference = self.check(spec.get("expect") or {}, reply)
         if difference is not None:
             raise CaseFailed(difference, reply.display())
@@ -398,4 +401,4 @@ def file_bytes(value: Any) -> Any:
     )
 
 
-__all__ = ["CaseFailed", "CaseResult", "CaseRun"]
+__all__ = ["REFUSED_NOTE", "CaseFailed", "CaseResult", "CaseRun"]

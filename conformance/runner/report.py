@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .engine import CaseResult
+from .engine import REFUSED_NOTE, CaseResult
 
 FAILING = ("fail", "error", "xpass")
 
@@ -65,6 +65,12 @@ def _cell(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _shown(r: CaseResult) -> str:
+    """The table's last column: the first difference, or why a passed case was refused."""
+    refused = [n for n in r.notes if n.startswith(REFUSED_NOTE)]
+    return r.difference or (refused[0] if r.outcome == "pass" and refused else "")
+
+
 def print_report(report: Report, out: TextIO, *, verbose: bool = False) -> None:
     rows = report.results if verbose else [r for r in report.results if r.outcome != "skip"]
     w = max([len(r.case.id) for r in rows] + [4])
@@ -74,9 +80,7 @@ def print_report(report: Report, out: TextIO, *, verbose: bool = False) -> None:
     out.write(f"{'case':<{w}}  {'tier':<11}  {'outcome':<7}  first difference\n")
     out.write(f"{'-' * w}  {'-' * 11}  {'-' * 7}  {'-' * 40}\n")
     for r in rows:
-        out.write(
-            f"{r.case.id:<{w}}  {r.case.tier:<11}  {r.outcome:<7}  {_cell(r.difference, 110)}\n"
-        )
+        out.write(f"{r.case.id:<{w}}  {r.case.tier:<11}  {r.outcome:<7}  {_cell(_shown(r), 110)}\n")
     problems = [r for r in report.results if r.outcome in ("fail", "error", "xpass")]
     if problems:
         out.write("\nFailures:\n")

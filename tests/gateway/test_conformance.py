@@ -74,6 +74,9 @@ def test_conformance_required_cases(gw: Gateway, tmp_path: Path, transport: str)
     assert not failed, out.getvalue()[-4000:]
     assert code == 0, out.getvalue()[-4000:]
     assert data["counts"].get("pass", 0) >= (200 if transport == "http" else 40), data["counts"]
+    if transport == "http":  # the OpenAI routes (features.openai), tokens and alt token given
+        openai = [c for c in data["cases"] if c["id"].startswith("openai/")]
+        assert len(openai) >= 20 and {c["outcome"] for c in openai} == {"pass"}, openai
     # LoRA jobs run here (the capabilities' `lora` drives the cases): only the cases for servers
     # without LoRA or without merge-and-push are skipped
     lora = {c["id"]: c for c in data["cases"] if c["id"].startswith("lora/")}
