@@ -3,12 +3,13 @@
 
 Model ids: a running job with a sampling sub-job is served as the model `{job_id}` (its sub-job
 id and its `model_name`, the caller's newest running job of that name, resolve to it too); a job
-is visible only to the token that created it. Generation goes through the fake servicer's own
-`check_request` and `generate` with a call context of the caller's token, so the OpenAI routes
-sample exactly what the protocol's `generate` samples (`engines/fake/NUMERICS.md`) under the same
-job state, visibility and `weight_version`. The tokenizer is the fake engine's byte-level one
-with the tiny model's Qwen-style template. Fake engines answer whole replies: streams go by
-continuation (`tokenized.continuation_stream`), as the gateway's fake workers do.
+is visible only to the token that created it. Generation is an arctic.v1 `generate` call of the
+fake's protocol core in process (`protocol/inproc.py`) as the caller's token, so the OpenAI
+routes sample exactly what the protocol's `generate` samples (`engines/fake/NUMERICS.md`) under
+the same auth, field rules, checks, job state, visibility and `weight_version`. The tokenizer is
+the fake engine's byte-level one with the tiny model's Qwen-style template. Fake engines answer
+whole replies: streams go by continuation (`tokenized.continuation_stream`), as the gateway's fake
+workers do.
 """
 
 from __future__ import annotations
@@ -17,23 +18,18 @@ from typing import Any
 
 from aiohttp import web
 
-from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines.fake import sampling as fake_sampling
 from arctic_servers.openai.routes import add_openai_routes
 from arctic_servers.openai.sampler import ModelCard, OpenAIError
 from arctic_servers.openai.tokenized import FakeTokenizer, ServicerSampler
-from arctic_servers.protocol.context import CallContext
+from arctic_servers.protocol.core import ProtocolCore
+from arctic_servers.protocol.inproc import CoreCalls
 
 __all__ = ["FakeJobResolver", "FakeJobSampler", "install"]
 
 
 class FakeJobSampler(ServicerSampler):
     """A fake job's sampling sub-job, called as the caller's token."""
-
-    def _ctx(self) -> CallContext:
-        return CallContext(
-            method=M.GENERATE, job_id=self.job_id, sub_job_id=self.sub.sub_job_id, token=self.token
-        )
 
     @property
     def token_streaming(self) -> bool:
@@ -43,8 +39,9 @@ class FakeJobSampler(ServicerSampler):
 class FakeJobResolver:
     """Models = the caller's running jobs with a sampling sub-job."""
 
-    def __init__(self, servicer: Any) -> None:
-        self.servicer = servicer
+    def __init__(self, calls: CoreCalls) -> None:
+        self.calls = calls
+        self.servicer: Any = calls.core.servicer
 
     def _jobs(self, token: str | None) -> list[tuple[Any, Any]]:
         owner = token if self.servicer.auth else None
@@ -88,10 +85,12 @@ class FakeJobResolver:
             )
         job, sub = match[0]
         return FakeJobSampler(
-            self.servicer, job.job_id, sub, token, FakeTokenizer(), self._max_len(sub)
+            self.calls, job.job_id, sub, token, FakeTokenizer(), self._max_len(sub)
         )
 
 
-def install(app: web.Application, servicer: Any, tokens: frozenset[str]) -> None:
-    """Mount `/v1/...`, `/tokenize`, `/detokenize` over the fake's jobs on `app`."""
-    add_openai_routes(app, FakeJobResolver(servicer), tokens=tokens)
+def install(app: web.Application, core: ProtocolCore) -> None:
+    """Mount `/v1/...`, `/tokenize`, `/detokenize` over the fake's jobs on `app`, served by
+    its protocol core in process (callers authenticated by the core's rule)."""
+    calls = CoreCalls(core)
+    add_openai_routes(app, FakeJobResolver(calls), authenticate=calls.authenticate)

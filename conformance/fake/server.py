@@ -102,7 +102,7 @@ async def start_fake(
     def configure(app: web.Application, core: ProtocolCore) -> None:
         servicer.core = core
         if cfg.openai:
-            install_openai(app, servicer, accepted)
+            install_openai(app, core)
         if admin:
             app.middlewares.insert(0, fault_middleware(registry))
             Admin(servicer, registry, core).add_routes(app)
