@@ -129,7 +129,7 @@ def json_bodies(run: Run) -> None:
         '{"sub_job_configs": [{"job_type": "training", "model_name": "m", '
         '"training_config": {"optimizer": {"name": "adamw", "lr": NaN}}}]}'
     )
-    create_raw = {
+    create_raw: dict[str, str | bytes] = {
         "deep": '{"sub_job_configs": ' + deep + "}",
         "surrogate-key": '{"\\ud800": 1}',
         "surrogate-value": '{"experiment_name": "\\udfff"}',
@@ -206,7 +206,7 @@ def headers(run: Run) -> None:
     run.check(
         "header/authorization-utf8", b.send("GET", path_of(M.GET_JOB, job_id=jb), headers=auth)
     )
-    bad = {
+    bad: dict[str, dict[str, str | bytes]] = {
         "idempotency-key-non-ascii": {"Idempotency-Key": "é".encode()},
         "idempotency-key-256": {"Idempotency-Key": "k" * 256},
         "seq-2^63": {"X-Arctic-Seq": str(2**63)},

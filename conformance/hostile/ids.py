@@ -60,7 +60,7 @@ def ids(run: Run) -> None:
                 ("operation-sub-job-id", op, reset, "sub_job_id"),
             ]
         if M.SYNC_WEIGHTS.name in have:
-            body = {"target_sub_job_ids": [bad]}
+            body: dict[str, Any] = {"target_sub_job_ids": [bad]}
             cases.append(("sync-weights-targets", M.SYNC_WEIGHTS, body, "target_sub_job_ids[0]"))
         if M.LOAD_CHECKPOINT.name in have:
             body = {"checkpoint_id": "victim", "source_job_id": bad}

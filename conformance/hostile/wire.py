@@ -217,10 +217,10 @@ class Grpc:
             ]
         except grpc.RpcError as exc:
             body = None
-            for k, v in exc.trailing_metadata() or ():  # type: ignore[attr-defined]
+            for k, v in exc.trailing_metadata() or ():
                 if k == ERROR_TRAILER:
                     body = json.loads(v)
-            return Answer(exc.code().name, body, "grpc")  # type: ignore[attr-defined]
+            return Answer(exc.code().name, body, "grpc")
         value = dssst1.loads(dssst1.decode_chunks(out)) if out else None
         return Answer("OK", value, "grpc")
 

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     hf = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, attn_implementation="eager"
     )
-    hf.eval()
+    hf.train(False)  # = hf.eval(), which transformers leaves unannotated
     seqs0, vlp0 = vllm_sampled(outs0)
     d0 = max_abs_diff(hf_token_logprobs(hf, seqs0), vlp0)
     res["logprob_max_abs_diff_original"] = d0

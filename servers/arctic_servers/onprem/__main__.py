@@ -103,9 +103,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from ..engines.config import default_cache_dir
     from ..protocol.http_app import DEFAULT_PATH
     from .server import job_body, start_onprem
-    from .settings import ServerSettings, ThreadPlan, default_cache_dir
+    from .settings import ServerSettings, ThreadPlan
 
     settings = ServerSettings(
         data_dir=args.data_dir or default_cache_dir() / "onprem",

@@ -419,7 +419,10 @@ class DataParallelTrainer(EngineBase):
 
     def op_send_weights(self, group_id: str, version: int, **kw: Any) -> dict[str, Any]:
         """Rank 0 broadcasts; under ZeRO-3 the followers join its per-bucket gathers."""
-        own = lambda: self.local.op_send_weights(group_id, version, **kw)  # noqa: E731
+
+        def own() -> dict[str, Any]:
+            return self.local.op_send_weights(group_id, version, **kw)
+
         if self.stage != 3:
             return dict(own())
         args = {"bucket_bytes": kw.get("bucket_bytes", DEFAULT_BUCKET_BYTES)}

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .training import TrainingEngine
+    from .training_weights import TrainerWeights
 
 # ---------------------------------------------------------------------------- GPU (not run here)
 
 
-def trainer_export_gpu(trainer: TrainingEngine, method: str) -> dict[str, Any]:
+def trainer_export_gpu(trainer: TrainerWeights, method: str) -> dict[str, Any]:
     """Trainer side of `cuda_ipc`: IPC handles of its (gathered) weights."""
     import deepspeed
     from torch.multiprocessing.reductions import reduce_tensor
@@ -34,7 +35,10 @@ def trainer_export_gpu(trainer: TrainingEngine, method: str) -> dict[str, Any]:
         sd = {n: p.detach() for n, p in module.named_parameters()}
     trainer._sync_keepalive = sd  # type: ignore[attr-defined]  # alive until the next sync
     nbytes = sum(v.numel() * v.element_size() for v in sd.values())
-    handles = [(n, reduce_tensor(t.contiguous())) for n, t in sd.items()]
+    handles = [
+        (n, reduce_tensor(t.contiguous()))  # type: ignore[no-untyped-call]  # torch: unannotated
+        for n, t in sd.items()
+    ]
     return {"handles": pickle.dumps(handles), "num_tensors": len(sd), "num_bytes": nbytes}
 
 

@@ -59,6 +59,8 @@ class TenantTrainer(TrainingEngine):
     """One tenant of a pool: `TrainingEngine`'s commands over its own adapter and optimizer
     (built without DeepSpeed: the pool holds the model; `TenantOptimizer` is its engine)."""
 
+    engine: TenantOptimizer
+
     def __init__(self, pool: LoraPoolTrainer, name: str, spec: Mapping[str, Any]) -> None:
         t0 = time.perf_counter()
         self.spec = dict(spec)

@@ -19,7 +19,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -27,6 +27,14 @@ from ...protocol.lora_config import EMBEDDING_MODULE, LM_HEAD_MODULE
 
 ADAPTER = "default"  # PEFT's adapter name
 PEFT_PREFIX = "base_model.model."
+
+
+class _DeltaLayer(Protocol):
+    """What `_merged` calls on a PEFT `LoraLayer`: PEFT's base class does not declare it, each
+    concrete layer (Linear, Embedding, the convolutions, MultiheadAttention, ParamWrapper)
+    defines it."""
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
 
 
 def peft_config(lora: Mapping[str, Any]) -> Any:
@@ -40,7 +48,9 @@ def peft_config(lora: Mapping[str, Any]) -> Any:
         targets.append(LM_HEAD_MODULE)
     return LoraConfig(
         r=int(lora["rank"]),
-        lora_alpha=float(lora["alpha"]),
+        # PEFT annotates lora_alpha as int, yet only computes with it (scaling = alpha / r): a
+        # fractional alpha (protocol/lora_config.py allows any number > 0) is passed as it is
+        lora_alpha=float(lora["alpha"]),  # type: ignore[arg-type]
         lora_dropout=float(lora["dropout"]),
         target_modules=targets,
         bias="none",
@@ -179,7 +189,7 @@ def _merged(module: Any, adapter: str = ADAPTER) -> dict[str, torch.Tensor]:
             adapter in mod.lora_A or adapter in mod.lora_embedding_A
         ):
             key = hf_name(f"{name}.base_layer.weight")
-            deltas[key] = mod.get_delta_weight(adapter).detach().cpu()
+            deltas[key] = cast(_DeltaLayer, mod).get_delta_weight(adapter).detach().cpu()
     out: dict[str, torch.Tensor] = {}
     for n, p in module.named_parameters():
         if "lora_" in n:

@@ -24,7 +24,7 @@ Rows = npt.NDArray[np.int64]
 
 def row_tokens(mask: npt.NDArray[np.integer]) -> Rows:
     """Real (attention_mask) tokens of each row."""
-    return (np.asarray(mask) != 0).sum(axis=1).astype(np.int64)
+    return np.asarray((np.asarray(mask) != 0).sum(axis=1), dtype=np.int64)
 
 
 def contiguous(n_rows: int, world: int) -> list[Rows]:

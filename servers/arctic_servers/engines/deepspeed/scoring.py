@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -37,7 +37,8 @@ class _Forward(EngineBase):
     vocab_size: int
 
     def _logits(self, rows: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**rows, use_cache=False).logits
+        # a Hugging Face causal LM (or a LoRA tenant forwarding to one): its logits are a tensor
+        return cast(torch.Tensor, self.model(**rows, use_cache=False).logits)
 
     def _logprobs(
         self,

@@ -27,8 +27,9 @@ error goes to the sampler, which refuses generates until a sync succeeds (`sampl
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -41,6 +42,13 @@ from ..weight_transfer import buckets
 from ..weight_transfer.group import GroupError, WeightGroup
 
 BACKEND = "arctic"
+
+
+class _LoadsWeights(Protocol):
+    """A vLLM model class's `load_weights` (every one defines it: vLLM's loaders call it); vLLM
+    types the engine's `model` as a plain `torch.nn.Module`."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> object: ...
 
 
 @dataclass
@@ -95,10 +103,12 @@ class ArcticWeightTransferEngine(WeightTransferEngine[ArcticInitInfo, ArcticUpda
 
     def finish_weight_update(self) -> None:
         if self.reloading:
-            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+            # vLLM's finalize_layerwise_reload(*args, **kwargs) only forwards to this one, which
+            # is annotated
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_processing
 
             self.reloading = False
-            finalize_layerwise_reload(self.model, self.model_config)
+            finalize_layerwise_processing(self.model, self.model_config)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class ends with torch.accelerator.synchronize(), which a CPU build lacks;
@@ -112,7 +122,7 @@ class ArcticWeightTransferEngine(WeightTransferEngine[ArcticInitInfo, ArcticUpda
         loaded = [0]
 
         def consume(items: list[tuple[str, torch.Tensor]]) -> None:
-            self.model.load_weights(items)
+            cast(_LoadsWeights, self.model).load_weights(items)
             loaded[0] += 1
 
         try:

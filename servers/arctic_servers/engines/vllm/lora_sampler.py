@@ -93,7 +93,7 @@ def serve_embedding_adapters() -> None:
     for cls in (qwen2.Qwen2ForCausalLM,):
         mods = dict(getattr(cls, "embedding_modules", None) or {})
         if "lm_head" not in mods:
-            cls.embedding_modules = {  # type: ignore[attr-defined]
+            cls.embedding_modules = {
                 "embed_tokens": "input_embeddings",
                 "lm_head": "output_embeddings",
                 **mods,

@@ -273,7 +273,11 @@ class SamplingEngine(VllmScoring, EngineBase):
         if constraint is not None:  # xgrammar decodes it (vLLM's structured outputs)
             from vllm.sampling_params import StructuredOutputsParams
 
-            kw["structured_outputs"] = StructuredOutputsParams(**{constraint.kind: constraint.text})
+            if constraint.kind == "json":
+                so = StructuredOutputsParams(json=constraint.text)
+            else:  # structured.KINDS: "structural_tag"
+                so = StructuredOutputsParams(structural_tag=constraint.text)
+            kw["structured_outputs"] = so
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as exc:
