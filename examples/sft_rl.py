@@ -63,7 +63,7 @@ class Recipe:
     validation: int = 200  # what SFT's stopping rule reads (disjoint from held-out and training)
     sft_lr: float = 2e-3
     sft_batch: int = 64
-    sft_max_steps: int = 1500  # seed 2 rises at 659-980 steps (bench/results/2026-12-06-main-job.md)
+    sft_max_steps: int = 1500  # seed 2 rises at steps 660-980 (bench/results/*-main-job.md)
     sft_target: float = 0.3  # stop SFT once the mean validation accuracy of ...
     sft_window: int = 3  # ... the last this many validation evaluations is at or above the target
     sft_eval_every: int = 5  # validation evaluations (cheap: the window sees the rise closely)
