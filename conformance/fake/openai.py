@@ -19,8 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from arctic_servers.engines.fake import sampling as fake_sampling
+from arctic_servers.openai.job_models import JobResolver
 from arctic_servers.openai.routes import add_openai_routes
-from arctic_servers.openai.sampler import ModelCard, OpenAIError
 from arctic_servers.openai.tokenized import FakeTokenizer, ServicerSampler
 from arctic_servers.protocol.core import ProtocolCore
 from arctic_servers.protocol.inproc import CoreCalls
@@ -36,54 +36,14 @@ class FakeJobSampler(ServicerSampler):
         return False  # the fake engine answers whole replies: streams go by continuation
 
 
-class FakeJobResolver:
-    """Models = the caller's running jobs with a sampling sub-job."""
+class FakeJobResolver(JobResolver):
+    """Models = the caller's running jobs with a sampling sub-job (`job_models.py`)."""
 
-    def __init__(self, calls: CoreCalls) -> None:
-        self.calls = calls
-        self.servicer: Any = calls.core.servicer
-
-    def _jobs(self, token: str | None) -> list[tuple[Any, Any]]:
-        owner = token if self.servicer.auth else None
-        out = []
-        for job in list(self.servicer.jobs.jobs.values()):
-            if job.state != "running" or (job.owner is not None and job.owner != owner):
-                continue
-            sub = job.sub_job("sampling")
-            if sub is not None:
-                out.append((job, sub))
-        return out
-
-    @staticmethod
-    def _max_len(sub: Any) -> int:
+    def _max_len(self, sub: Any) -> int:
         return fake_sampling.context_length(int(sub.max_seq_len or 0))
 
-    async def models(self, token: str | None) -> list[ModelCard]:
-        return [
-            ModelCard(
-                job.job_id,
-                int(job.created_at),
-                root=sub.model_name or job.job_id,
-                max_model_len=self._max_len(sub),
-            )
-            for job, sub in self._jobs(token)
-        ]
-
     async def sampler(self, model: str, token: str | None) -> FakeJobSampler:
-        jobs = self._jobs(token)
-        match = [(j, s) for j, s in jobs if model in (j.job_id, s.sub_job_id)]
-        if not match:
-            named = [(j, s) for j, s in jobs if model and model == s.model_name]
-            match = sorted(named, key=lambda js: js[0].created_at)[-1:]
-        if not match:
-            raise OpenAIError(
-                404,
-                f"the model {model!r} does not exist: none of this token's running jobs with a "
-                f"sampling sub-job answers to it (available: {[j.job_id for j, _ in jobs]})",
-                param="model",
-                code="model_not_found",
-            )
-        job, sub = match[0]
+        job, sub = self._match(model, token)
         return FakeJobSampler(
             self.calls, job.job_id, sub, token, FakeTokenizer(), self._max_len(sub)
         )

@@ -69,3 +69,17 @@ def set_behaviour(fake: BackgroundFake, values: dict[str, Any]) -> None:
         timeout=10,
     )
     r.raise_for_status()
+
+
+@pytest.fixture(scope="module")
+def proxy(fake: BackgroundFake) -> Iterator[tuple[Any, str]]:
+    """A mutating proxy (`mutating_proxy.Proxy`, no fault yet) in front of the module's fake, and
+    the protocol prefix URL through it."""
+    from .mutating_proxy import Proxy
+
+    p = Proxy(fake.base_url)
+    p.start()
+    try:
+        yield p, p.url + fake.prefix_url[len(fake.base_url) :]
+    finally:
+        p.stop()

@@ -8,14 +8,14 @@ fault the same cases pass (the fake honours the tool and session fields and refu
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from conformance.fake import BackgroundFake
 from conformance.runner import Case
 
-from .test_proxy_faults import Fault, Proxy, Request, Response, _drop_header, _run
+from .mutating_proxy import Fault, Proxy, Request, Response, fails_its_cases
+from .test_proxy_faults import _drop_header
 
 CHAT = "/v1/chat/completions"
 # tool_choice dropped is "auto": the fake's auto also calls the tool (the hermes structural tag
@@ -126,29 +126,8 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def proxy(fake: BackgroundFake) -> Iterator[tuple[Proxy, str]]:
-    p = Proxy(fake.base_url)
-    p.start()
-    try:
-        yield p, p.url + fake.prefix_url[len(fake.base_url) :]
-    finally:
-        p.stop()
-
-
 @pytest.mark.parametrize("name", sorted(FAULTS))
 def test_openai_cases_fail_each_fault(
     proxy: tuple[Proxy, str], cases: list[Case], name: str
 ) -> None:
-    p, target = proxy
-    fault = FAULTS[name]
-    p.fault = None
-    clean = _run(target, cases, fault)
-    assert all(clean.get(c) == "pass" for c in fault.fails), f"without the fault: {clean}"
-    p.fault = fault
-    try:
-        faulty = _run(target, cases, fault)
-    finally:
-        p.fault = None
-    missed = [c for c in fault.fails if faulty.get(c) not in ("fail", "error")]
-    assert not missed, f"{name}: the suite did not fail {missed} ({faulty})"
+    fails_its_cases(proxy, cases, name, FAULTS[name])

@@ -5,14 +5,14 @@ Mounted by the gateway (`gateway/server.py`) on its HTTP listener, beside the pr
 `/detokenize`). Bearer auth is mandatory: the token must be one of the gateway's (kept as sha256
 digests); a gateway started without tokens answers 401 on these routes.
 
-Model ids: a running job with a sampling sub-job is served as the model `{job_id}`; its sub-job
-id and its `model_name` (the caller's newest running job of that name) resolve to it too. A job
-is visible only to the token that created it (another token's job answers 404
-`model_not_found`, as if it did not exist). Generation is an arctic.v1 `generate` call of the
-gateway's protocol core in this process (`protocol/inproc.py`) as that token: the core's auth,
-field rules and limits, the same job visibility and running-state checks, the profile's semantic
-checks (`check_request`), the request record, the weight-sync gate and `weight_version`, and
-the same keyed call on the sampling sub-job's worker (fake or vLLM).
+Model ids (`job_models.py`): a running job with a sampling sub-job is served as the model
+`{job_id}`; its sub-job id and its `model_name` (the caller's newest running job of that name)
+resolve to it too. A job is visible only to the token that created it (another token's job answers
+404 `model_not_found`, as if it did not exist). Generation is an arctic.v1 `generate` call of the
+gateway's protocol core in this process (`protocol/inproc.py`) as that token: the core's auth, field
+rules and limits, the same job visibility and running-state checks, the profile's semantic checks
+(`check_request`), the request record, the weight-sync gate and `weight_version`, and the same keyed
+call on the sampling sub-job's worker (fake or vLLM).
 
 Tokenizer: the model directory's (`transformers.AutoTokenizer`; the on-prem engines report it as
 `model_dir`), or for fake workers the fake engine's byte-level tokenizer with the tiny model's
@@ -37,7 +37,8 @@ from typing import Any
 from ..protocol.config import token_digest
 from ..protocol.core import ProtocolCore
 from ..protocol.inproc import CoreCalls
-from .sampler import ModelCard, OpenAIError
+from .job_models import JobResolver
+from .sampler import OpenAIError
 from .tokenized import FakeTokenizer, ServicerSampler, load_tokenizer
 
 __all__ = ["GatewayResolver", "GatewaySampler", "install"]
@@ -75,12 +76,12 @@ def _info(sub: Any) -> dict[str, Any]:
     return dict((sub.worker or {}).get("info") or {})
 
 
-class GatewayResolver:
-    """Models = the caller's running jobs with a sampling sub-job whose worker is up."""
+class GatewayResolver(JobResolver):
+    """Models = the caller's running jobs with a sampling sub-job whose worker is up
+    (`job_models.py`); Bearer auth mandatory."""
 
     def __init__(self, calls: CoreCalls, *, chunk_tokens: int = 4) -> None:
-        self.calls = calls
-        self.servicer: Any = calls.core.servicer
+        super().__init__(calls)
         self.chunk_tokens = chunk_tokens
 
     def _owner(self, token: str | None) -> str:
@@ -88,47 +89,14 @@ class GatewayResolver:
             raise OpenAIError(401, NO_TOKENS, type="authentication_error", code="invalid_api_key")
         return token_digest(token)
 
-    def _jobs(self, token: str | None) -> list[tuple[Any, Any]]:
-        owner = self._owner(token)
-        out = []
-        for job in list(self.servicer.jobs.jobs.values()):
-            if job.state != "running" or job.owner != owner:
-                continue
-            sub = job.sub_job("sampling")
-            if sub is not None and _info(sub):
-                out.append((job, sub))
-        return out
+    def _serves(self, sub: Any) -> bool:
+        return bool(_info(sub))
 
-    @staticmethod
-    def _max_len(sub: Any) -> int:
+    def _max_len(self, sub: Any) -> int:
         return int(_info(sub).get("max_model_len") or sub.max_seq_len or 0)
 
-    async def models(self, token: str | None) -> list[ModelCard]:
-        return [
-            ModelCard(
-                job.job_id,
-                int(job.created_at),
-                root=sub.model_name or job.job_id,
-                max_model_len=self._max_len(sub),
-            )
-            for job, sub in self._jobs(token)
-        ]
-
     async def sampler(self, model: str, token: str | None) -> GatewaySampler:
-        jobs = self._jobs(token)
-        match = [(j, s) for j, s in jobs if model in (j.job_id, s.sub_job_id)]
-        if not match:
-            named = [(j, s) for j, s in jobs if model and model == s.model_name]
-            match = sorted(named, key=lambda js: js[0].created_at)[-1:]
-        if not match:
-            raise OpenAIError(
-                404,
-                f"the model {model!r} does not exist: none of this token's running jobs with a "
-                f"sampling sub-job answers to it (available: {[j.job_id for j, _ in jobs]})",
-                param="model",
-                code="model_not_found",
-            )
-        job, sub = match[0]
+        job, sub = self._match(model, token)
         info = _info(sub)
         if info.get("model_dir"):
             tok = await asyncio.to_thread(load_tokenizer, Path(str(info["model_dir"])))

@@ -1,12 +1,12 @@
 """The on-prem server's sampling sub-jobs behind the OpenAI-compatible routes.
 
-Model ids: a running job with a sampling sub-job is served as the model `{job_id}`; its sub-job
-id and its `model_name` (the newest running job of that name) resolve to it too. Jobs are
-visible only to the token that created them. Generation is an arctic.v1 `generate` call of the
-server's protocol core in this process (`protocol/inproc.py`: the core's auth, field rules,
-per-op checks, limits and request record; a weight sync in progress pauses new requests, and
-`weight_version` is exact); the tokenizer and chat template are the model directory's
-(`transformers.AutoTokenizer`, loaded once per model in the server process).
+Model ids (`job_models.py`): a running job with a sampling sub-job is served as the model
+`{job_id}`; its sub-job id, its `model_name` and its model directory (the newest running job of that
+name) resolve to it too. Jobs are visible only to the token that created them. Generation is an
+arctic.v1 `generate` call of the server's protocol core in this process (`protocol/inproc.py`: the
+core's auth, field rules, per-op checks, limits and request record; a weight sync in progress pauses
+new requests, and `weight_version` is exact); the tokenizer and chat template are the model
+directory's (`transformers.AutoTokenizer`, loaded once per model in the server process).
 
 Streaming is token by token: the core admits the sample (`CoreCalls.checked`: the same checks,
 no request record; arctic.v1 has no streaming op) and `OnpremSampler.stream` iterates over the
@@ -27,7 +27,7 @@ from typing import Any
 
 from ..protocol.core import ProtocolCore
 from ..protocol.inproc import CoreCalls
-from .sampler import ModelCard, OpenAIError
+from .job_models import JobResolver
 from .tokenized import ServicerSampler, load_tokenizer
 
 __all__ = ["OnpremResolver", "OnpremSampler"]
@@ -37,65 +37,23 @@ class OnpremSampler(ServicerSampler):
     """A sampling sub-job of the on-prem server (its job's: the call names no sub-job)."""
 
 
-def _max_len(sub: Any) -> int:
-    info = sub.worker.info if sub.worker is not None else {}
-    return int(info.get("max_model_len") or 0)
+class OnpremResolver(JobResolver):
+    """Models = running jobs with a sampling sub-job whose worker is up (`job_models.py`)."""
 
+    def _serves(self, sub: Any) -> bool:
+        return sub.worker is not None and sub.model_dir is not None
 
-class OnpremResolver:
-    """Models = running jobs with a sampling sub-job, visible to the caller's token."""
+    def _max_len(self, sub: Any) -> int:
+        info = sub.worker.info if sub.worker is not None else {}
+        return int(info.get("max_model_len") or 0)
 
-    def __init__(self, calls: CoreCalls) -> None:
-        self.calls = calls
-        self.servicer: Any = calls.core.servicer
-
-    def _owner(self, token: str | None) -> str | None:
-        return token if getattr(self.servicer, "auth", False) else None
-
-    def _jobs(self, token: str | None) -> list[tuple[Any, Any]]:
-        owner = self._owner(token)
-        out = []
-        for job in list(self.servicer.jobs.jobs.values()):
-            if job.state != "running" or (job.owner is not None and job.owner != owner):
-                continue
-            sub = job.sub_job("sampling")
-            if sub is not None and sub.worker is not None and sub.model_dir is not None:
-                out.append((job, sub))
-        return out
-
-    async def models(self, token: str | None) -> list[ModelCard]:
-        cards = []
-        for job, sub in self._jobs(token):
-            cards.append(
-                ModelCard(
-                    job.job_id,
-                    int(job.created_at),
-                    root=sub.spec.model_name or str(sub.model_dir),
-                    max_model_len=_max_len(sub),
-                )
-            )
-        return cards
+    def _names(self, sub: Any) -> list[str]:
+        return [n for n in (sub.spec.model_name, str(sub.model_dir)) if n]
 
     async def sampler(self, model: str, token: str | None) -> OnpremSampler:
-        jobs = self._jobs(token)
-        match = [(j, s) for j, s in jobs if model in (j.job_id, s.sub_job_id)]
-        if not match:
-            named = [
-                (j, s) for j, s in jobs if model and model in (s.spec.model_name, str(s.model_dir))
-            ]
-            match = sorted(named, key=lambda js: js[0].created_at)[-1:]
-        if not match:
-            raise OpenAIError(
-                404,
-                f"the model {model!r} does not exist: no running job with a "
-                f"sampling sub-job answers to it (available: "
-                f"{[j.job_id for j, _ in jobs]})",
-                param="model",
-                code="model_not_found",
-            )
-        job, sub = match[0]
+        job, sub = self._match(model, token)
         tok = await asyncio.to_thread(load_tokenizer, Path(sub.model_dir))
-        return OnpremSampler(self.calls, job.job_id, sub, token, tok, _max_len(sub))
+        return OnpremSampler(self.calls, job.job_id, sub, token, tok, self._max_len(sub))
 
 
 def install(app: Any, core: ProtocolCore, tools: Any = None) -> None:
