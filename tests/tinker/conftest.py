@@ -37,7 +37,7 @@ def _serve(settings: TinkerSettings) -> Iterator[TinkerServer]:
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with BackgroundFake(tokens=(TOKEN, OTHER_TOKEN), grpc=False, admin=True) as fake:
         runner, url, routes = fake.run(
-            start_tinker_server(fake.core, settings, tokens=[TOKEN, OTHER_TOKEN])
+            start_tinker_server(fake.core, settings)  # the fake core's tokens
         )
         try:
             yield TinkerServer(url, routes, fake)

@@ -210,7 +210,7 @@ NO_EXTRA_SERVER = textwrap.dedent(
 
     async def main():
         app = web.Application()
-        assert mount(app, tokens=("k",)) is None
+        assert mount(app) is None
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

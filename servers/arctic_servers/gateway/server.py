@@ -218,7 +218,6 @@ async def start_gateway(
     mount_tinker(
         app,
         tinker,
-        token_sha256=token_sha256,
         catalog=engine_catalog(settings.engine),
         state_path=str(settings.root / "tinker_state.sqlite"),
     )

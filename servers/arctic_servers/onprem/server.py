@@ -84,7 +84,6 @@ def _configure(
         mount_tinker(
             app,
             tinker,
-            tokens=tokens,
             catalog=EmbeddedCatalog(servicer.settings),
             state_path=str(servicer.settings.data_dir / "tinker_state.sqlite"),
         )

@@ -1,9 +1,9 @@
 """The plumbing every Tinker route shares: auth (`X-API-Key`), bodies parsed with the SDK's own
 pydantic request types, and errors answered in the shapes the 0.38 SDK reads.
 
-Auth: `X-API-Key` (the SDK insists on a `tml-` prefix): `tml-<token>` or `<token>` must be one
-of the server's tokens (clear, or sha256 digests as the gateway keeps them); a server without
-tokens accepts any key. Request bodies are parsed with the SDK's own pydantic request types
+Auth: `X-API-Key` (the SDK insists on a `tml-` prefix): `tml-<token>` or `<token>`, judged by
+the protocol core's rule against the server's tokens (`auth.py`); a server without tokens
+accepts any key. Request bodies are parsed with the SDK's own pydantic request types
 (`extra="forbid"`: an unknown field is refused by name).
 """
 
@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,8 +59,6 @@ class RouteBase:
         self,
         backend: Backend,
         settings: TinkerSettings,
-        tokens: Iterable[str] = (),
-        token_sha256: Iterable[str] = (),
     ) -> None:
         self.state = State(settings.session_timeout_s)
         self.ops = Ops(self.state, backend, settings)
@@ -69,7 +67,6 @@ class RouteBase:
         self.store = Store(settings.state_path, self.state) if settings.state_path else None
         self.restored: dict[str, int] | None = None
         self.settings = settings
-        self.tokens, self.sha = frozenset(tokens), frozenset(token_sha256)
         self.encodings: Counter[str] = Counter()  # forward_backward bodies by Content-Encoding
 
     # ------------------------------------------------------------------ the clock
@@ -108,7 +105,7 @@ class RouteBase:
     # ------------------------------------------------------------------ plumbing
 
     def caller(self, request: web.Request) -> str | object | None:
-        return caller_token(request.headers, self.tokens, self.sha)
+        return caller_token(request.headers, self.ops.backend.calls.authenticate)
 
     def _token(self, request: web.Request) -> str | None:
         token = self.caller(request)

@@ -19,13 +19,14 @@ import asyncio
 import dataclasses
 import importlib.util
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ..protocol.core import ProtocolCore
 from ..protocol.http_app import CORE_KEY
+from ..protocol.inproc import CoreCalls
 from .auth import NO_TOKEN, caller_token
 from .catalog import Catalog
 from .hf_files import add_hf_routes
@@ -51,11 +52,8 @@ class LazyTinker:
         self,
         settings: TinkerSettings,
         core: ProtocolCore,
-        tokens: Iterable[str],
-        token_sha256: Iterable[str],
     ) -> None:
         self.settings, self.core = settings, core
-        self.tokens, self.token_sha256 = tuple(tokens), tuple(token_sha256)
         self.routes: TinkerRoutes | None = None
         self._handlers: dict[int, Callable[[web.Request], Any]] = {}
         self._lock = asyncio.Lock()
@@ -73,7 +71,7 @@ class LazyTinker:
 
         log.info("Tinker surface built on its first request")
         backend = Backend(self.core)
-        return TinkerRoutes(backend, self.settings, self.tokens, self.token_sha256)
+        return TinkerRoutes(backend, self.settings)
 
     def handler(self, index: int, pick: Callable[[TinkerRoutes], Handler]) -> Any:
         async def serve(request: web.Request) -> web.StreamResponse:
@@ -99,8 +97,6 @@ def mount(
     app: web.Application,
     settings: TinkerSettings | None = None,
     *,
-    tokens: Iterable[str] = (),
-    token_sha256: Iterable[str] = (),
     catalog: Catalog | None = None,
     state_path: str | None = None,
     core: ProtocolCore | None = None,
@@ -125,15 +121,14 @@ def mount(
         settings = dataclasses.replace(settings, catalog=catalog)
     if state_path is not None and settings.state_path is None:  # the server's data directory
         settings = dataclasses.replace(settings, state_path=state_path)
-    lazy = LazyTinker(settings, core or app[CORE_KEY], tokens, token_sha256)
+    core = core or app[CORE_KEY]
+    lazy = LazyTinker(settings, core)
     for index, (method, path, pick) in enumerate(ROUTES):
         app.router.add_route(method, P + path, lazy.handler(index, pick))
     if settings.catalog is not None:
-        toks, sha = frozenset(tokens), frozenset(token_sha256)
+        authenticate = CoreCalls(core).authenticate  # the core's tokens, the core's rule
         add_hf_routes(
-            app,
-            settings.catalog,
-            lambda r: caller_token(r.headers, toks, sha) is not NO_TOKEN,
+            app, settings.catalog, lambda r: caller_token(r.headers, authenticate) is not NO_TOKEN
         )
     app.on_cleanup.append(lazy.close)
     return lazy

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import pydantic
@@ -287,10 +286,9 @@ def add_tinker_routes(
     app: web.Application,
     backend: Backend,
     settings: TinkerSettings,
-    tokens: Iterable[str] = (),
-    token_sha256: Iterable[str] = (),
 ) -> TinkerRoutes:
-    routes = TinkerRoutes(backend, settings, tokens, token_sha256)
+    """Tinker's routes on `app`, its callers authenticated by `backend`'s core."""
+    routes = TinkerRoutes(backend, settings)
     routes.add_routes(app)
     if settings.catalog is not None:  # the models' tokenizer files (hf_files.py)
         add_hf_routes(app, settings.catalog, lambda r: routes.caller(r) is not NO_TOKEN)

@@ -3,8 +3,6 @@ protocol server mounts the surface on its own listener with `mount.mount` instea
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from aiohttp import web
 
 from ..protocol.core import ProtocolCore
@@ -19,7 +17,6 @@ async def start_tinker_server(
     core: ProtocolCore,
     settings: TinkerSettings,
     *,
-    tokens: Iterable[str] = (),
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> tuple[web.AppRunner, str, TinkerRoutes]:
@@ -27,7 +24,7 @@ async def start_tinker_server(
     core's event loop)."""
     # the protocol's body limit (PROTOCOL.md §13), after decoding, as on our servers
     app = web.Application(client_max_size=core.config.limits.max_body_bytes + 1)
-    routes = add_tinker_routes(app, Backend(core), settings, tokens)
+    routes = add_tinker_routes(app, Backend(core), settings)  # callers: the core's tokens
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
