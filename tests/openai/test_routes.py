@@ -390,3 +390,15 @@ async def test_sha256_tokens_as_the_gateway_keeps_them() -> None:
             assert (ok.status, bad.status) == (200, 401)
     finally:
         await runner.cleanup()
+
+
+def test_routes_take_one_source_of_callers() -> None:
+    """`authenticate` (a core's rule) and `tokens` together would leave one of them unused:
+    refused at mount, naming both."""
+    from aiohttp import web
+
+    from arctic_servers.openai import add_openai_routes
+
+    app = web.Application()
+    with pytest.raises(ValueError, match=r"authenticate .* tokens"):
+        add_openai_routes(app, None, authenticate=lambda a: None, tokens={"t"})  # type: ignore[arg-type]

@@ -316,6 +316,11 @@ def add_openai_routes(
     core's rule), else by `bearer_auth(tokens, token_sha256)`."""
     if authenticate is None:
         authenticate = bearer_auth(tokens, token_sha256)
+    elif tokens or token_sha256:  # two sources of who may call: refused, never one ignored
+        raise ValueError(
+            "add_openai_routes: pass authenticate (a server core's rule) or tokens / "
+            "token_sha256, not both"
+        )
     routes = OpenAIRoutes(resolver, authenticate, tools=tools, sessions=sessions)
     app.router.add_get("/v1/models", routes.wrap(routes.list_models))
     app.router.add_post("/v1/chat/completions", routes.wrap(routes.until_disconnect(routes.chat)))
