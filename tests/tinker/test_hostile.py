@@ -117,6 +117,7 @@ def test_another_tokens_ids_are_not_found(tinker_fake: TinkerServer) -> None:
         ("/session_heartbeat", {"session_id": sid}, "session_id"),
         ("/get_info", {"model_id": model_id}, "model_id"),
         ("/retrieve_future", {"request_id": fut}, "request_id"),
+        ("/cancel_future", {"request_id": fut}, "request_id"),
         ("/create_model", {**body, "model_seq_id": 1}, "session_id"),
     ]:
         r = _post(u, path, json=payload, headers=other)
@@ -124,6 +125,29 @@ def test_another_tokens_ids_are_not_found(tinker_fake: TinkerServer) -> None:
         assert "does not exist" in r.json()["detail"]
     r = requests.get(u + f"/api/v1/training_runs/{model_id}", headers=other, timeout=30)
     assert r.status_code == 404
+
+
+def test_cancel_future_takes_own_sample_futures_only(tinker_fake: TinkerServer) -> None:
+    """`/cancel_future` (the SDK abandoning a sample): an id of nobody or a traversal is 404, a
+    body with another field or no id is refused naming it, and a training op's future is
+    refused by name (it runs in its model's turn) and still answers its result."""
+    u = tinker_fake.url
+    for rid in ("../fut", "x" * 10_000, ""):
+        r = _post(u, "/cancel_future", json={"request_id": rid}, headers=H)
+        assert r.status_code == 404 and r.json()["field"] == "request_id", (rid[:20], r.text)
+    r = _post(u, "/cancel_future", json={"request_id": "f", "all": True}, headers=H)
+    assert r.status_code == 400 and "all" in r.json()["detail"], r.text
+    r = _post(u, "/cancel_future", json={}, headers=H)
+    assert r.status_code == 400 and "request_id" in r.json()["detail"], r.text
+    base = {"tags": [], "user_metadata": {}, "sdk_version": "x"}
+    sid = _post(u, "/create_session", json=base, headers=H).json()["session_id"]
+    body = {"session_id": sid, "model_seq_id": 0, "base_model": "fake-tiny"}
+    fut = _post(u, "/create_model", json=body, headers=H).json()["request_id"]
+    r = _post(u, "/cancel_future", json={"request_id": fut}, headers=H)
+    assert r.status_code == 400 and r.json()["code"] == "unsupported_option", r.text
+    assert r.json()["field"] == "request_id" and "sample futures" in r.json()["detail"]
+    r = _post(u, "/retrieve_future", json={"request_id": fut}, headers=H)
+    assert r.status_code == 200 and "model_id" in r.json(), r.text
 
 
 def test_ids_of_an_earlier_server_run(tinker_fake: TinkerServer) -> None:
