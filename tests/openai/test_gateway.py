@@ -563,12 +563,19 @@ def test_real_sampler_serves_concurrent_calls_in_one_batch(real_gw: dict[str, An
 def test_the_protocols_field_rules_answer_in_openais_shape(fake_gw: dict[str, Any]) -> None:
     """The routes call the gateway's core in process: a value the arctic.v1 field rules refuse
     (`SamplingParams.top_k` >= -1, `top_p` in (0, 1]) is refused by the core before anything
-    runs, as OpenAI's 400 naming the request's field, its value and what was expected."""
+    runs, as OpenAI's 400 naming the request's field, its value and what was expected; a stream
+    too, before any event is sent (a plain error reply, not a broken event stream)."""
     client = _client(fake_gw)
-    for field, value, expected in (("top_k", -5, ">= -1"), ("top_p", 1.5, "(0, 1]")):
+    cases = [(f, v, e, st) for f, v, e in (("top_k", -5, ">= -1"), ("top_p", 1.5, "(0, 1]"))
+             for st in (False, True)]  # fmt: skip
+    for field, value, expected, stream in cases:
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(
-                model=fake_gw["job"], prompt="Hi", max_tokens=2, extra_body={field: value}
+                model=fake_gw["job"],
+                prompt="Hi",
+                max_tokens=2,
+                stream=stream,
+                extra_body={field: value},
             )
         err = info.value
         assert err.status_code == 400 and err.param == field, (field, err.body)

@@ -333,7 +333,10 @@ def test_stream_interval_sends_held_tokens_of_a_stream_that_ends_unfinished(
         for j in range(6):
             yield StreamEvent([100 + j], None, "x" * (j + 1), time.time())
 
-    monkeypatch.setattr(openai_server.base, "stream", cut_short)
+    async def open_cut_short(prompt: Any, params: Any, index: int = 0) -> Any:
+        return cut_short(prompt, params, index)  # the route opens each stream first
+
+    monkeypatch.setattr(openai_server.base, "open_stream", open_cut_short)
     body = {"model": "fake-base", "prompt": "abc", "max_tokens": 9, "stream": True}
     with post(openai_server, "/completions", {**body, "stream_interval": 4}, stream=True) as r:
         events = sse(r)

@@ -130,17 +130,31 @@ class FakeSampler(TokenizedSampler):
             out.append(samples)
         return out, self.weight_version
 
+    async def open_stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        """The parameters and the prompt's budget checked now; the tokens of
+        `fake_sampling.sample` (the same sample `generate` answers), released one at a time."""
+        p = self._params(params)
+        budget = self._budget(prompt, p)
+        self.requests.append({"prompts": [list(prompt)], "params": dict(params), "stream": True})
+        return self._release(prompt, p, budget, index)
+
     async def stream(
         self,
         prompt: Sequence[int],
         params: Mapping[str, Any],
         index: int = 0,
     ) -> AsyncIterator[StreamEvent]:
-        """The tokens of `fake_sampling.sample` (the same sample `generate` answers), released
-        one at a time."""
-        p = self._params(params)
-        budget = self._budget(prompt, p)
-        self.requests.append({"prompts": [list(prompt)], "params": dict(params), "stream": True})
+        async for ev in await self.open_stream(prompt, params, index):
+            yield ev
+
+    async def _release(
+        self, prompt: Sequence[int], p: fake_sampling.Params, budget: int, index: int
+    ) -> AsyncIterator[StreamEvent]:
         seed = p.seed if p.seed is not None else fake_sampling.draw_seed()
         version = self.weight_version  # the weights this sample is drawn from, start to end
         s = fake_sampling.sample(prompt, index, p, seed, version, self.model_step, budget)

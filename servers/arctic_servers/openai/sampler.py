@@ -176,6 +176,16 @@ class Sampler(Protocol):
         """One sample (the `index`-th of the request), tokens yielded as they are produced."""
         ...
 
+    async def open_stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        """`stream`, its checks run now (the route opens every stream before it sends anything,
+        so a refused stream is a plain error reply, not a broken event stream)."""
+        ...
+
     def admit(self) -> AbstractContextManager[None]:
         """One sampling request of the job for the duration of a stream: the server's bound on
         queued sampling work (raises its 429 `rate_limited` past it, before anything is sent).

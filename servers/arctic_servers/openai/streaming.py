@@ -52,6 +52,9 @@ async def stream_reply(
         None,
     )
     env.pop("weight_version")
+    jobs = [(pi, k) for pi in range(len(req.prompts)) for k in range(n)]
+    # every stream opened (checked) before anything is sent: a refusal is a plain error reply
+    streams = [await sampler.open_stream(req.prompts[pi], params, index=k) for pi, k in jobs]
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -66,11 +69,10 @@ async def stream_reply(
         await resp.write(f"data: {data}\n\n".encode())
 
     queue: asyncio.Queue[tuple[int, int, StreamEvent | BaseException | None]] = asyncio.Queue()
-    jobs = [(pi, k) for pi in range(len(req.prompts)) for k in range(n)]
 
     async def pump(choice: int, pi: int, k: int) -> None:
         try:
-            async for ev in sampler.stream(req.prompts[pi], params, index=k):
+            async for ev in streams[choice]:
                 await queue.put((choice, pi, ev))
         except BaseException as exc:
             await queue.put((choice, pi, exc))

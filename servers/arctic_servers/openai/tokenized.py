@@ -256,6 +256,22 @@ class TokenizedSampler:
     def admit(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        raise NotImplementedError
+
+    async def open_stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        return self.stream(prompt, params, index)
+
     async def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -332,21 +348,33 @@ class ServicerSampler(TokenizedSampler):
         """The sampling worker streams token by token (`generate_stream`)."""
         return True
 
-    def stream(
+    async def open_stream(
         self,
         prompt: Sequence[int],
         params: Mapping[str, Any],
         index: int = 0,
     ) -> AsyncIterator[StreamEvent]:
-        if not self.token_streaming:
-            return continuation_stream(self, prompt, params, index, chunk_tokens=self.chunk_tokens)
-        return self._token_stream(prompt, params, index)
-
-    async def _token_stream(
-        self, prompt: Sequence[int], params: Mapping[str, Any], index: int
-    ) -> AsyncIterator[StreamEvent]:
+        """The stream admitted by the core now (its checks, before the route sends anything),
+        then run: token by token, or by continuation (each step a generate admitted the same
+        way)."""
         body = stream_body(prompt, params, index)
         ctx = await self._checked(body)
+        if not self.token_streaming:
+            return continuation_stream(self, prompt, params, index, chunk_tokens=self.chunk_tokens)
+        return self._token_stream(ctx, body)
+
+    async def stream(
+        self,
+        prompt: Sequence[int],
+        params: Mapping[str, Any],
+        index: int = 0,
+    ) -> AsyncIterator[StreamEvent]:
+        async for ev in await self.open_stream(prompt, params, index):
+            yield ev
+
+    async def _token_stream(
+        self, ctx: CallContext, body: Mapping[str, Any]
+    ) -> AsyncIterator[StreamEvent]:
         metrics = self.calls.core.metrics
         async for ev in stream_events(self.servicer.generate_stream(ctx, body)):
             if ev.token_ids:
