@@ -81,7 +81,7 @@ def serve(work_ms: float, rtt_ms: float) -> None:
 
     from arctic_servers._generated.servicer import ServicerBase
     from arctic_servers.protocol.config import ProtocolConfig
-    from arctic_servers.protocol.serve import start_server
+    from arctic_servers.serving.serve import start_server
 
     work, rtt = work_ms / 1000.0, rtt_ms / 1000.0
 

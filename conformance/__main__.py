@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    from arctic_servers.protocol.observability_args import add_observability_arguments
+    from arctic_servers.serving.observability_args import add_observability_arguments
 
     p = argparse.ArgumentParser(
         prog="python -m conformance serve",
@@ -44,8 +44,8 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from arctic_servers.protocol.entrypoints import stop_signal
-    from arctic_servers.protocol.observability_args import observability_from_args
+    from arctic_servers.serving.entrypoints import stop_signal
+    from arctic_servers.serving.observability_args import observability_from_args
 
     from .fake import JobDelays, start_fake
     from .fake.server import DEFAULT_PATH

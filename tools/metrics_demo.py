@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT / "servers"), str(ROOT / "sdk"), str(ROOT)]
 
 import dssst1  # noqa: E402
 from arctic_sdk import AsyncClient, rollouts  # noqa: E402
-from arctic_servers.protocol.serve import free_port  # noqa: E402
+from arctic_servers.serving.serve import free_port  # noqa: E402
 
 OPERATOR = "operator-secret"
 JOB = {

@@ -26,9 +26,9 @@ from aiohttp import web
 
 from arctic_servers.protocol.chunk_groups import ChunkGroups
 from arctic_servers.protocol.core import ProtocolCore
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.http_app import json_response
 from arctic_servers.protocol.stores import MemoryChunkStore, MemoryRequestStore
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.serving.http_app import json_response
 
 from .faults import FaultRegistry
 from .servicer import FakeServicer

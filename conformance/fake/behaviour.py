@@ -25,12 +25,12 @@ from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol.calls import IncomingCall
 from arctic_servers.protocol.chunk_groups import ChunkGroups, ChunkStep
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.faultpoints import CoreHooks
-from arctic_servers.protocol.jobs import JobRecord
 from arctic_servers.protocol.sequencer import Sequencer
 from arctic_servers.protocol.stores import GroupRecord
-from arctic_servers.protocol.validate import validate_body
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.rules.jobs import JobRecord
+from arctic_servers.rules.validate import validate_body
 
 if TYPE_CHECKING:
     from arctic_servers.protocol.core import ProtocolCore

@@ -27,7 +27,7 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 from arctic_sdk.spec.tables.error_codes import ERRORS
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
 
 KINDS = ("fail", "delay", "drop_after_execute", "close_mid_body", "reorder")
 TRANSPORTS = ("http", "grpc", "any")

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
-from arctic_servers.protocol.grpc_app import ERROR_TRAILER
-from arctic_servers.protocol.http_app import DEFAULT_PREFIX, error_response, json_response
+from arctic_servers.serving.grpc_app import ERROR_TRAILER
+from arctic_servers.serving.http_app import DEFAULT_PREFIX, error_response, json_response
 
 from .faults import Fault, FaultRegistry
 

@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass
 
 from arctic_servers.engines.fake.state import Job, SubJob
-from arctic_servers.protocol import jobs as pj
-from arctic_servers.protocol.job_queue import JobQueue
+from arctic_servers.rules import jobs as pj
+from arctic_servers.serving.job_queue import JobQueue
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines.fake.operations import sync, tail_logs
 from arctic_servers.engines.fake.state import Job
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.operation_types import (
+from arctic_servers.protocol.inproc import cancel_request
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.rules.operation_types import (
     OP_CANCEL,
     OP_RESET,
     OP_TAIL_LOGS,
     OP_WEIGHT_SYNC,
-    cancel_request,
     forward_body,
     operation_target,
 )

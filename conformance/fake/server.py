@@ -24,7 +24,7 @@ from aiohttp import web
 
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
 from arctic_servers.protocol.core import ProtocolCore
-from arctic_servers.protocol.serve import ServerHandle, start_server
+from arctic_servers.serving.serve import ServerHandle, start_server
 
 from . import behaviour
 from .admin import Admin

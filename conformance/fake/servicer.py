@@ -28,12 +28,12 @@ from arctic_servers.engines.fake.config import FAKE_CONFIG_KEYS
 from arctic_servers.engines.fake.state import Job, SubJob
 from arctic_servers.engines.op_checks import CallFacts, vocab_of
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.fields import step_args
-from arctic_servers.protocol.job_control import JobControl
-from arctic_servers.protocol.lora_config import SUPPORT as LORA_SUPPORT
-from arctic_servers.protocol.lora_config import adapter_sync, check_adapter, job_lora
-from arctic_servers.protocol.operation_types import OPERATION_TYPES, forward_body
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.rules.fields import step_args
+from arctic_servers.rules.lora_config import SUPPORT as LORA_SUPPORT
+from arctic_servers.rules.lora_config import adapter_sync, check_adapter, job_lora
+from arctic_servers.rules.operation_types import OPERATION_TYPES, forward_body
+from arctic_servers.serving.job_control import JobControl
 
 from . import control
 from . import operations as run_operation

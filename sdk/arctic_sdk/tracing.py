@@ -9,7 +9,7 @@ then build their provider from the environment: `setup_from_env`). Install the `
 
 A call's span (`arctic.sdk <op>`, kind CLIENT) covers the whole call — retries, chunks, polls —
 and each HTTP request or gRPC call carries its context in the W3C `traceparent` header, so the
-server's spans (`arctic_servers.protocol.tracing`) join the caller's trace. Spans carry the
+server's spans (`arctic_servers.telemetry.tracing`) join the caller's trace. Spans carry the
 request id the server answered (`arctic.request_id`) and the op (`arctic.op`).
 """
 

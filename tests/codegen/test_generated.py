@@ -33,7 +33,7 @@ from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
 from arctic_sdk.spec.tables import error_codes, methods
 from arctic_servers._generated import grpc_services, http_routes, servicer
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]
 SDK_GEN = ROOT / "sdk" / "arctic_sdk" / "_generated"

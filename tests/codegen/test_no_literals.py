@@ -15,7 +15,7 @@ are also words ("step", "save", "forward"):
   name, e.g. DeepSpeed's `client_state={"step": n}`).
 
 Engine (worker) commands named after an op are its `methods.X.python_name`; `/operation` types
-are `arctic_servers.protocol.operation_types`.
+are `arctic_servers.rules.operation_types`.
 
 `PENDING` lists literals tolerated for now, by file, in code being written in parallel; their
 owners replace them with the table (`methods.X.name`, `.python_name`, `.operation_type`) or move

@@ -125,8 +125,8 @@ async def runtime() -> None:
     from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
     from arctic_sdk.spec.tables import methods
     from arctic_servers.protocol.core import ProtocolCore
-    from arctic_servers.protocol.grpc_app import start_grpc_server
-    from arctic_servers.protocol.http_app import make_app
+    from arctic_servers.serving.grpc_app import start_grpc_server
+    from arctic_servers.serving.http_app import make_app
 
     toy = methods.TOY_SUM
     servicer = toy_sum_servicer()
@@ -195,7 +195,7 @@ async def sdk() -> int:
     from aiohttp import web
 
     from arctic_sdk import AsyncClient
-    from arctic_servers.protocol.serve import start_server
+    from arctic_servers.serving.serve import start_server
 
     servicer = toy_sum_servicer()
     lost = {"answers": 1}

@@ -1,6 +1,6 @@
 """verl's and SkyRL's LoRA fields onto `training_config.lora` (compat/lora.py): each field sent,
 refused or reported without effect, by name; the resulting body passes the servers' own LoRA
-rules (protocol/lora_config.py). Pure: no server."""
+rules (rules/lora_config.py). Pure: no server."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ ONPREM = config_keys()
 def _lora_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's rules as with peft installed (this module needs no engine)."""
     from arctic_servers.engines import config as settings
-    from arctic_servers.protocol.lora_config import LoraSupport
+    from arctic_servers.rules.lora_config import LoraSupport
 
     monkeypatch.setattr(settings, "LORA", LoraSupport())
 

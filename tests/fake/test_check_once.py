@@ -14,7 +14,7 @@ from arctic_sdk.spec.tables import methods as M
 from arctic_servers.engines import op_checks
 from arctic_servers.engines.fake.state import Job
 from arctic_servers.engines.losses import table
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
 
 from .raw import Http, batch
 

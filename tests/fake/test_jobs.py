@@ -265,7 +265,7 @@ def test_an_engine_command_the_fake_engine_lacks_is_unimplemented() -> None:
     op whose command the engine has no method for is `unimplemented` naming the command."""
     from arctic_servers.engines.fake.config import sub_jobs_of
     from arctic_servers.engines.fake.state import Job
-    from arctic_servers.protocol.errors import ProtocolError
+    from arctic_servers.rules.errors import ProtocolError
     from conformance.fake.servicer import engine_command
 
     subs = sub_jobs_of({"sub_job_configs": [{"job_type": "training", "model_name": "m"}]}, 8)

@@ -16,7 +16,7 @@ import pytest
 from arctic_servers.engines import checks
 from arctic_servers.engines.config import sub_job_specs
 from arctic_servers.engines.fake import config, sampling, training
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
 
 VOCAB = 512
 IDS = np.array([[5, 6, 7, 8]], np.int64)

@@ -22,7 +22,7 @@ import requests
 import dssst1
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
-from arctic_servers.protocol.serve import free_port
+from arctic_servers.serving.serve import free_port
 
 from ..rawwire import OCTET, TERMINAL, Resp, path_of
 

@@ -2,7 +2,7 @@
 two worker hosts that outlive the gateway, shared by every pooled job.
 
 - Two jobs (one with an lm_head adapter) share the pool's two workers; each syncs its adapter
-  only, by file (a weight group refused by name: protocol/lora_sync.py), and samples its own
+  only, by file (a weight group refused by name: serving/lora_sync.py), and samples its own
   version.
 - The kill storm on a pool: 10 kill -9 of the gateway at the named crash points while one
   driver per tenant keeps retrying sequenced forward-backward / step pairs (a backlog queued in

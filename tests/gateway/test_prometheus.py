@@ -21,7 +21,7 @@ import requests
 
 import dssst1
 from arctic_sdk import Client, rollouts
-from arctic_servers.protocol.serve import free_port
+from arctic_servers.serving.serve import free_port
 
 from .harness import Gateway
 

@@ -86,7 +86,8 @@ def test_gateway_holds(gateway: Target, attack: str) -> None:
 def test_runner_finds_holes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the shared input limits and the checkpoint rule switched off, the runner reports
     holes in each of those classes (it is not a test that cannot fail)."""
-    from arctic_servers.protocol import checkpoint_ids, http_server, limits
+    from arctic_servers.rules import checkpoint_ids, limits
+    from arctic_servers.serving import http_server
 
     monkeypatch.setattr(limits, "check_value", lambda *a, **k: None)
     monkeypatch.setattr(limits, "check_headers", lambda *a, **k: None)

@@ -2,7 +2,7 @@
 
 The trainer broadcasts its weights over a gloo group of its own (`engines/weight_transfer/`),
 bucket by bucket, into vLLM's weight-transfer hooks and the scorer's module; the server only
-coordinates (`protocol/collective_sync.py`). Here:
+coordinates (`serving/collective_sync.py`). Here:
 
 - after a collective sync, the sampler's log-probs of its sampled tokens equal the trainer's
   (max |Δ| <= 1e-4 in fp32), and the result says method, backend, bytes, buckets and seconds;

@@ -43,7 +43,7 @@ def test_the_import_scanner_resolves_relative_imports() -> None:
     path = ENGINES / "fake" / "engine.py"
     got = imports_of(path)
     assert "arctic_servers.engines.worker.engine_base" in got
-    assert "arctic_servers.protocol.errors" in got
+    assert "arctic_servers.rules.errors" in got
 
 
 @pytest.mark.parametrize("room", ROOMS)

@@ -6,7 +6,7 @@ Its own server (`--lora-pool *=3`, two tokens), one pool for the whole module:
 
 - sharing: two jobs (one with an lm_head adapter, Tinker's default) run on the same two worker
   processes, the capabilities list the pool, a sync moves the adapter only (lm_head included),
-  by file (`auto`; a weight group, `collective`, is refused by name: protocol/lora_sync.py);
+  by file (`auto`; a weight group, `collective`, is refused by name: serving/lora_sync.py);
 - isolation (the issue's proof): tenant B's sequence (forward-backward with adapter dropout,
   step, sync, greedy generate with log-probs, trainer log-probs) run once alone and once with
   tenant A's forward-backward / step / sync / generate / prefix-cache reset / checkpoint and

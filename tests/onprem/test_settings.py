@@ -11,9 +11,9 @@ from arctic_sdk.spec.pb.arctic.v1 import training_pb2
 from arctic_servers.engines import checks
 from arctic_servers.engines.config import resolve_model, sub_job_specs, thread_env
 from arctic_servers.onprem.settings import ServerSettings, ThreadPlan
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.fields import learning_rate
-from arctic_servers.protocol.validate import validate_body
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.rules.fields import learning_rate
+from arctic_servers.rules.validate import validate_body
 
 
 def test_thread_plan() -> None:
@@ -212,7 +212,7 @@ def test_lora_without_peft_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -
     """Without peft in the environment the capabilities say `lora.training: false` and CreateJob
     refuses `lora` with the reason, instead of a job that fails at start."""
     from arctic_servers.engines import config as settings
-    from arctic_servers.protocol.lora_config import LoraSupport
+    from arctic_servers.rules.lora_config import LoraSupport
 
     off = LoraSupport(training=False, sampling=False, why="peft is not installed")
     monkeypatch.setattr(settings, "LORA", off)

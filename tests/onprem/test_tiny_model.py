@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 from arctic_servers.engines import tiny_model as tm
 from arctic_servers.engines.config import embedded_model_names, resolve_model
 from arctic_servers.onprem.settings import ServerSettings
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
 
 # The default model's content hash (builder version 2: the chat template renders tools); its
 # weights and vocabulary are the bytes every earlier build had (builder version 1, the hash

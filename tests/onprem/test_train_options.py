@@ -10,7 +10,7 @@ import pytest
 
 from arctic_servers.engines.config import config_keys, sub_job_specs
 from arctic_servers.engines.deepspeed.train_options import lr_factor
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
 
 
 def _train(**conf: Any) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def test_capabilities_advertise_the_config_keys(tmp_path: Any) -> None:
     from arctic_servers.gateway.profiles import OnpremProfile
     from arctic_servers.gateway.settings import GatewaySettings
     from arctic_servers.onprem.servicer import OnpremServicer
-    from arctic_servers.protocol.jobs import config_keys_json
+    from arctic_servers.rules.jobs import config_keys_json
     from conformance.fake.servicer import FakeServicer
 
     std = config_keys_json()

@@ -27,7 +27,7 @@ from arctic_servers.engines.worker.engine_base import EngineBase
 from arctic_servers.engines.worker.messages import STREAM_CMD
 from arctic_servers.engines.worker.procs import WorkerHandle
 from arctic_servers.engines.worker.worker import serve
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
 
 STEP_S = 0.002
 

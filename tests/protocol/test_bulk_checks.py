@@ -14,8 +14,8 @@ import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401
 from arctic_sdk.spec import value_rules
 from arctic_sdk.spec.body_check import BodyError, check_body
 from arctic_servers.engines import checks
-from arctic_servers.protocol import limits
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules import limits
+from arctic_servers.rules.errors import ProtocolError
 
 GENERATE = descriptor_pool.Default().FindMessageTypeByName("arctic.v1.GenerateRequest")
 LONG = 3000

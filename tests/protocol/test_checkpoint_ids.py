@@ -1,4 +1,4 @@
-"""The checkpoint-id rule and the one resolver (protocol/checkpoint_ids.py) that the gateway and
+"""The checkpoint-id rule and the one resolver (rules/checkpoint_ids.py) that the gateway and
 the on-prem server map ids to directories with (issue 14 §1)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from arctic_servers.protocol import checkpoint_files as cf
-from arctic_servers.protocol import checkpoint_ids
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules import checkpoint_ids
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.serving import checkpoint_files as cf
 
 BAD = ["../job-a/victim", "..", ".", "/tmp/x", "a/b", "a\\b", "victim\x00", "a" * 129, "",
        ".hidden", "-x", "é", "vic tim", "%2e%2e"]  # fmt: skip

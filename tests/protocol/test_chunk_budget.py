@@ -23,8 +23,8 @@ from arctic_servers.protocol.chunk_groups import (
     ChunkBudget,
     ChunkGroups,
 )
-from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.stores import MemoryChunkStore
+from arctic_servers.rules.errors import ProtocolError
 
 KiB, MiB = 1 << 10, 1 << 20
 

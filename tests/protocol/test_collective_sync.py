@@ -1,5 +1,5 @@
 """The weight-sync method choice and the collective sync's coordination
-(`protocol/collective_sync.py`), against scripted workers: which method `auto` picks where, what
+(`serving/collective_sync.py`), against scripted workers: which method `auto` picks where, what
 is refused and why, that a group is built once and rebuilt when its members change, that a
 failing or stalled member fails the sync with a retryable error within bounded time, and that
 the worker calls carry no weight bytes (only the rendezvous, the version, the group)."""
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from arctic_servers.protocol import collective_sync as cs
-from arctic_servers.protocol.collective_sync import Member, Placement, SyncSettings, pick_method
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.serving import collective_sync as cs
+from arctic_servers.serving.collective_sync import Member, Placement, SyncSettings, pick_method
 
 CPU_HOST = Placement(cuda=False, same_host=True, shm=True)
 GPU_HOST = Placement(cuda=True, same_host=True, shm=True)

@@ -19,7 +19,7 @@ from arctic_sdk.spec.tables import methods as M
 from arctic_servers._generated.servicer import ServicerBase
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.serve import start_server
+from arctic_servers.serving.serve import start_server
 
 PREFIX = "/api/v2/databases/db/schemas/sc/cortex-training"
 OCTET = {"Content-Type": "application/octet-stream"}

@@ -18,9 +18,9 @@ from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2, jobs_pb2
 from arctic_servers._generated.servicer import ServicerBase
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.serve import RunningServer, start_server
 from arctic_servers.protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.serving.serve import RunningServer, start_server
 
 PREFIX = "/api/v2/databases/db/schemas/sc/cortex-training"
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -394,9 +394,9 @@ def test_learning_rate_is_a_finite_number_at_least_zero(value: Any, ok: bool) ->
     """One rule for every server (training.proto StepRequest.learning_rate): the protocol
     layer's body check (type, finiteness, the spec's `ge: 0` bound), then the shared reader."""
     from arctic_sdk.spec.pb.arctic.v1 import training_pb2
-    from arctic_servers.protocol.errors import ProtocolError
-    from arctic_servers.protocol.fields import learning_rate
-    from arctic_servers.protocol.validate import validate_body
+    from arctic_servers.rules.errors import ProtocolError
+    from arctic_servers.rules.fields import learning_rate
+    from arctic_servers.rules.validate import validate_body
 
     body = {} if value is None else {"learning_rate": value}
     desc = training_pb2.StepRequest.DESCRIPTOR
@@ -414,6 +414,6 @@ def test_the_servers_default_path_is_the_sdks_default_prefix() -> None:
     """The prefix the on-prem server and the gateway print is where an SDK with only a base URL
     calls (PROTOCOL.md §3.1)."""
     from arctic_sdk.config import CortexConfig
-    from arctic_servers.protocol.http_app import DEFAULT_PATH
+    from arctic_servers.serving.http_app import DEFAULT_PATH
 
     assert CortexConfig(base_url="http://h:1").prefix_url() == "http://h:1" + DEFAULT_PATH

@@ -1,4 +1,4 @@
-"""The per-op forwarding the on-prem server and the gateway share (`protocol/forwarding.py`)."""
+"""The per-op forwarding the on-prem server and the gateway share (`serving/forwarding.py`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from arctic_sdk.spec.tables import methods as M
-from arctic_servers.protocol import checkpoint_files as cf
-from arctic_servers.protocol import forwarding
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.serving import checkpoint_files as cf
+from arctic_servers.serving import forwarding
 
 
 @dataclass

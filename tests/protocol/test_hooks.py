@@ -16,8 +16,8 @@ from arctic_servers.protocol.calls import IncomingCall
 from arctic_servers.protocol.config import ProtocolConfig
 from arctic_servers.protocol.context import CallContext
 from arctic_servers.protocol.core import ProtocolCore
-from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.faultpoints import CoreHooks
+from arctic_servers.rules.errors import ProtocolError
 
 
 class _Jobs(ServicerBase):

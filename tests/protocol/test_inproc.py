@@ -13,9 +13,9 @@ import pytest
 from arctic_sdk.spec.tables import methods as M
 from arctic_servers.protocol.config import ProtocolConfig
 from arctic_servers.protocol.core import ProtocolCore
-from arctic_servers.protocol.errors import ProtocolError
 from arctic_servers.protocol.inproc import CoreCalls
 from arctic_servers.protocol.sqlite_store import SqliteRequestStore
+from arctic_servers.rules.errors import ProtocolError
 
 from .test_core import Toy
 

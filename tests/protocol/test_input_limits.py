@@ -1,4 +1,4 @@
-"""The shared input limits (protocol/limits.py) and the body checker's string and number rules
+"""The shared input limits (rules/limits.py) and the body checker's string and number rules
 (arctic_sdk.spec.body_check): each hostile value of issue 14 is a 4xx naming its field."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from google.protobuf import descriptor_pool
 
 import arctic_sdk.spec.pb.arctic.v1 as _pb  # noqa: F401
 from arctic_sdk.spec.body_check import BodyError, check_body, leftover_error
-from arctic_servers.protocol import limits
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules import limits
+from arctic_servers.rules.errors import ProtocolError
 
 POOL = descriptor_pool.Default()
 

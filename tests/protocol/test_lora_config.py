@@ -1,4 +1,4 @@
-"""The LoRA rules every server shares (protocol/lora_config.py, PROTOCOL.md §3.6): defaults,
+"""The LoRA rules every server shares (rules/lora_config.py, PROTOCOL.md §3.6): defaults,
 refusals naming the field, the job-level sampler limit, generate's `adapter`, the export format
 and `weight_format`."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from arctic_servers.protocol import lora_config as lc
-from arctic_servers.protocol.errors import ProtocolError
+from arctic_servers.rules import lora_config as lc
+from arctic_servers.rules.errors import ProtocolError
 
 
 def refused(fn: Any, *args: Any) -> ProtocolError:

@@ -1,4 +1,4 @@
-"""LoRA pool rules (protocol/lora_pools.py) and the per-tenant queue of a pool's worker
+"""LoRA pool rules (serving/lora_pools.py) and the per-tenant queue of a pool's worker
 (engines/worker/tenant_queue.py), without engines."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from arctic_servers.engines.config import canonical_model_name
 from arctic_servers.engines.worker.engine_base import WEIGHT_GROUP_CMDS, no_weight_group
 from arctic_servers.engines.worker.tenant_queue import TenantQueue, tenant_of
-from arctic_servers.protocol.collective_sync import Placement, pick_method
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.lora_pools import (
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.serving.collective_sync import Placement, pick_method
+from arctic_servers.serving.lora_pools import (
     PoolBook,
     PoolPolicy,
     PoolRecord,
@@ -25,7 +25,7 @@ from arctic_servers.protocol.lora_pools import (
     pool_key,
     syncs_adapter,
 )
-from arctic_servers.protocol.lora_sync import check_lora_sync, lora_method
+from arctic_servers.serving.lora_sync import check_lora_sync, lora_method
 
 LORA = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj"], "train_lm_head": False}
 

@@ -20,10 +20,10 @@ from arctic_sdk.spec.tables import methods as M
 from arctic_servers._generated.servicer import ServicerBase
 from arctic_servers.protocol.config import ProtocolConfig, token_digest
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.http_app import DEFAULT_PATH
-from arctic_servers.protocol.metrics import BusyMeter
-from arctic_servers.protocol.serve import BackgroundServer, start_server
+from arctic_servers.rules.errors import ProtocolError
+from arctic_servers.serving.http_app import DEFAULT_PATH
+from arctic_servers.serving.serve import BackgroundServer, start_server
+from arctic_servers.telemetry.metrics import BusyMeter
 from conformance.fake import BackgroundFake, start_fake
 
 BOUNDED = {"op", "transport", "code", "state", "route", "method", "status", "le", "scope", "server",

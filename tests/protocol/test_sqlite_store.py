@@ -8,9 +8,9 @@ from pathlib import Path
 import aiohttp
 
 from arctic_servers.protocol.config import ProtocolConfig, ProtocolLimits
-from arctic_servers.protocol.serve import RunningServer, start_server
 from arctic_servers.protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
 from arctic_servers.protocol.stores import MemoryRequestStore, RequestRecord, RequestStore
+from arctic_servers.serving.serve import RunningServer, start_server
 
 from .test_core import PREFIX, Toy, _post
 

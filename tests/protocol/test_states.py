@@ -1,4 +1,4 @@
-"""The state machines' tables (`protocol/states.py`): every allowed move moves, every other move
+"""The state machines' tables (`rules/states.py`): every allowed move moves, every other move
 is refused with `IllegalMove`, and the state names are the proto enums' values."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import pytest
 
 from arctic_sdk.spec.pb.arctic.v1 import jobs_pb2
 from arctic_servers.engines.fake.state import Job
-from arctic_servers.protocol import jobs as pj
-from arctic_servers.protocol import states
-from arctic_servers.protocol.states import (
+from arctic_servers.protocol.stores import TERMINAL, RequestRecord
+from arctic_servers.rules import jobs as pj
+from arctic_servers.rules import states
+from arctic_servers.rules.states import (
     JOB,
     MACHINES,
     REQUEST,
@@ -21,7 +22,6 @@ from arctic_servers.protocol.states import (
     move_request,
     move_sub_job,
 )
-from arctic_servers.protocol.stores import TERMINAL, RequestRecord
 
 
 @dataclass

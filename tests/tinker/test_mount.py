@@ -19,7 +19,7 @@ CHILD = textwrap.dedent(
     from arctic_servers._generated.servicer import ServicerBase
     from arctic_servers.protocol.config import ProtocolConfig
     from arctic_servers.protocol.core import ProtocolCore
-    from arctic_servers.protocol.http_app import make_app
+    from arctic_servers.serving.http_app import make_app
     from arctic_servers.tinker.mount import mount
     from arctic_servers.tinker.settings import TinkerSettings
 
@@ -73,7 +73,7 @@ BROKEN = textwrap.dedent(
     m.LazyTinker._build = broken
     from arctic_servers._generated.servicer import ServicerBase
     from arctic_servers.protocol.core import ProtocolCore
-    from arctic_servers.protocol.http_app import make_app
+    from arctic_servers.serving.http_app import make_app
 
     app = make_app(ProtocolCore(ServicerBase()))
     lazy = m.mount(app)

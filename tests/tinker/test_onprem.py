@@ -56,7 +56,7 @@ def onprem_lora_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def onprem_pool_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The default Tinker settings on a server that pools the model's LoRA jobs."""
-    from arctic_servers.protocol.lora_pools import PoolPolicy
+    from arctic_servers.serving.lora_pools import PoolPolicy
 
     pools = PoolPolicy(models={MODEL: 8})
     yield from _onprem(tmp_path_factory, TinkerSettings(models=(MODEL,)), pools)

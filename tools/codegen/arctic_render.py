@@ -30,7 +30,8 @@ class Layout:
     pb2_package: str = "arctic_sdk.spec.pb"
     model_module: str = "arctic_sdk.spec.model"  # hand-written MethodInfo, ErrorInfo, enums
     runtime_package: str = "arctic_sdk"  # hand-written `_client_base`, `_error_base`
-    server_runtime_package: str = "arctic_servers.protocol"  # hand-written `context`, `errors`
+    server_runtime_package: str = "arctic_servers.protocol"  # hand-written `context`, hooks
+    server_errors_module: str = "arctic_servers.rules.errors"  # hand-written `ProtocolError`
     proto_root: str = "proto"  # shown in banners
     outputs: tuple[str, ...] = ("sdk", "server")
 

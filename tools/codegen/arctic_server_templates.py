@@ -39,8 +39,8 @@ def render_servicer(spec: Spec, layout: Layout, head: list[str]) -> str:
             f"from {layout.spec_package} import methods",
             f"from {layout.spec_package}.error_codes import ErrorCode",
             f"from {layout.server_runtime_package}.context import CallContext",
-            f"from {layout.server_runtime_package}.errors import ProtocolError",
-            f"from {layout.server_runtime_package}.servicer_hooks import ServicerHooks",
+            f"from {layout.server_errors_module} import ProtocolError",
+            f"from {layout.server_runtime_package}.servicer_hooks import ServicerHooks, default_op",
         ],
         layout.server_package,
     )
@@ -81,6 +81,7 @@ def render_servicer(spec: Spec, layout: Layout, head: list[str]) -> str:
             )
         body += [
             "",
+            "    @default_op",
             *sig.split("\n"),
             *docstring(mdoc, "        "),
             f"        return await self.run_on_engine(ctx, methods.{m.const}, body)"

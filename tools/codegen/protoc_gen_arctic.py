@@ -14,8 +14,8 @@ tools/codegen/protoc_gen_arctic.py`): it reads a `CodeGeneratorRequest` on stdin
 
 The parameter is a comma-separated list of `key=value` (the `Layout` fields: `sdk_out`,
 `sdk_package`, `server_out`, `server_package`, `spec_out`, `spec_package`, `pb2_out`,
-`pb2_package`, `model_module`, `runtime_package`, `server_runtime_package`, `proto_root`) and
-`outputs=sdk+server` to choose what to emit.
+`pb2_package`, `model_module`, `runtime_package`, `server_runtime_package`,
+`server_errors_module`, `proto_root`) and `outputs=sdk+server` to choose what to emit.
 Defaults are this repository's layout. Paths in the response are relative to `--arctic_out`.
 """
 

@@ -29,17 +29,18 @@ PREFIX = "http://inproc/api/v2/databases/inproc/schemas/inproc/cortex-training"
 
 
 def _servers(module: str) -> Any:
-    """`arctic_servers.protocol.<module>`, imported on first use (a separate package)."""
-    return importlib.import_module(f"arctic_servers.protocol.{module}")
+    """`arctic_servers.<room>.<module>` (`protocol.core`, `serving.http_app`, ...), imported on
+    first use (a separate package)."""
+    return importlib.import_module(f"arctic_servers.{module}")
 
 
 class InprocServer:
     """A `ProtocolCore` over `servicer`, on a private event loop thread."""
 
     def __init__(self, servicer: Any, protocol_config: Any = None) -> None:
-        ProtocolConfig = _servers("config").ProtocolConfig
-        ProtocolCore = _servers("core").ProtocolCore
-        HttpBinding = _servers("http_app").HttpBinding
+        ProtocolConfig = _servers("protocol.config").ProtocolConfig
+        ProtocolCore = _servers("protocol.core").ProtocolCore
+        HttpBinding = _servers("serving.http_app").HttpBinding
 
         self.key = uuid.uuid4().hex
         self._loop = asyncio.new_event_loop()
@@ -71,9 +72,9 @@ class InprocServer:
         return server
 
     async def _handle(self, request: HttpRequest) -> HttpResponse:
-        IncomingCall = _servers("core").IncomingCall
-        ProtocolError = _servers("errors").ProtocolError
-        error_response = _servers("http_app").error_response
+        IncomingCall = _servers("protocol.calls").IncomingCall
+        ProtocolError = _servers("rules.errors").ProtocolError
+        error_response = _servers("serving.http_app").error_response
 
         headers = lower_headers(request.headers)
         query: dict[str, list[str]] = {}
@@ -96,7 +97,9 @@ class InprocServer:
             resp = error_response(exc)
             resp.headers["X-Request-Id"] = call.request_id
             what = f"in-process {request.op.name}"
-            _servers("metrics_http").log_failed(what, exc.http_status, exc, None, call.request_id)
+            _servers("serving.metrics_http").log_failed(
+                what, exc.http_status, exc, None, call.request_id
+            )
         out = lower_headers(resp.headers)
         out["content-type"] = resp.content_type
         body = resp.body

@@ -23,8 +23,8 @@ from arctic_sdk.spec.tables import methods
 from arctic_sdk.spec.tables.error_codes import ErrorCode
 
 from arctic_servers.protocol.context import CallContext
-from arctic_servers.protocol.errors import ProtocolError
-from arctic_servers.protocol.servicer_hooks import ServicerHooks
+from arctic_servers.protocol.servicer_hooks import ServicerHooks, default_op
+from arctic_servers.rules.errors import ProtocolError
 
 
 def _unimplemented(servicer: object, method: MethodInfo) -> ProtocolError:
@@ -43,6 +43,7 @@ class ServicerBase(ServicerHooks):
     message as a dict (raw bytes for downloads). Raise `ProtocolError` to fail the call.
     """
 
+    @default_op
     async def create_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Create a job from sub-job configs; answers its id at once (state `pending`). An Idempotency-Key
         (scope: the token) makes a retried create return the same job instead of a second one.
@@ -54,6 +55,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.CREATE_JOB)
 
+    @default_op
     async def list_jobs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """List the caller's jobs, filtered by `state` and `label` query parameters.
 
@@ -64,6 +66,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.LIST_JOBS)
 
+    @default_op
     async def get_capacity(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Capacity accounting.
 
@@ -74,6 +77,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.GET_CAPACITY)
 
+    @default_op
     async def get_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """A job with its sub-jobs, states and reasons.
 
@@ -84,6 +88,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.GET_JOB)
 
+    @default_op
     async def cancel_job(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Cancel a job: stops its sub-jobs and frees capacity. Idempotent while cancelling; a job that
         already ended answers `job_terminal`.
@@ -95,6 +100,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.CANCEL_JOB)
 
+    @default_op
     async def renew_job_lease(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Extend the job's lease (the SDK does this while its driver is alive).
 
@@ -105,6 +111,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.RENEW_JOB_LEASE)
 
+    @default_op
     async def forward_backward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Forward and backward pass on one batch; gradients accumulate until Step. Returns loss, metrics and,
         when `processing.post` asks, `outputs.logprobs_shifted`.
@@ -117,6 +124,7 @@ class ServicerBase(ServicerHooks):
         """
         return await self.run_on_engine(ctx, methods.FORWARD_BACKWARD, body)
 
+    @default_op
     async def forward(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Forward pass without gradient: log-probs (and entropy) of a batch and the loss that
         forward-backward would report for it (`loss_fn` defaults to cross_entropy in both). A request
@@ -130,6 +138,7 @@ class ServicerBase(ServicerHooks):
         """
         return await self.run_on_engine(ctx, methods.FORWARD, body)
 
+    @default_op
     async def step(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Apply the accumulated gradients (one optimizer step), then zero them. Returns grad_norm and lr.
 
@@ -140,6 +149,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.STEP)
 
+    @default_op
     async def generate(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Sample completions for text or token-id prompts with vLLM-named sampling parameters.
 
@@ -150,6 +160,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.GENERATE)
 
+    @default_op
     async def log_probs(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Score sequences (shifted log-probs) with the log-prob sub-job, or the training sub-job when the job
         has none.
@@ -162,6 +173,7 @@ class ServicerBase(ServicerHooks):
         """
         return await self.run_on_engine(ctx, methods.LOG_PROBS, body)
 
+    @default_op
     async def sync_weights(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Copy the trainer's weights into the samplers: pause new generates, load, reset prefix caches,
         resume. Bumps `weight_version`.
@@ -174,6 +186,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.SYNC_WEIGHTS)
 
+    @default_op
     async def reset_prefix_cache(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Drop the samplers' prefix caches.
 
@@ -185,6 +198,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.RESET_PREFIX_CACHE)
 
+    @default_op
     async def operation(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """The deployed control envelope `{operation_type, sub_job_id?, sub_job_type?, payload}`.
 
@@ -195,6 +209,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.OPERATION)
 
+    @default_op
     async def save_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Save a checkpoint (resumable by default) under the job.
 
@@ -206,6 +221,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.SAVE_CHECKPOINT)
 
+    @default_op
     async def load_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Load a checkpoint into the training sub-job (route `/load`, as deployed), or into the sub-job
         `target_sub_job_id` names; a sampling sub-job's `weight_version` then goes up by one.
@@ -218,6 +234,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.LOAD_CHECKPOINT)
 
+    @default_op
     async def list_checkpoints(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """List the job's checkpoints.
 
@@ -229,6 +246,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.LIST_CHECKPOINTS)
 
+    @default_op
     async def export_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Export a checkpoint as Hugging Face safetensors files; answers the files and their download URLs.
 
@@ -240,6 +258,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.EXPORT_CHECKPOINT)
 
+    @default_op
     async def download_checkpoint_file(self, ctx: CallContext, body: dict[str, Any]) -> bytes:
         """Download one exported file. HTTP: the raw bytes (`application/octet-stream`); gRPC: a stream of
         frames whose values are `{"data": U8 tensor, "offset": int}`.
@@ -252,6 +271,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.DOWNLOAD_CHECKPOINT_FILE)
 
+    @default_op
     async def delete_checkpoint(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Delete a checkpoint and its exported files.
 
@@ -263,6 +283,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.DELETE_CHECKPOINT)
 
+    @default_op
     async def sleep_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Colocation: offload the samplers (vLLM sleep mode). A no-op that says so where nothing is colocated.
 
@@ -274,6 +295,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.SLEEP_INFERENCE)
 
+    @default_op
     async def wake_inference(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Colocation: bring the samplers' weights and/or KV cache back.
 
@@ -285,6 +307,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.WAKE_INFERENCE)
 
+    @default_op
     async def sleep_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Colocation: offload the trainer (optimizer and/or weights).
 
@@ -296,6 +319,7 @@ class ServicerBase(ServicerHooks):
         """
         raise _unimplemented(self, methods.SLEEP_TRAINING)
 
+    @default_op
     async def wake_training(self, ctx: CallContext, body: dict[str, Any]) -> dict[str, Any]:
         """Colocation: bring the trainer back.
 

@@ -17,9 +17,9 @@ import numpy as np
 from arctic_sdk.spec import value_rules
 from arctic_sdk.spec.tables.request_rules import BOUNDS
 
-from ..protocol import checkpoint_ids, token_budget
-from ..protocol.errors import ProtocolError
-from ..protocol.sub_jobs import field_error
+from ..rules import checkpoint_ids, token_budget
+from ..rules.errors import ProtocolError
+from ..rules.sub_jobs import field_error
 from . import structured
 from .losses import table as loss_config
 
@@ -247,7 +247,7 @@ def sampling_params(body: Mapping[str, Any]) -> None:
 
 
 def checkpoint_id(value: Any, path: str = "checkpoint_id") -> str:
-    """The spec's checkpoint-id rule (`protocol/checkpoint_ids.py`)."""
+    """The spec's checkpoint-id rule (`rules/checkpoint_ids.py`)."""
     return checkpoint_ids.check_id(value, path)
 
 
@@ -258,7 +258,7 @@ def save_body(body: Mapping[str, Any]) -> None:
 
 
 def filename(value: Any) -> str:
-    """The spec's exported-file-name rule (`protocol/checkpoint_ids.py`)."""
+    """The spec's exported-file-name rule (`rules/checkpoint_ids.py`)."""
     return checkpoint_ids.check_filename(value)
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..protocol import jobs as pj
-from ..protocol import lora_config
-from ..protocol.errors import ProtocolError
-from ..protocol.sub_job_config import int_at, walk_sub_job_configs
+from ..rules import jobs as pj
+from ..rules import lora_config
+from ..rules.errors import ProtocolError
+from ..rules.sub_job_config import int_at, walk_sub_job_configs
 from .deepspeed import train_options as opts
 
 ROLES = ("training", "sampling", "log_prob")
@@ -40,7 +40,7 @@ TRAINING_KEYS = pj.TRAINING_KEYS | {
     "activation_checkpointing",
     "full_determinism",
     "checkpoint_path",
-    "lora",  # PROTOCOL.md §3.6 (protocol/lora_config.py)
+    "lora",  # PROTOCOL.md §3.6 (rules/lora_config.py)
 }
 # threads; a log-prob sub-job also: its engine ("hf" = a torch forward, "deepspeed" = a
 # forward-only DeepSpeed engine configured by `deepspeed`, "vllm"), attention, determinism

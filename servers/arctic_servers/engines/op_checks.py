@@ -3,7 +3,7 @@
 the gateway with either engine profile, the fake gateway).
 
 The protocol layer has already checked the fields' names, types, values and bounds (the spec's
-rules, `protocol/validate.py`). A row adds what those rules cannot say, through `checks.py`
+rules, `rules/validate.py`). A row adds what those rules cannot say, through `checks.py`
 (token ids inside the vocabulary, the loss's options and context tensors, sampling parameters,
 checkpoint ids). What differs between the servers is only what they know of the call, which
 each one hands the row as `CallFacts`: the target sub-job's vocabulary, engine and context
@@ -28,10 +28,10 @@ from typing import Any
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
-from ..protocol import checkpoint_ids
-from ..protocol.jobs import JobRecord, sub_job_by_id
-from ..protocol.lora_config import check_adapter
-from ..protocol.operation_types import OP_FORWARD, OP_WEIGHT_SYNC, check_operation
+from ..rules import checkpoint_ids
+from ..rules.jobs import JobRecord, sub_job_by_id
+from ..rules.lora_config import check_adapter
+from ..rules.operation_types import OP_FORWARD, OP_WEIGHT_SYNC, check_operation
 from . import checks
 from .losses.table import LossSettings
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol import limits
-from ..protocol.errors import ProtocolError
+from ..rules import limits
+from ..rules.errors import ProtocolError
 
 __all__ = ["FIELD", "Constraint", "parse"]
 

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..openai.tool_calls import ToolSettings, add_tool_args
-from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
 from ..protocol.config import ProtocolLimits
-from ..protocol.entrypoints import stop_signal, write_ready_file
-from ..protocol.limit_args import add_limit_arguments, limits_from_args
-from ..protocol.lora_pools import add_pool_arguments, policy_from_args
-from ..protocol.observability_args import add_observability_arguments, observability_from_args
+from ..serving.collective_sync import add_sync_arguments, sync_settings_from_args
+from ..serving.entrypoints import stop_signal, write_ready_file
+from ..serving.limit_args import add_limit_arguments, limits_from_args
+from ..serving.lora_pools import add_pool_arguments, policy_from_args
+from ..serving.observability_args import add_observability_arguments, observability_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
 MiB = 1024 * 1024

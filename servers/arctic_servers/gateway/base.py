@@ -8,12 +8,12 @@ import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..protocol import jobs as pj
-from ..protocol.collective_sync import CollectiveSync
 from ..protocol.config import token_digest
 from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
-from ..protocol.job_control import JobControl
+from ..rules import jobs as pj
+from ..rules.errors import ProtocolError
+from ..serving.collective_sync import CollectiveSync
+from ..serving.job_control import JobControl
 from .jobs import JobManager
 from .lora_pools import TenantClient
 from .model import Job, SubJob

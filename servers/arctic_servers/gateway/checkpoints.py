@@ -2,7 +2,7 @@
 gateway's data directory (`{root}/checkpoints/{job}/{checkpoint}`, with a `meta.json`), so they
 can be listed, exported, downloaded and deleted after the job's workers are gone. (With Ray
 workers on other nodes that directory must be shared storage.) The directory layout and answers
-are `protocol/checkpoint_files.py`, shared with the on-prem server."""
+are `serving/checkpoint_files.py`, shared with the on-prem server."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ..protocol import checkpoint_files as cf
-from ..protocol import checkpoint_ids, forwarding
 from ..protocol.context import CallContext
-from ..protocol.lora_config import export_format
+from ..rules import checkpoint_ids
+from ..rules.lora_config import export_format
+from ..serving import checkpoint_files as cf
+from ..serving import forwarding
 from . import lora
 from .base import GatewayBase
 

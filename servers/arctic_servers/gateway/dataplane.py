@@ -20,30 +20,29 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
-from ..protocol import forwarding
-from ..protocol.collective_sync import (
-    GROUP_METHODS,
-    CollectiveSync,
-    Member,
-    Placement,
-    file_sync_result,
-    member_ranks,
-    pick_method,
-)
 from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
-from ..protocol.lora_sync import lora_method
-from ..protocol.operation_types import (
+from ..protocol.inproc import cancel_request
+from ..rules.errors import ProtocolError
+from ..rules.operation_types import (
     OP_CANCEL,
     OP_RESET,
     OP_TAIL_LOGS,
     OP_WEIGHT_SYNC,
-    cancel_request,
     forward_body,
     operation_sub,
     tail_args,
 )
-from ..protocol.sub_jobs import sync_sub_jobs
+from ..rules.sub_jobs import sync_sub_jobs
+from ..rules.weight_sync import GROUP_METHODS, file_sync_result
+from ..serving import forwarding
+from ..serving.collective_sync import (
+    CollectiveSync,
+    Member,
+    Placement,
+    member_ranks,
+    pick_method,
+)
+from ..serving.lora_sync import lora_method
 from . import lora
 from .base import GatewayBase
 from .model import Job, SubJob

@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..protocol import faultpoints
-from ..protocol import jobs as pj
-from ..protocol.errors import ProtocolError
-from ..protocol.job_queue import JobQueue
-from ..protocol.jobs import terminal_error
-from ..protocol.states import move_sub_job
+from ..rules import jobs as pj
+from ..rules.errors import ProtocolError
+from ..rules.jobs import terminal_error
+from ..rules.states import move_sub_job
+from ..serving.job_queue import JobQueue
 from .lora import engine_spec as lora_spec
 from .lora_pools import PoolManager, TenantClient
 from .model import Job, JobStore, SubJob

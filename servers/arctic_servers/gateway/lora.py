@@ -1,5 +1,5 @@
 """LoRA jobs on the gateway (PROTOCOL.md §3.6): what the gateway adds to the rules every server
-shares (`protocol/lora_config.py`) and to the engines' own LoRA support (the on-prem trainer's
+shares (`rules/lora_config.py`) and to the engines' own LoRA support (the on-prem trainer's
 PEFT adapter, the vLLM sampler's adapter versions), which its workers run as they are.
 
 - The job's normalised `lora` (its training sub-job's config, filled in at CreateJob by the
@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..protocol import checkpoint_files as cf
-from ..protocol.checkpoint_files import copy_tree
-from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, check_adapter, job_lora
-from ..protocol.lora_pools import syncs_adapter
-from ..protocol.lora_sync import check_lora_sync
+from ..rules.lora_config import PEFT_EXPORT, PEFT_FILES, adapter_sync, check_adapter, job_lora
+from ..serving import checkpoint_files as cf
+from ..serving.checkpoint_files import copy_tree
+from ..serving.lora_pools import syncs_adapter
+from ..serving.lora_sync import check_lora_sync
 from .model import Job, SubJob
 
 __all__ = ["check_adapter"]  # generate's `adapter` rule, for the servicer's checks
@@ -60,7 +60,7 @@ def generate_args(job: Job, body: Mapping[str, Any], args: dict[str, Any]) -> st
 
 def check_sync(job: Job, body: Mapping[str, Any], path: str) -> None:
     """An adapter job's sync: a file, blob or weight-group method (a pooled job's: a file or
-    blob), sampling targets only (`protocol/lora_sync.py`)."""
+    blob), sampling targets only (`serving/lora_sync.py`)."""
     if adapter_job(job):
         check_lora_sync(job, body, path, job.pool)
 

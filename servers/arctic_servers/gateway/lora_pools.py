@@ -1,5 +1,5 @@
 """LoRA pools of the Cortex gateway (PROTOCOL.md §3.6; the rules both servers share are
-`protocol/lora_pools.py`, the pool engines `engines/deepspeed/lora_pool_trainer.py` and
+`serving/lora_pools.py`, the pool engines `engines/deepspeed/lora_pool_trainer.py` and
 `engines/vllm/lora_pool_sampler.py`).
 
 A pool is two worker hosts — a trainer and a sampler over one copy of the base model — launched
@@ -29,17 +29,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..protocol.errors import ProtocolError
-from ..protocol.lora_pools import (
-    ATTACH_CMD,
-    DETACH_CMD,
-    TENANT_ARG,
+from ..engines.worker.messages import ATTACH_CMD, DETACH_CMD, TENANT_ARG
+from ..rules.errors import ProtocolError
+from ..rules.states import move_sub_job
+from ..serving.lora_pools import (
     PoolBook,
     PoolPolicy,
     PoolRecord,
     pool_key,
 )
-from ..protocol.states import move_sub_job
 from .model import Job, SubJob
 from .workers import WorkerClient
 

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..protocol import jobs as pj
-from ..protocol.jobs import JobRecord, SubJobRecord
 from ..protocol.sqlite_store import SqliteDb
+from ..rules import jobs as pj
+from ..rules.jobs import JobRecord, SubJobRecord
 
 
 @dataclass

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.op_checks import CallFacts, vocab_of
-from ..protocol.checkpoint_files import run_export
-from ..protocol.errors import ProtocolError
-from ..protocol.lora_config import SUPPORT as LORA_SUPPORT
-from ..protocol.lora_config import LoraSupport
+from ..rules.errors import ProtocolError
+from ..rules.lora_config import SUPPORT as LORA_SUPPORT
+from ..rules.lora_config import LoraSupport
+from ..serving.checkpoint_files import run_export
 from .model import SubJob
 from .settings import GatewaySettings
 
@@ -108,7 +108,7 @@ class OnpremProfile:
     """The on-prem engines (`arctic_servers.engines`): DeepSpeed trainers, vLLM samplers."""
 
     name = "onprem"
-    collective_sync = True  # the trainer broadcasts to its targets (protocol/collective_sync.py)
+    collective_sync = True  # the trainer broadcasts to its targets (serving/collective_sync.py)
 
     def __init__(self, settings: GatewaySettings) -> None:
         from ..engines.config import LORA
@@ -122,7 +122,7 @@ class OnpremProfile:
         """The on-prem engines' keys, but `checkpoint_path`: checkpoints live in the gateway's
         store, not at a path of some host."""
         from ..engines.config import config_keys
-        from ..protocol.jobs import config_keys_json
+        from ..rules.jobs import config_keys_json
 
         keys = {role: frozenset(ks - {GATEWAY_REFUSED}) for role, ks in config_keys().items()}
         return config_keys_json(keys)

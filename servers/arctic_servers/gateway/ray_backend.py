@@ -38,7 +38,7 @@ from typing import Any
 
 import ray
 
-from ..protocol.errors import ProtocolError
+from ..rules.errors import ProtocolError
 from .model import SubJob
 
 

@@ -20,13 +20,13 @@ from aiohttp import web
 from ..openai.gateway import install as install_openai
 from ..protocol.config import ProtocolConfig, ProtocolLimits
 from ..protocol.core import ProtocolCore
-from ..protocol.errors import ProtocolError
-from ..protocol.grpc_app import start_grpc_server
-from ..protocol.http_app import DEFAULT_PATH, error_response, make_app
-from ..protocol.http_server import make_runner
-from ..protocol.metrics_http import MetricsListener
-from ..protocol.serve import free_port
 from ..protocol.sqlite_store import SqliteChunkStore, SqliteRequestStore
+from ..rules.errors import ProtocolError
+from ..serving.grpc_app import start_grpc_server
+from ..serving.http_app import DEFAULT_PATH, error_response, make_app
+from ..serving.http_server import make_runner
+from ..serving.metrics_http import MetricsListener
+from ..serving.serve import free_port
 from ..tinker.catalog import engine_catalog
 from ..tinker.mount import mount as mount_tinker
 from .jobs import JobManager

@@ -19,9 +19,9 @@ from ..engines import op_checks
 from ..engines.fake import operations as fake_operations
 from ..engines.op_checks import CallFacts, vocab_of
 from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
-from ..protocol.lora_pools import lora_support_json
-from ..protocol.operation_types import OP_TAIL_LOGS, OPERATION_TYPES, forward_body
+from ..rules.errors import ProtocolError
+from ..rules.operation_types import OP_TAIL_LOGS, OPERATION_TYPES, forward_body
+from ..serving.lora_pools import lora_support_json
 from . import lora
 from .base import GatewayBase
 from .checkpoints import Checkpoints
@@ -87,7 +87,7 @@ class GatewayServicer(DataPlane, Checkpoints, GatewayBase):
         old = self.jobs.find_created(owner, key)
         if old is not None:  # a retried create (even across a restart) is the same job
             return {"job_id": old.job_id}
-        # LoRA jobs: the profile's checks are the shared rules (protocol/lora_config.py)
+        # LoRA jobs: the profile's checks are the shared rules (rules/lora_config.py)
         subs = self.profile.sub_jobs(body)
         labels = body.get("labels") or {}
         if any(not k for k in labels):

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..protocol.collective_sync import SyncSettings
 from ..protocol.config import parse_tokens as parse_tokens  # re-exported: tests, older imports
-from ..protocol.lora_pools import PoolPolicy
+from ..serving.collective_sync import SyncSettings
+from ..serving.lora_pools import PoolPolicy
 
 TOKENS_ENV = "ARCTIC_GATEWAY_TOKENS"
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ..engines.config import worker_env as engine_worker_env
 from ..engines.deepspeed.ranks import describe_exit, lost_rank_reason
-from ..protocol.errors import ProtocolError
+from ..rules.errors import ProtocolError
 from .model import SubJob
 from .settings import GatewaySettings
 from .workers import WorkerClient

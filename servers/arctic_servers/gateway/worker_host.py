@@ -57,8 +57,8 @@ from ..engines.worker.messages import BATCH_KIND
 from ..engines.worker.replies import no_delay
 from ..engines.worker.tenant_queue import TenantQueue, tenant_of
 from ..engines.worker.worker import busy, placement, submits
-from ..protocol import tracing
-from ..protocol.states import WORKER_CALL, WORKER_HOST
+from ..rules.states import WORKER_CALL, WORKER_HOST
+from ..telemetry import tracing
 from .worker_process import (
     Channel,
     Entry,

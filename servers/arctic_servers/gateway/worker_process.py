@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..protocol.states import WORKER_HOST
+from ..rules.states import WORKER_HOST
 
 if TYPE_CHECKING:
     from .worker_host import WorkerHost

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..engines.worker.replies import Replies, no_delay, reply_error
 from ..protocol import faultpoints
-from ..protocol.errors import ProtocolError
+from ..rules.errors import ProtocolError
 
 log = logging.getLogger("arctic_servers.gateway")
 NO_RESULT = (

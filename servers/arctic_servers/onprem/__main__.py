@@ -27,11 +27,11 @@ from pathlib import Path
 
 from ..engines.install_check import check
 from ..openai.tool_calls import ToolSettings, add_tool_args
-from ..protocol.collective_sync import add_sync_arguments, sync_settings_from_args
-from ..protocol.entrypoints import stop_signal, write_ready_file
-from ..protocol.limit_args import add_limit_arguments, limits_from_args
-from ..protocol.lora_pools import add_pool_arguments, policy_from_args
-from ..protocol.observability_args import add_observability_arguments, observability_from_args
+from ..serving.collective_sync import add_sync_arguments, sync_settings_from_args
+from ..serving.entrypoints import stop_signal, write_ready_file
+from ..serving.limit_args import add_limit_arguments, limits_from_args
+from ..serving.lora_pools import add_pool_arguments, policy_from_args
+from ..serving.observability_args import add_observability_arguments, observability_from_args
 from ..tinker.cli import add_tinker_arguments, tinker_settings_from_args
 
 
@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
 
 async def _serve(args: argparse.Namespace) -> int:
     from ..engines.config import default_cache_dir
-    from ..protocol.http_app import DEFAULT_PATH
+    from ..serving.http_app import DEFAULT_PATH
     from .server import job_body, start_onprem
     from .settings import ServerSettings, ThreadPlan
 

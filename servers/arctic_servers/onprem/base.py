@@ -13,8 +13,8 @@ from arctic_sdk.spec.model import MethodInfo
 
 from ..engines.config import model_vocab_size
 from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
-from ..protocol.job_control import JobControl
+from ..rules.errors import ProtocolError
+from ..serving.job_control import JobControl
 from .jobs import Job, JobManager, SubJob
 from .lora_pools import TenantHandle
 from .settings import ServerSettings

@@ -1,7 +1,7 @@
 """Checkpoint ops of the on-prem server: the trainer's worker saves and loads; the files live under
 `--data-dir/jobs/{job}/checkpoints/{checkpoint}` (with a `meta.json`), so they can be listed,
 exported to an HF directory (a subprocess), downloaded and deleted after the workers are gone.
-The directory layout and answers are `protocol/checkpoint_files.py`, shared with the gateway."""
+The directory layout and answers are `serving/checkpoint_files.py`, shared with the gateway."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any
 
 from ..engines import checks
 from ..engines.config import servers_dir, thread_env
-from ..protocol import checkpoint_files as cf
-from ..protocol import forwarding
-from ..protocol.checkpoint_files import copy_tree as _copy_tree
 from ..protocol.context import CallContext
-from ..protocol.lora_config import PEFT_EXPORT, PEFT_FILES, export_format
+from ..rules.lora_config import PEFT_EXPORT, PEFT_FILES, export_format
+from ..serving import checkpoint_files as cf
+from ..serving import forwarding
+from ..serving.checkpoint_files import copy_tree as _copy_tree
 from .base import OnpremBase
 from .jobs import SubJob
 

@@ -15,22 +15,20 @@ from typing import Any
 from arctic_sdk.spec.tables import methods as M
 
 from ..engines import checks
-from ..protocol import forwarding
-from ..protocol.collective_sync import (
-    GROUP_METHODS,
-    SYNC_METHODS,
+from ..protocol.context import CallContext
+from ..rules.errors import ProtocolError
+from ..rules.lora_config import check_adapter, check_weight_format
+from ..rules.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
+from ..rules.weight_sync import GROUP_METHODS, SYNC_METHODS, file_sync_result
+from ..serving import forwarding
+from ..serving.collective_sync import (
     CollectiveSync,
     Member,
     Placement,
-    file_sync_result,
     member_ranks,
     pick_method,
 )
-from ..protocol.context import CallContext
-from ..protocol.errors import ProtocolError
-from ..protocol.lora_config import check_adapter, check_weight_format
-from ..protocol.lora_sync import check_lora_sync, lora_method
-from ..protocol.sub_jobs import check_sync_sub_jobs, sync_sub_jobs
+from ..serving.lora_sync import check_lora_sync, lora_method
 from .base import OnpremBase
 from .jobs import Job, SubJob
 

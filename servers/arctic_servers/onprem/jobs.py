@@ -22,14 +22,14 @@ from typing import Any
 
 from ..engines.config import SubJobSpec, cpu_count, engine_kind, resolve_model
 from ..engines.worker.procs import WorkerHandle
-from ..protocol import jobs as pj
-from ..protocol.collective_sync import CollectiveSync
-from ..protocol.errors import ProtocolError
-from ..protocol.job_queue import JobQueue
-from ..protocol.jobs import JobRecord, not_running_error, terminal_error
-from ..protocol.lora_config import adapter_sync, job_lora
-from ..protocol.lora_pools import syncs_adapter
-from ..protocol.states import move_sub_job
+from ..rules import jobs as pj
+from ..rules.errors import ProtocolError
+from ..rules.jobs import JobRecord, not_running_error, terminal_error
+from ..rules.lora_config import adapter_sync, job_lora
+from ..rules.states import move_sub_job
+from ..serving.collective_sync import CollectiveSync
+from ..serving.job_queue import JobQueue
+from ..serving.lora_pools import syncs_adapter
 from .lora_pools import PoolManager, TenantHandle
 from .settings import ServerSettings
 

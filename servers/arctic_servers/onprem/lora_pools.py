@@ -1,5 +1,5 @@
 """LoRA pools of the on-prem server (PROTOCOL.md §3.6; the rules both servers share are
-`protocol/lora_pools.py`).
+`serving/lora_pools.py`).
 
 A pool is two worker processes — a `LoraPoolTrainer` (DeepSpeed worker) and a `LoraPoolSampler`
 (vLLM worker) holding the base model once each — started with its first job and shared by every
@@ -24,18 +24,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engines.config import SubJobSpec, canonical_model_name, resolve_model
+from ..engines.worker.messages import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD
 from ..engines.worker.procs import WorkerHandle
-from ..protocol.errors import ProtocolError
-from ..protocol.lora_pools import (
-    ATTACH_CMD,
-    DETACH_CMD,
-    POOL_STATS_CMD,
+from ..rules.errors import ProtocolError
+from ..rules.states import move_sub_job
+from ..serving.lora_pools import (
     PoolBook,
     PoolPolicy,
     PoolRecord,
     pool_key,
 )
-from ..protocol.states import move_sub_job
 
 if TYPE_CHECKING:
     from .jobs import Job, JobManager

@@ -1,5 +1,5 @@
 """The deployed `/operation` envelope of the on-prem server: its checks (a 4xx before anything
-runs), its target sub-job, and each operation type (`protocol/operation_types.py`) run by the
+runs), its target sub-job, and each operation type (`rules/operation_types.py`) run by the
 data plane: weight sync, prefix-cache reset, tail-logs, cancel-request, and forward."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any
 from arctic_sdk.spec.tables import methods as M
 
 from ..protocol.context import CallContext
-from ..protocol.operation_types import (
+from ..protocol.inproc import cancel_request
+from ..rules.operation_types import (
     OP_CANCEL,
     OP_RESET,
     OP_TAIL_LOGS,
     OP_WEIGHT_SYNC,
     OPERATION_TYPES,
-    cancel_request,
     forward_body,
     operation_sub,
     operation_target,

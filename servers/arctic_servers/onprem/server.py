@@ -15,8 +15,8 @@ from arctic_sdk.spec.tables import methods as M
 from ..protocol.config import ProtocolConfig, ProtocolLimits
 from ..protocol.context import CallContext
 from ..protocol.core import ProtocolCore
-from ..protocol.errors import ProtocolError
-from ..protocol.serve import ServerHandle, start_server
+from ..rules.errors import ProtocolError
+from ..serving.serve import ServerHandle, start_server
 from .servicer import OnpremServicer
 from .settings import ServerSettings
 

@@ -29,10 +29,10 @@ from ..engines.config import (
     sub_job_specs,
 )
 from ..engines.op_checks import CallFacts
-from ..protocol import jobs as pj
 from ..protocol.context import CallContext
-from ..protocol.lora_pools import lora_support_json
-from ..protocol.operation_types import operation_sub
+from ..rules import jobs as pj
+from ..rules.operation_types import operation_sub
+from ..serving.lora_pools import lora_support_json
 from .checkpoints import Checkpoints
 from .jobs import Job, SubJob
 from .operations import Operations, operation_forward_body

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engines.config import ROLES, cpu_count, default_cache_dir
-from ..protocol.collective_sync import SyncSettings
-from ..protocol.lora_pools import PoolPolicy
+from ..serving.collective_sync import SyncSettings
+from ..serving.lora_pools import PoolPolicy
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Any
 from ..engines.fake import sampling as fake_sampling
 from ..engines.fake import tokenizer
 from ..engines.tiny_tokenizer import TOOLS_POSTAMBLE, TOOLS_PREAMBLE
-from ..protocol import token_budget
-from ..protocol.errors import ProtocolError
+from ..rules import token_budget
+from ..rules.errors import ProtocolError
 from .sampler import ModelCard, OpenAIError, Sample, StreamEvent
 from .tokenized import FakeTokenizer, TokenizedSampler, content_text
 
@@ -95,7 +95,7 @@ class FakeSampler(TokenizedSampler):
             raise OpenAIError(400, str(exc), code="invalid_argument") from None
 
     def _budget(self, prompt: Sequence[int], p: fake_sampling.Params) -> int:
-        """The prompt's `max_tokens` under this model's context (`protocol/token_budget.py`;
+        """The prompt's `max_tokens` under this model's context (`rules/token_budget.py`;
         the routes checked the caller's value against it already)."""
         try:
             return token_budget.budget(p.max_tokens, len(prompt), self.max_model_len).max_tokens

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol import token_budget
-from ..protocol.errors import ProtocolError
+from ..rules import token_budget
+from ..rules.errors import ProtocolError
 from . import request_fields
 from .sampler import OpenAIError, Sampler
 from .sessions import Continuation, Session, continue_prompt
@@ -175,7 +175,7 @@ def fit_context(
     leave room under `max_model_len`; an asked-for `max_tokens` / `max_completion_tokens` past
     the room is refused (400 naming the field, the prompt's length, `max_model_len` and the
     room: never clamped silently); absent, chat gets the room and completions 16 (capped by the
-    room, by the engines: `protocol/token_budget.py`)."""
+    room, by the engines: `rules/token_budget.py`)."""
     mct = body.get("max_completion_tokens") is not None
     name = "max_completion_tokens" if mct else "max_tokens"
     asked = params.get("max_tokens")

@@ -38,10 +38,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..protocol import limits as input_limits
 from ..protocol.auth import accepted_token
 from ..protocol.config import token_digest
-from ..protocol.errors import ProtocolError
+from ..rules import limits as input_limits
+from ..rules.errors import ProtocolError
 from . import request_fields
 from .disconnect import DisconnectWatch
 from .reply_parts import (

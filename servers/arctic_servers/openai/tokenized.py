@@ -31,9 +31,9 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
-from ..protocol import token_budget
 from ..protocol.context import CallContext
 from ..protocol.inproc import CoreCalls
+from ..rules import token_budget
 from .sampler import NoChatTemplateError, OpenAIError, Sample, StreamEvent, cut_at_stop
 
 __all__ = [

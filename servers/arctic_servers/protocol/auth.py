@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from . import limits as input_limits
+from ..rules import limits as input_limits
+from ..rules.errors import ProtocolError
 from .config import token_digest
-from .errors import ProtocolError
 
 __all__ = ["accepted_token"]
 

@@ -1,4 +1,5 @@
-"""A call as a transport hands it to the protocol core, and the `Outcome` the core answers."""
+"""A call as a transport hands it to the protocol core, the `Outcome` the core answers, and the
+call's server span (`telemetry/tracing.py` has the whole trace)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from arctic_sdk import tracing as t
 from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.tracing import extract
 
 from .stores import RequestRecord
 
@@ -62,3 +65,19 @@ class Outcome:
         if rec is None or not rec.terminal or rec.status == "completed":
             return "ok"
         return str((rec.error or {}).get("code") or "internal")
+
+
+def call_span(call: IncomingCall) -> Any:
+    """The span of one call to the core (None when tracing is off)."""
+    if not t.enabled():
+        return None
+    return t.start_span(
+        f"arctic.server {call.method.name}",
+        kind="server",
+        parent=extract(call.headers),
+        attributes={
+            "arctic.op": call.method.name,
+            "arctic.transport": call.transport,
+            "arctic.job_id": call.path_params.get("job_id") or call.headers.get("x-arctic-job-id"),
+        },
+    )

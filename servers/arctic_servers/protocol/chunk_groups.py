@@ -24,8 +24,8 @@ import dssst1
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
+from ..rules.errors import ProtocolError
 from . import faultpoints
-from .errors import ProtocolError
 from .stores import ChunkStore, GroupRecord
 
 # Bytes an open group costs beyond its chunks (assembler, records), for the budget.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,9 +35,3 @@ class CallContext:
     # settings), for its op to use instead of deriving it again; None where no check ran in
     # this process (a request taken up after a restart).
     checked: Any = field(default=None, repr=False)
-
-
-RUNNING_REQUEST: ContextVar[str | None] = ContextVar("arctic_running_request", default=None)
-"""The id of the request whose servicer call runs in this task (the core sets it around each
-request's execution), so an engine client can tell which request a command belongs to (the
-on-prem server's `cancel_running`: a trainer's command runs to its end)."""

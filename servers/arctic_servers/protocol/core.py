@@ -25,16 +25,16 @@ from arctic_sdk.spec.model import BodyKind, GrpcShape, Idempotency, MethodInfo
 from arctic_sdk.spec.tables import methods as M
 from arctic_sdk.spec.tables.error_codes import ERRORS
 
-from . import limits as input_limits
-from . import tracing
-from .calls import IncomingCall, Outcome
+from ..rules import limits as input_limits
+from ..rules.errors import ProtocolError
+from ..rules.states import REQUEST
+from ..telemetry import tracing
+from .calls import IncomingCall, Outcome, call_span
 from .chunk_groups import ChunkStep
 from .context import CallContext
 from .durable import Durable
-from .errors import ProtocolError
 from .execution import resubmittable
 from .polls import Polls
-from .states import REQUEST
 from .stores import RequestRecord
 
 __all__ = ["IncomingCall", "Outcome", "ProtocolCore"]
@@ -54,7 +54,7 @@ class ProtocolCore(Durable, Polls):
         """Answer one call; its metrics (`arctic_calls_total`, latency) and, when tracing, its
         span (`arctic.server <op>`, the caller's trace continued from its `traceparent`)."""
         t0 = time.perf_counter()
-        span = tracing.call_span(call)
+        span = call_span(call)
         code = "internal"
         try:
             with tracing.use_span(span):

@@ -14,20 +14,21 @@ import dssst1
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
-from .._generated.servicer import ServicerBase
-from . import limits as input_limits
+from ..rules import limits as input_limits
+from ..rules.errors import ProtocolError
+from ..rules.jobs import config_keys_json
+from ..rules.validate import validate_body
+from ..telemetry.metrics import ServerMetrics
 from .auth import accepted_token
 from .calls import IncomingCall
 from .chunk_groups import ChunkBudget, ChunkGroups
 from .config import ProtocolConfig
 from .context import CallContext
-from .errors import ProtocolError
 from .faultpoints import CoreHooks
-from .jobs import config_keys_json
-from .metrics import ServerMetrics
 from .metrics_live import LiveCollector
 from .sampling_queue import SamplingQueue
 from .sequencer import Sequencer
+from .servicer_hooks import ServicerHooks
 from .stores import (
     ChunkStore,
     MemoryChunkStore,
@@ -35,7 +36,6 @@ from .stores import (
     RequestRecord,
     RequestStore,
 )
-from .validate import validate_body
 
 Op = Callable[[CallContext, Any], Awaitable[Any]]
 
@@ -43,7 +43,7 @@ Op = Callable[[CallContext, Any], Awaitable[Any]]
 class CoreBase:
     def __init__(
         self,
-        servicer: ServicerBase,
+        servicer: ServicerHooks,
         config: ProtocolConfig | None = None,
         *,
         request_store: RequestStore | None = None,
@@ -147,11 +147,8 @@ class CoreBase:
             if m.protocol:
                 out.append(m)
                 continue
-            mine = getattr(type(self.servicer), m.python_name, None)
-            if mine is not None and mine is not getattr(ServicerBase, m.python_name, None):
+            if self.servicer.implements(m):
                 out.append(m)
-            elif m.engine and type(self.servicer).run_on_engine is not ServicerBase.run_on_engine:
-                out.append(m)  # forwarded to the engine by the server's one `run_on_engine`
         return out
 
     def capabilities(self) -> dict[str, Any]:

@@ -8,10 +8,10 @@ import time
 
 from arctic_sdk.spec.tables import methods as M
 
+from ..rules.errors import ProtocolError
+from ..rules.states import move_request
 from .context import CallContext
-from .errors import ProtocolError
 from .execution import Execution
-from .states import move_request
 
 
 class Durable(Execution):

@@ -15,14 +15,16 @@ from typing import Any
 import dssst1
 from arctic_sdk.spec.model import MethodInfo
 
-from . import faultpoints, tracing
+from ..rules.errors import ProtocolError
+from ..rules.request_scope import RUNNING_REQUEST
+from ..rules.states import move_request
+from ..telemetry import tracing
+from ..telemetry.metrics import outcome_code
+from . import faultpoints
 from .calls import IncomingCall, Outcome
-from .context import RUNNING_REQUEST, CallContext
+from .context import CallContext
 from .core_base import CoreBase
-from .errors import ProtocolError
-from .metrics import outcome_code
 from .sampling_queue import counts
-from .states import move_request
 from .stores import RequestRecord
 
 log = logging.getLogger("arctic_servers.protocol")

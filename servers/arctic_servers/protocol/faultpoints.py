@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from arctic_sdk.spec.model import MethodInfo
 
+    from ..rules.errors import ProtocolError
+    from ..rules.jobs import JobRecord
     from .calls import IncomingCall
     from .chunk_groups import ChunkGroups, ChunkStep
     from .context import CallContext
-    from .errors import ProtocolError
-    from .jobs import JobRecord
     from .sequencer import Sequencer
 
 ENV = "ARCTIC_CRASH_AT"

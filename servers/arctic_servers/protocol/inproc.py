@@ -23,13 +23,14 @@ from typing import Any
 
 import dssst1
 from arctic_sdk.spec.model import MethodInfo
+from arctic_sdk.spec.tables import methods as M
 
+from ..rules.errors import ProtocolError
 from .calls import IncomingCall
 from .context import CallContext
 from .core import ProtocolCore
-from .errors import ProtocolError
 
-__all__ = ["CoreCalls"]
+__all__ = ["CoreCalls", "cancel_request"]
 
 
 class CoreCalls:
@@ -121,3 +122,20 @@ class CoreCalls:
             k: v for k, v in (err.get("details") or {}).items() if k not in ("code", "message")
         }
         raise ProtocolError(code, str(err.get("message") or rec.status), **details)
+
+
+async def cancel_request(
+    core: ProtocolCore | None, ctx: CallContext, request_id: str
+) -> dict[str, Any]:
+    """The `cancel-request` operation: `CancelRequest` of `request_id` in the caller's job, run
+    through the protocol core (which holds the request queue)."""
+    if core is None:
+        raise ProtocolError("unimplemented", "cancel-request needs the protocol core attached")
+    call = IncomingCall(
+        method=M.CANCEL_REQUEST,
+        transport=ctx.transport,
+        headers=ctx.headers,
+        path_params={"job_id": ctx.job_id or "", "request_id": request_id},
+    )
+    outcome = await core.handle(call)
+    return dict(outcome.value)

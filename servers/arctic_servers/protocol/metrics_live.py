@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from .jobs import STATES, TERMINAL
-from .metrics import BusyMeter, JobMeters
+from ..rules.jobs import STATES, TERMINAL
+from ..telemetry.metrics import BusyMeter, JobMeters
 
 if TYPE_CHECKING:
     from .core_base import CoreBase

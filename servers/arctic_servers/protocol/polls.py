@@ -7,9 +7,9 @@ import time
 
 from arctic_sdk.spec.tables import methods as M
 
+from ..rules.errors import ProtocolError
 from .calls import IncomingCall, Outcome
 from .context import CallContext
-from .errors import ProtocolError
 from .execution import Execution
 
 _CURSOR = re.compile(r"[0-9]{1,18}")  # cursors this server issues: event offsets

@@ -10,9 +10,9 @@ import numpy as np
 import dssst1
 from arctic_sdk.spec.model import BodyKind
 
+from ..rules.errors import ProtocolError
+from ..rules.jobs import rfc3339
 from .core import Outcome, ProtocolCore
-from .errors import ProtocolError
-from .jobs import rfc3339
 from .stores import RequestRecord
 
 

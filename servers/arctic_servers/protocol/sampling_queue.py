@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from arctic_sdk.spec.model import MethodInfo, Role
 
-from .errors import ProtocolError
+from ..rules.errors import ProtocolError
 
 __all__ = ["SamplingQueue", "counts"]
 

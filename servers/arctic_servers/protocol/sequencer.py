@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from .errors import ProtocolError
+from ..rules.errors import ProtocolError
 
 
 class Sequencer:

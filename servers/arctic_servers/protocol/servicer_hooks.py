@@ -18,24 +18,49 @@ overrides the hooks it needs:
   (`ctx.recovered`) instead of failed. Default: False.
 - `operation_types`, `config_keys`, `lora_support`: capabilities. Defaults: none, the standard
   keys, no LoRA.
+
+Which ops a servicer serves (`implements`, the capabilities' `methods`) is read from the methods
+it overrides: every default (the generated ops', `run_on_engine`) is marked `@default_op`, so
+the core needs no import of the generated class it sits below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables.error_codes import ErrorCode
 
+from ..rules.errors import ProtocolError
 from .context import CallContext
-from .errors import ProtocolError
+
+F = TypeVar("F", bound=Callable[..., Any])
+_DEFAULT = "__arctic_default_op__"
+
+
+def default_op(fn: F) -> F:
+    """Mark a method as the default a servicer overrides to serve that op."""
+    setattr(fn, _DEFAULT, True)
+    return fn
+
+
+def _overridden(fn: object) -> bool:
+    return fn is not None and not getattr(fn, _DEFAULT, False)
 
 
 class ServicerHooks:
     """The hooks of a servicer, with their defaults (the list above)."""
 
     recovers_running: bool = False
+
+    def implements(self, method: MethodInfo) -> bool:
+        """This servicer serves `method`: it overrides the op's method or, for an op the
+        method table marks `engine`, the one `run_on_engine` that forwards every such op."""
+        cls = type(self)
+        if _overridden(getattr(cls, method.python_name, None)):
+            return True
+        return method.engine and _overridden(cls.run_on_engine)
 
     @property
     def operation_types(self) -> Sequence[str]:
@@ -62,6 +87,7 @@ class ServicerHooks:
         """A running request was cancelled: True when the servicer ends it itself."""
         return False
 
+    @default_op
     async def run_on_engine(
         self, ctx: CallContext, method: MethodInfo, body: dict[str, Any]
     ) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from .states import REQUEST
+from ..rules.states import REQUEST
 from .stores import GroupRecord, RequestRecord
 
 _SCHEMA = """

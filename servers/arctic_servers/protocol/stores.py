@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .states import REQUEST
+from ..rules.states import REQUEST
 
 TERMINAL = REQUEST.terminal  # the moves: `states.py`
 

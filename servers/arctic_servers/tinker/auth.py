@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..protocol.errors import ProtocolError
+from ..rules.errors import ProtocolError
 
 __all__ = ["NO_TOKEN", "Authenticate", "caller_token"]
 

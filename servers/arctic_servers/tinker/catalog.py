@@ -105,7 +105,7 @@ class EmbeddedCatalog:
 
     def _resolve(self, name: str) -> ModelInfo | None:
         from ..engines.config import resolve_model
-        from ..protocol.errors import ProtocolError
+        from ..rules.errors import ProtocolError
 
         try:
             d = resolve_model(name, self.settings)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..protocol.core import ProtocolCore
-from ..protocol.http_app import CORE_KEY
 from ..protocol.inproc import CoreCalls
+from ..serving.http_app import CORE_KEY
 from .auth import NO_TOKEN, caller_token
 from .catalog import Catalog
 from .hf_files import add_hf_routes

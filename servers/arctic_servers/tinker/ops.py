@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..protocol.lora_config import ATTENTION_MODULES, MLP_MODULES
+from ..rules.lora_config import ATTENTION_MODULES, MLP_MODULES
 from . import losses, tinker_losses, wire
 from .backend import Backend
 from .catalog import Catalog, ModelInfo, StaticCatalog

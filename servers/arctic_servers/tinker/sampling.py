@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..protocol import token_budget
-from ..protocol.errors import ProtocolError
+from ..rules import token_budget
+from ..rules.errors import ProtocolError
 from .backend import Backend
 from .errors import TinkerError
 from .ops import context_error
@@ -87,7 +87,7 @@ def _topk(req: Any, name: str) -> int:
 
 def _max_tokens(value: Any, prompt_len: int, window: int) -> int:
     """The tinker SDK's `SamplingParams.max_tokens` (None: the room left, as vLLM's chat route)
-    against the room the prompt leaves in the window (`protocol/token_budget.py`): 0, a negative
+    against the room the prompt leaves in the window (`rules/token_budget.py`): 0, a negative
     or a non-integer is `invalid_argument`; past the room, Tinker's context-window 400."""
     field = "sampling_params.max_tokens"
     try:

@@ -23,7 +23,7 @@ Commands name their tenant (`tenant`, added by the server's tenant handle; `tena
 serves tenants in turn). `attach` builds a tenant from its sub-job spec, `detach` frees its
 adapter and optimizer state; the pool's own commands are `pool_stats`. Shared settings (model,
 dtype, attention, activation checkpointing, determinism, threads) are the pool's (its key,
-`protocol/lora_pools.py`); per-job ones (optimizer, schedule, clipping, micro-batch size, LoRA
+`serving/lora_pools.py`); per-job ones (optimizer, schedule, clipping, micro-batch size, LoRA
 rank / alpha / modules / dropout, seed) are the tenant's.
 """
 
@@ -42,10 +42,10 @@ import torch
 
 from arctic_sdk.spec.tables import methods as M
 
-from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD
 from ..errors import WorkerError
 from ..worker.commands import Command
 from ..worker.engine_base import WEIGHT_GROUP_CMDS, EngineBase, no_weight_group, tenant_in
+from ..worker.messages import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD
 from .ds_setup import device
 from .hf_model import _read_vocab, enable_determinism, load_hf_model
 from .lora_trainer import is_adapter_param, peft_config
@@ -308,7 +308,7 @@ class LoraPoolTrainer(EngineBase):
         }
         for cmd in _TENANT_COMMANDS:
             table[cmd] = _bind(self._run, cmd)
-        for cmd in WEIGHT_GROUP_CMDS:  # its tenants sync by file (protocol/lora_sync.py)
+        for cmd in WEIGHT_GROUP_CMDS:  # its tenants sync by file (serving/lora_sync.py)
             table[cmd] = no_weight_group("trainer")
         return table
 

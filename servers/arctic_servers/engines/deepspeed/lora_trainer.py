@@ -23,7 +23,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from ...protocol.lora_config import EMBEDDING_MODULE, LM_HEAD_MODULE
+from ...rules.lora_config import EMBEDDING_MODULE, LM_HEAD_MODULE
 
 ADAPTER = "default"  # PEFT's adapter name
 PEFT_PREFIX = "base_model.model."
@@ -49,7 +49,7 @@ def peft_config(lora: Mapping[str, Any]) -> Any:
     return LoraConfig(
         r=int(lora["rank"]),
         # PEFT annotates lora_alpha as int, yet only computes with it (scaling = alpha / r): a
-        # fractional alpha (protocol/lora_config.py allows any number > 0) is passed as it is
+        # fractional alpha (rules/lora_config.py allows any number > 0) is passed as it is
         lora_alpha=float(lora["alpha"]),  # type: ignore[arg-type]
         lora_dropout=float(lora["dropout"]),
         target_modules=targets,

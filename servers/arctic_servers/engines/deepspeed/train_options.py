@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from ...protocol.errors import ProtocolError
-from ...protocol.sub_jobs import refuse_unknown_keys
+from ...rules.errors import ProtocolError
+from ...rules.sub_jobs import refuse_unknown_keys
 
 SCHEDULES = ("constant", "linear", "cosine")
 SCHEDULER_KEYS = ("type", "warmup_steps", "total_steps", "min_lr_ratio")

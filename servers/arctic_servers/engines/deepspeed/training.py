@@ -32,7 +32,7 @@ import torch
 
 from arctic_sdk.spec.tables import methods as M
 
-from ...protocol.errors import ProtocolError
+from ...rules.errors import ProtocolError
 from ..losses import torch_losses as losses
 from ..worker.commands import Command
 from .batch import Batch

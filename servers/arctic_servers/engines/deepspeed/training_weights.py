@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ...protocol.lora_config import adapter_sync
+from ...rules.lora_config import adapter_sync
 from ..errors import WorkerError
 from .hf_model import write_hf_dir
 from .lora_trainer import ADAPTER

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...protocol import checkpoint_ids
-from ...protocol.errors import ProtocolError
-from ...protocol.jobs import rfc3339
-from ...protocol.lora_config import export_format, job_lora
+from ...rules import checkpoint_ids
+from ...rules.errors import ProtocolError
+from ...rules.jobs import rfc3339
+from ...rules.lora_config import export_format, job_lora
 from . import tokenizer
 from .numerics import token_logprob
 from .state import Checkpoint, Job, SubJob
@@ -51,7 +51,7 @@ def get(job: Job, checkpoint_id: str) -> Checkpoint:
 
 
 def check_id(checkpoint_id: Any, field: str = "checkpoint_id") -> None:
-    """The spec's checkpoint-id rule (`arctic_servers.protocol.checkpoint_ids`)."""
+    """The spec's checkpoint-id rule (`arctic_servers.rules.checkpoint_ids`)."""
     checkpoint_ids.check_id(checkpoint_id, field)
 
 

@@ -1,6 +1,6 @@
 """The fake engine's job configs: CreateJob's `sub_job_configs`, checked, as sub-jobs.
 
-The standard config keys get the checks every server shares (`protocol.sub_job_config`), so the
+The standard config keys get the checks every server shares (`rules.sub_job_config`), so the
 fake refuses exactly what the on-prem server refuses, with the same codes.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...protocol import lora_config
-from ...protocol.errors import ProtocolError
-from ...protocol.jobs import INFERENCE_KEYS, TRAINING_KEYS, config_keys_json
-from ...protocol.sub_job_config import walk_sub_job_configs
+from ...rules import lora_config
+from ...rules.errors import ProtocolError
+from ...rules.jobs import INFERENCE_KEYS, TRAINING_KEYS, config_keys_json
+from ...rules.sub_job_config import walk_sub_job_configs
 from .state import SubJob
 
 DTYPES = ("", "float32", "bfloat16", "float16")

@@ -19,8 +19,8 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
-from ...protocol.errors import ProtocolError
-from ...protocol.lora_config import adapter_sync
+from ...rules.errors import ProtocolError
+from ...rules.lora_config import adapter_sync
 from ..losses.table import LossSettings
 from ..worker.commands import Command
 from ..worker.engine_base import EngineBase

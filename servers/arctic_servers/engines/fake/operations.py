@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...protocol.collective_sync import SYNC_METHODS, file_sync_result
-from ...protocol.jobs import JobRecord
-from ...protocol.lora_config import adapter_sync, check_weight_format, job_lora
-from ...protocol.operation_types import tail_args
-from ...protocol.sub_jobs import check_sync_sub_jobs, field_error, sync_sub_jobs
+from ...rules.jobs import JobRecord
+from ...rules.lora_config import adapter_sync, check_weight_format, job_lora
+from ...rules.operation_types import tail_args
+from ...rules.sub_jobs import check_sync_sub_jobs, field_error, sync_sub_jobs
+from ...rules.weight_sync import SYNC_METHODS, file_sync_result
 from .state import Job
 
 

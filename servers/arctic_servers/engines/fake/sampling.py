@@ -4,7 +4,7 @@ The sampling parameters get the servers' shared checks (`arctic_servers.engines.
 so the fake refuses what the on-prem server refuses; the fake adds its own resource limits. Like
 a real engine it has a context: `max_seq_len` when the sub-job sets it, else its model's
 `CONTEXT_LENGTH`; `max_tokens` is checked against the room each prompt leaves in it
-(`protocol.token_budget`).
+(`rules.token_budget`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ...protocol import fields, token_budget
-from ...protocol.errors import ProtocolError
+from ...rules import fields, token_budget
+from ...rules.errors import ProtocolError
 from .. import checks
 from .. import structured as structured_outputs
 from ..structured import Constraint

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...protocol import jobs as pj
-from ...protocol.jobs import JobRecord, SubJobRecord
+from ...rules import jobs as pj
+from ...rules.jobs import JobRecord, SubJobRecord
 
 if TYPE_CHECKING:
     from .engine import FakeEngine

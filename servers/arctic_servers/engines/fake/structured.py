@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ...protocol.errors import ProtocolError
+from ...rules.errors import ProtocolError
 from ..structured import FIELD, Constraint
 
 __all__ = ["write"]

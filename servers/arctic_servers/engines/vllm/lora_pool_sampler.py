@@ -29,11 +29,11 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
-from ...protocol.lora_config import vllm_max_rank
-from ...protocol.lora_pools import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD, TENANT_ARG
+from ...rules.lora_config import vllm_max_rank
 from ..errors import WorkerError
 from ..worker.commands import Command
 from ..worker.engine_base import WEIGHT_GROUP_CMDS, no_weight_group, tenant_in
+from ..worker.messages import ATTACH_CMD, DETACH_CMD, POOL_STATS_CMD, TENANT_ARG
 from . import lora_sampler
 from .lora_sampler import EMBEDDING_ENV, serve_embedding_adapters
 from .sampling import SamplingEngine
@@ -186,7 +186,7 @@ class LoraPoolSampler(SamplingEngine):
             M.RESET_PREFIX_CACHE.python_name: self.op_tenant_reset_prefix_cache,
             "sleep": self.op_tenant_lifecycle,
             "wake": self.op_tenant_lifecycle,
-            # its tenants sync by file or blob (protocol/lora_sync.py)
+            # its tenants sync by file or blob (serving/lora_sync.py)
             **{cmd: no_weight_group("sampler") for cmd in WEIGHT_GROUP_CMDS},
         }
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...protocol.lora_config import BASE_ADAPTER, vllm_max_rank
+from ...rules.lora_config import BASE_ADAPTER, vllm_max_rank
 from ..errors import WorkerError
 
 

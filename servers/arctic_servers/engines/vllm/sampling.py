@@ -26,8 +26,8 @@ from typing import Any
 
 from arctic_sdk.spec.tables import methods as M
 
-from ...protocol import token_budget
-from ...protocol.collective_sync import START_TIMEOUT_S
+from ...rules import token_budget
+from ...rules.weight_sync import START_TIMEOUT_S
 from .. import structured
 from ..errors import WorkerError
 from ..worker.commands import Command
@@ -309,7 +309,7 @@ class SamplingEngine(VllmScoring, EngineBase):
         self, inputs: Sequence[Any], sp: Mapping[str, Any], clamp: bool
     ) -> list[token_budget.Budget]:
         """Each prompt's `max_tokens` against the room it leaves under `max_model_len`: refused
-        past it unless `clamp` (protocol/token_budget.py)."""
+        past it unless `clamp` (rules/token_budget.py)."""
         asked = token_budget.requested(sp.get("max_tokens"))
         return [
             token_budget.budget(

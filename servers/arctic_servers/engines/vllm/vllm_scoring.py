@@ -64,7 +64,7 @@ class VllmScoring:
         """Forward on a vLLM sub-job: its prompt log-probs, and the loss of `processing` (default
         cross_entropy) computed from them by the trainer's loss code. What vLLM's scoring
         cannot honour (entropy, a temperature, labels or position ids) is refused."""
-        from ...protocol.errors import ProtocolError
+        from ...rules.errors import ProtocolError
         from ..checks import vllm_forward
 
         try:

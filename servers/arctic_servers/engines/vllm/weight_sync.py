@@ -4,7 +4,7 @@
   (`engines/deepspeed/gpu_handoff.py`); the sampler's vLLM worker rebuilds the tensors in place
   and reloads (`vllm_ext.py`).
 
-The method a sync runs with is picked in `protocol/collective_sync.py`; the collective sync
+The method a sync runs with is picked in `serving/collective_sync.py`; the collective sync
 itself (gloo on CPU, NCCL on CUDA, what `nccl` names) is `engines/weight_transfer/` and
 `collective.py`. The CUDA path here follows vLLM's documented APIs but has not run on a GPU in
 this project (`tools/gpu_check.sh` runs it on a CUDA machine).

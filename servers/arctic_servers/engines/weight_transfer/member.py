@@ -3,7 +3,7 @@
 Mixed into the trainer (rank 0, which opens the rendezvous and sends) and into the engines that
 receive into a torch module (the HF and DeepSpeed log-prob scorers, `receive_into_module`). The
 vLLM sampler holds its group inside vLLM's worker instead (`engines/vllm/collective.py`), where
-vLLM's weight-transfer hooks run. The server drives the commands (`protocol/collective_sync.py`):
+vLLM's weight-transfer hooks run. The server drives the commands (`serving/collective_sync.py`):
 
     trainer    weight_group_open(group_id, host)           -> {host, port, backend}
     every rank weight_group_join(group_id, host, port, rank, world_size, backend, timeout_s)

@@ -86,7 +86,7 @@ WEIGHT_GROUP_CMDS = ("weight_group_open", "weight_group_join", "send_weights", "
 
 def no_weight_group(engine: str) -> Command:
     """A pool engine's answer to the weight-group commands: refused by name. Its tenants sync by
-    file or blob (`protocol/lora_sync.py` says why); the servers never send them these."""
+    file or blob (`serving/lora_sync.py` says why); the servers never send them these."""
 
     def refuse(**_: Any) -> Any:
         raise WorkerError(

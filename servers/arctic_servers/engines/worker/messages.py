@@ -10,6 +10,12 @@ STREAM_CMD = "generate_stream"  # a command answered by partial messages, then i
 ABORT_CMD = "abort_stream"  # ends a batched command early (a stream's final: finish "abort")
 IMMEDIATE_CMDS = frozenset({ABORT_CMD, "stream_stats"})  # never deferred
 
+# Worker commands of a pool's engines (not ops): a job joins, leaves; the pool's counters.
+ATTACH_CMD = "attach"
+DETACH_CMD = "detach"
+POOL_STATS_CMD = "pool_stats"
+TENANT_ARG = "tenant"  # the command argument naming the tenant (tenant_queue.py)
+
 BATCH_KIND = "batch"  # {"kind": "batch", "msgs": [...]}: the messages of one engine step
 
 

@@ -34,8 +34,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ...protocol.context import RUNNING_REQUEST
-from ...protocol.errors import ProtocolError
+from ...rules.errors import ProtocolError
+from ...rules.request_scope import RUNNING_REQUEST
 from ..config import worker_env
 from ..deepspeed.ranks import describe_exit
 from .messages import ABORT_CMD

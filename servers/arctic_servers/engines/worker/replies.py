@@ -21,9 +21,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ...protocol import tracing
-from ...protocol.errors import ProtocolError
-from ...protocol.metrics import BusyMeter
+from ...rules.errors import ProtocolError
+from ...telemetry import tracing
+from ...telemetry.metrics import BusyMeter
 from .messages import merge_stream, unbatch
 
 

@@ -44,7 +44,7 @@ names `engines/registry.py` (which imports each engine only when it builds it).
 
 This module imports neither the protocol layer nor the SDK: a worker runs in the engines'
 environment, which needs only torch, DeepSpeed / vLLM and `arctic_servers`. A command message
-may carry `"trace"` (the server's span context, when it traces: `protocol/tracing.py`); only
+may carry `"trace"` (the server's span context, when it traces: `telemetry/tracing.py`); only
 then is the tracing module imported, and the command runs in a span of that trace.
 """
 
@@ -103,7 +103,7 @@ def _span(msg: dict[str, Any]) -> Any:
     carrier = msg.get("trace")
     if not carrier:
         return contextlib.nullcontext()
-    from ...protocol.tracing import worker_span
+    from ...telemetry.tracing import worker_span
 
     return worker_span(str(msg.get("cmd")), carrier)
 
@@ -114,7 +114,7 @@ def _batch_span(msg: dict[str, Any]) -> None:
     if not msg.get("trace"):
         return
     if _BATCH_SPANS is None:
-        from ...protocol.tracing import WorkerSpans
+        from ...telemetry.tracing import WorkerSpans
 
         _BATCH_SPANS = WorkerSpans()
     _BATCH_SPANS.start(msg.get("id"), str(msg.get("cmd")), msg["trace"])

@@ -5,9 +5,9 @@ no op of its own; every server accepts these and answers them in `capabilities`.
 
 The envelope's checks every server shares are here too: the operation type, the target
 (`sub_job_id` / `sub_job_type`), the payload's keys, `tail-logs` paging and the `forward` body
-(`check_operation`, `operation_target`, `operation_sub`, `tail_args`, `forward_body`), and
-`cancel-request` (`cancel_request`); each server adds its own weight-sync and forward checks and
-runs the other operations.
+(`check_operation`, `operation_target`, `operation_sub`, `tail_args`, `forward_body`). The
+core runs `cancel-request` (`protocol/inproc.py`'s `cancel_request`); each server adds its own
+weight-sync and forward checks and runs the other operations.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf import descriptor_pool
 
@@ -24,15 +24,10 @@ from arctic_sdk.spec import value_rules
 from arctic_sdk.spec.pb.arctic.v1 import options_pb2
 from arctic_sdk.spec.tables import methods as M
 
-from .calls import IncomingCall
-from .context import CallContext
 from .errors import ProtocolError
 from .jobs import JobRecord, S, role_of, sub_job_by_id
 from .sub_jobs import field_error
 from .validate import validate_body
-
-if TYPE_CHECKING:
-    from .core import ProtocolCore
 
 OP_WEIGHT_SYNC = M.SYNC_WEIGHTS.operation_type
 OP_RESET = M.RESET_PREFIX_CACHE.operation_type
@@ -219,20 +214,3 @@ def forward_body(payload: Mapping[str, Any]) -> dict[str, Any]:
             exc.details["field"] = "payload." + field
         raise
     return body
-
-
-async def cancel_request(
-    core: ProtocolCore | None, ctx: CallContext, request_id: str
-) -> dict[str, Any]:
-    """The `cancel-request` operation: `CancelRequest` of `request_id` in the caller's job, run
-    through the protocol core (which holds the request queue)."""
-    if core is None:
-        raise ProtocolError("unimplemented", "cancel-request needs the protocol core attached")
-    call = IncomingCall(
-        method=M.CANCEL_REQUEST,
-        transport=ctx.transport,
-        headers=ctx.headers,
-        path_params={"job_id": ctx.job_id or "", "request_id": request_id},
-    )
-    outcome = await core.handle(call)
-    return dict(outcome.value)

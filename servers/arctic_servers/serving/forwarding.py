@@ -19,11 +19,11 @@ from arctic_sdk.spec.model import MethodInfo
 from arctic_sdk.spec.tables import methods as M
 
 from .._generated.servicer import ServicerBase
+from ..protocol.context import CallContext
+from ..rules import checkpoint_ids
+from ..rules.fields import step_args
+from ..rules.jobs import JobRecord, sub_job_by_id
 from . import checkpoint_files as cf
-from . import checkpoint_ids
-from .context import CallContext
-from .fields import step_args
-from .jobs import JobRecord, sub_job_by_id
 from .lora_sync import adapter_load_args
 
 INFERENCE_ROLES = ("sampling", "log_prob")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .config import MiB, ProtocolLimits
+from ..protocol.config import MiB, ProtocolLimits
 
 __all__ = ["add_limit_arguments", "limits_from_args"]
 

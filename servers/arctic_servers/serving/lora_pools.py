@@ -28,14 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from .errors import ProtocolError
-from .lora_config import adapter_sync
-
-# Worker commands of a pool's engines (not ops): a job joins, leaves; the pool's counters.
-ATTACH_CMD = "attach"
-DETACH_CMD = "detach"
-POOL_STATS_CMD = "pool_stats"
-TENANT_ARG = "tenant"  # the command argument naming the tenant (engines/worker/tenant_queue.py)
+from ..rules.errors import ProtocolError
+from ..rules.lora_config import adapter_sync
 
 ANY_MODEL = "*"
 DEFAULT_MAX_ADAPTERS = 16

@@ -21,11 +21,11 @@ from arctic_sdk.spec.model import BodyKind, MethodInfo
 from arctic_sdk.spec.tables.error_codes import ERRORS
 
 from .._generated.http_routes import add_routes
+from ..protocol.core import IncomingCall, Outcome, ProtocolCore
+from ..protocol.results import status_json, status_value, submit_json
+from ..rules.errors import ProtocolError
 from . import metrics_http
-from .core import IncomingCall, Outcome, ProtocolCore
-from .errors import ProtocolError
 from .metrics_http import REQUEST_ID_HEADER, note_error, request_id_of
-from .results import status_json, status_value, submit_json
 
 log = logging.getLogger("arctic_servers.http")
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .config import ProtocolConfig, token_digest
-from .errors import ProtocolError
-from .limits import bearer_token
+from ..protocol.config import ProtocolConfig, token_digest
+from ..rules.errors import ProtocolError
+from ..rules.limits import bearer_token
 
 if TYPE_CHECKING:
-    from .core_base import CoreBase
+    from ..protocol.core_base import CoreBase
 
 log = logging.getLogger("arctic_servers.http")
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint_ids
-from .errors import ProtocolError
-from .jobs import JobRecord, rfc3339
+from ..rules import checkpoint_ids
+from ..rules.errors import ProtocolError
+from ..rules.jobs import JobRecord, rfc3339
 
 PUBLIC = ("checkpoint_id", "checkpoint_type", "global_steps", "avg_loss", "created_at")
 ENGINE_TAG = "ds"  # the DeepSpeed tag (subdirectory) the trainer saves under

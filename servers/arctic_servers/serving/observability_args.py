@@ -10,7 +10,7 @@ from typing import Any
 
 from arctic_sdk import tracing
 
-from .config import parse_tokens
+from ..protocol.config import parse_tokens
 
 __all__ = ["add_observability_arguments", "observability_from_args"]
 

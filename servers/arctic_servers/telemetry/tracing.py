@@ -2,9 +2,10 @@
 
 A call's path, as spans of one trace (the SDK's `arctic.sdk <op>` span is the root):
 
-- `arctic.server <op>` (SERVER): the protocol core answering one call (`ProtocolCore.handle`),
-  continued from the call's `traceparent`; attributes `arctic.op`, `arctic.transport`,
-  `arctic.request_id` (the id the answer names), `arctic.code`;
+- `arctic.server <op>` (SERVER): the protocol core answering one call (`ProtocolCore.handle`;
+  the span is `protocol/calls.py`'s `call_span`), continued from the call's `traceparent`;
+  attributes `arctic.op`, `arctic.transport`, `arctic.request_id` (the id the answer names),
+  `arctic.code`;
 - `arctic.request <op>`: a recorded data-plane request from its recording to its end, with
   its children `arctic.queue` (waiting for its sequence turn) and `arctic.execute` (the
   servicer's call); it outlives an answer given early (202);
@@ -25,12 +26,9 @@ from typing import Any
 from arctic_sdk import tracing as t
 from arctic_sdk.tracing import enabled, extract, record_error, span, use_span
 
-from .calls import IncomingCall
-
 __all__ = [
     "WorkerSpans",
     "answered",
-    "call_span",
     "enabled",
     "engine_call",
     "record_error",
@@ -40,22 +38,6 @@ __all__ = [
 ]
 
 TRACE_KEY = "trace"  # the W3C carrier in a worker command message (or its `meta`)
-
-
-def call_span(call: IncomingCall) -> Any:
-    """The span of one call to the core (None when tracing is off)."""
-    if not t.enabled():
-        return None
-    return t.start_span(
-        f"arctic.server {call.method.name}",
-        kind="server",
-        parent=extract(call.headers),
-        attributes={
-            "arctic.op": call.method.name,
-            "arctic.transport": call.transport,
-            "arctic.job_id": call.path_params.get("job_id") or call.headers.get("x-arctic-job-id"),
-        },
-    )
 
 
 def answered(span: Any, request_id: str, code: str) -> None:

@@ -1,6 +1,6 @@
 """Weight sync of a LoRA job, on-prem and on the gateway (PROTOCOL.md §3.6): the adapter's tensors
 (a few hundred KiB to MiB) travel as one safetensors file (/dev/shm), a blob, or over the job's
-weight group (`collective`, `nccl`: `protocol/collective_sync.py`) into the job's sampling
+weight group (`collective`, `nccl`: `serving/collective_sync.py`) into the job's sampling
 sub-jobs, each of which loads them as a new adapter version (`engines/vllm/lora_sampler.py`).
 CUDA IPC handles of full weights (`cuda_ipc`) are not used for an adapter.
 
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ProtocolError
-from .jobs import sub_job_by_id
-from .sub_jobs import field_error
+from ..rules.errors import ProtocolError
+from ..rules.jobs import sub_job_by_id
+from ..rules.sub_jobs import field_error
 
 LORA_METHODS = ("auto", "shm", "safetensors", "collective", "nccl")
 POOL_METHODS = ("auto", "shm", "safetensors")  # a pooled job's (the module docstring)

@@ -14,13 +14,13 @@ import grpc
 from aiohttp import web
 
 from .._generated.servicer import ServicerBase
-from .config import ProtocolConfig
-from .core import ProtocolCore
+from ..protocol.config import ProtocolConfig
+from ..protocol.core import ProtocolCore
+from ..protocol.stores import ChunkStore, RequestStore
 from .grpc_app import start_grpc_server
 from .http_app import DEFAULT_PATH, make_app
 from .http_server import make_runner
 from .metrics_http import MetricsListener
-from .stores import ChunkStore, RequestStore
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Generic
 from arctic_sdk.spec.model import GrpcShape, MethodInfo
 
 from .._generated.servicer import ServicerBase
+from ..protocol.context import CallContext
+from ..rules.errors import ProtocolError
+from ..rules.jobs import J, JobRecord, S, cancel_job, list_jobs, require_running, target
 from . import forwarding
-from .context import CallContext
-from .errors import ProtocolError
 from .job_queue import JobQueue
-from .jobs import J, JobRecord, S, cancel_job, list_jobs, require_running, target
 
 if TYPE_CHECKING:
-    from .core import ProtocolCore
+    from ..protocol.core import ProtocolCore
 
 
 class JobControl(ServicerBase, Generic[J]):

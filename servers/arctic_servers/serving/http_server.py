@@ -25,8 +25,8 @@ from typing import Any
 from aiohttp import web, web_protocol
 from aiohttp.web_request import BaseRequest
 
-from .config import ProtocolLimits
-from .errors import ProtocolError
+from ..protocol.config import ProtocolLimits
+from ..rules.errors import ProtocolError
 
 log = logging.getLogger("arctic_servers.http")
 

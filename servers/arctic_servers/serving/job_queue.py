@@ -14,7 +14,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Generic
 
-from .jobs import (
+from ..rules.jobs import (
     LEASE_EXPIRED,
     J,
     capacity,

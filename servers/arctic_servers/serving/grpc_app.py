@@ -26,10 +26,10 @@ from arctic_sdk.spec.pb.arctic.v1 import dssst1_pb2
 from arctic_sdk.spec.proto_json import json_to_message, message_to_json
 
 from .._generated.grpc_services import generic_handlers
-from .core import IncomingCall, Outcome, ProtocolCore
-from .errors import ProtocolError
+from ..protocol.core import IncomingCall, Outcome, ProtocolCore
+from ..protocol.results import status_value
+from ..rules.errors import ProtocolError
 from .metrics_http import log_failed
-from .results import status_value
 
 log = logging.getLogger("arctic_servers.grpc")
 
