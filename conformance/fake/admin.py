@@ -152,5 +152,5 @@ def reset_state(servicer: FakeServicer, faults: FaultRegistry, core: ProtocolCor
     servicer.jobs.reset()
     servicer.behaviour.clear()
     faults.clear()
-    core.requests = MemoryRequestStore()
-    core.groups = ChunkGroups(MemoryChunkStore(), core.codec_limits)
+    core.state.requests = MemoryRequestStore()
+    core.state.groups = ChunkGroups(MemoryChunkStore(), core.codec_limits)

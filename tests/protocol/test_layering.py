@@ -80,7 +80,7 @@ def test_room_imports_only_rooms_below(room: str) -> None:
 def test_the_check_sees_a_backward_arrow(tmp_path: Path) -> None:
     """Relative, function-level and `from .. import x` imports resolve to their room (a check
     that cannot fail is none)."""
-    mods = {m for _, m in _imports(PKG / "protocol" / "core_base.py")}
+    mods = {m for _, m in _imports(PKG / "protocol" / "core_state.py")}
     assert "arctic_servers.rules.errors" in mods and "arctic_servers.protocol.auth" in mods
     fake = tmp_path / "x.py"
     fake.write_text("def f():\n    from ..serving.serve import x\n    from .. import engines\n")

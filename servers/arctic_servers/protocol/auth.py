@@ -3,7 +3,7 @@
 `Authorization: Bearer <token>` (printable ASCII, at most 4096 bytes: `limits.bearer_token`),
 accepted when the token is one of the server's (in clear, or as its sha256 digest,
 `config.token_digest`). A server with no tokens has auth off: every caller is accepted. The
-protocol core authenticates its calls with it (`core_base.CoreBase.authenticate`), and so do the
+protocol core authenticates its calls with it (`core_state.CoreState.authenticate`), and so do the
 surfaces served beside it (the OpenAI routes ask the core; a stand-alone OpenAI test server with
 no core asks this module).
 """

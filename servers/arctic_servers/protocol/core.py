@@ -5,10 +5,12 @@ The HTTP app and the gRPC bridge turn their requests into an `IncomingCall` and 
 execution with inline or polled answers, polls, cancellation, capabilities — happens here, once,
 driven by the generated method table. A server supplies only a servicer (business logic).
 
-`ProtocolCore` is assembled from one module a job: `core_base` (state, auth, capabilities,
-bodies), `execution` (the request queue: record, sequence, run, answer), `polls` (GetRequest,
-CancelRequest) and `durable` (restart recovery, hand-off, retention); this module is the entry
-point and the control and data planes' call handling.
+`ProtocolCore` is composed of one part a job, each its own object: `core_state.CoreState` (the
+servicer, stores, config, hooks and metrics; auth, capabilities, bodies), `execution.Execution`
+(the request queue: record, sequence, run, answer, cancel, hand off), `polls.Polls` (GetRequest,
+CancelRequest) and `durable.Recovery` (restart recovery, retention). This module is the entry
+point, the control and data planes' call handling, and what the rest of a server reads of the
+core.
 """
 
 from __future__ import annotations
@@ -29,13 +31,19 @@ from ..rules import limits as input_limits
 from ..rules.errors import ProtocolError
 from ..rules.states import REQUEST
 from ..telemetry import tracing
+from ..telemetry.metrics import ServerMetrics
 from .calls import IncomingCall, Outcome, call_span
-from .chunk_groups import ChunkStep
+from .chunk_groups import ChunkGroups, ChunkStep
+from .config import ProtocolConfig
 from .context import CallContext
-from .durable import Durable
-from .execution import resubmittable
+from .core_state import CoreState
+from .durable import Recovery
+from .execution import Execution, resubmittable
+from .faultpoints import CoreHooks
 from .polls import Polls
-from .stores import RequestRecord
+from .sampling_queue import SamplingQueue
+from .servicer_hooks import ServicerHooks
+from .stores import ChunkStore, RequestRecord, RequestStore
 
 __all__ = ["IncomingCall", "Outcome", "ProtocolCore"]
 
@@ -45,8 +53,107 @@ def _hash_json(op: str, body: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class ProtocolCore(Durable, Polls):
+class ProtocolCore:
     """The handler of every call of one server (`handle`), over its servicer."""
+
+    def __init__(
+        self,
+        servicer: ServicerHooks,
+        config: ProtocolConfig | None = None,
+        *,
+        request_store: RequestStore | None = None,
+        chunk_store: ChunkStore | None = None,
+        hooks: CoreHooks | None = None,
+    ) -> None:
+        self.state = CoreState(
+            servicer, config, request_store=request_store, chunk_store=chunk_store, hooks=hooks
+        )
+        self.execution = Execution(self.state)
+        self.polls = Polls(self.state, self.execution)
+        self.recovery = Recovery(self.state, self.execution)
+
+    # ------------------------------------------------------------------ what a server reads
+
+    @property
+    def servicer(self) -> ServicerHooks:
+        return self.state.servicer
+
+    @property
+    def config(self) -> ProtocolConfig:
+        return self.state.config
+
+    @property
+    def hooks(self) -> CoreHooks:
+        """The declared fault points (`faultpoints.CoreHooks`); a server may replace them."""
+        return self.state.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: CoreHooks) -> None:
+        self.state.hooks = hooks
+
+    @property
+    def requests(self) -> RequestStore:
+        return self.state.requests
+
+    @property
+    def groups(self) -> ChunkGroups:
+        return self.state.groups
+
+    @property
+    def sampling(self) -> SamplingQueue:
+        return self.state.sampling
+
+    @property
+    def metrics(self) -> ServerMetrics:
+        return self.state.metrics
+
+    @property
+    def codec_limits(self) -> dssst1.Limits:
+        return self.state.codec_limits
+
+    @property
+    def draining(self) -> bool:
+        return self.state.draining
+
+    @property
+    def auth_on(self) -> bool:
+        return self.state.auth_on
+
+    def authenticate(self, authorization: str) -> str | None:
+        return self.state.authenticate(authorization)
+
+    def capabilities(self) -> dict[str, Any]:
+        return self.state.capabilities()
+
+    def implemented(self) -> list[MethodInfo]:
+        return self.state.implemented()
+
+    def drain_event(self) -> asyncio.Event:
+        return self.state.drain_event()
+
+    def start_draining(self) -> None:
+        self.state.start_draining()
+
+    async def restore(self) -> dict[str, int]:
+        return await self.recovery.restore()
+
+    def sweep(self, now: float | None = None) -> int:
+        return self.recovery.sweep(now)
+
+    async def hand_off(self, timeout: float) -> int:
+        return await self.execution.hand_off(timeout)
+
+    async def drain(self) -> None:
+        await self.execution.drain()
+
+    def abandon(self, rec: RequestRecord, ctx: CallContext) -> None:
+        self.execution.abandon(rec, ctx)
+
+    async def wait_terminal(self, rec: RequestRecord) -> RequestRecord:
+        return await self.execution.wait_terminal(rec)
+
+    def result_events(self, rec: RequestRecord) -> list[bytes]:
+        return self.execution.result_events(rec)
 
     # ------------------------------------------------------------------ entry point
 
@@ -69,18 +176,22 @@ class ProtocolCore(Durable, Polls):
             code = "request_cancelled"  # the caller went away
             raise
         finally:
-            self.metrics.call_done(call.method, call.transport, code, time.perf_counter() - t0)
+            self.state.metrics.call_done(
+                call.method, call.transport, code, time.perf_counter() - t0
+            )
 
     async def _handle(self, call: IncomingCall) -> Outcome:
         method = call.method
         ctx = self._context(call)
         if method is M.GET_CAPABILITIES:
-            return Outcome(200, method, value=self.capabilities())
+            return Outcome(200, method, value=self.state.capabilities())
         await self._admit_call(ctx)
         if method is M.GET_REQUEST:
-            return self._poll(call if self.hooks.poll is None else self.hooks.poll(call), ctx)
+            return self.polls.poll(
+                call if self.state.hooks.poll is None else self.state.hooks.poll(call), ctx
+            )
         if method is M.CANCEL_REQUEST:
-            return await self._cancel_request(call, ctx)
+            return await self.polls.cancel(call, ctx)
         if method.grpc_shape is GrpcShape.UNARY:
             return await self._control(call, ctx)
         try:
@@ -92,11 +203,11 @@ class ProtocolCore(Durable, Polls):
     def _context(self, call: IncomingCall) -> CallContext:
         """The call's context: its caller authenticated, its headers under the input limits."""
         try:
-            token = self._authenticate(call)
+            token = self.state.authenticate_call(call)
         except ProtocolError as exc:
-            if self.hooks.auth_refused is None:
+            if self.state.hooks.auth_refused is None:
                 raise
-            token = self.hooks.auth_refused(call, exc)
+            token = self.state.hooks.auth_refused(call, exc)
         input_limits.check_headers(call.headers)
         return CallContext(
             method=call.method,
@@ -104,7 +215,7 @@ class ProtocolCore(Durable, Polls):
             sub_job_id=call.headers.get("x-arctic-sub-job"),
             token=token,
             idempotency_key=call.headers.get("idempotency-key"),
-            seq=self._parse_seq(call.headers.get("x-arctic-seq")),
+            seq=self.state.parse_seq(call.headers.get("x-arctic-seq")),
             transport=call.transport,
             headers=dict(call.headers),
             query={k: v for k, v in call.query.items()},
@@ -115,17 +226,17 @@ class ProtocolCore(Durable, Polls):
         """A call this server takes now: not draining, its op implemented, its job the
         caller's (and running, for an engine op)."""
         method = ctx.method
-        if self.draining and method is not M.GET_REQUEST and method.http_method != "GET":
+        if self.state.draining and method is not M.GET_REQUEST and method.http_method != "GET":
             raise ProtocolError(
                 "unavailable",
-                f"{self.config.server} is shutting down and accepts no new work; retry against "
-                "the restarted server",
+                f"{self.state.config.server} is shutting down and accepts no new work; retry "
+                "against the restarted server",
                 retry_after_s=2,
             )
-        if not method.protocol and method not in self._implemented:
+        if not method.protocol and method not in self.state.implemented_ops:
             raise ProtocolError(
                 "unimplemented",
-                f"this server ({self.config.server}) does not implement {method.name}",
+                f"this server ({self.state.config.server}) does not implement {method.name}",
                 op=method.name,
             )
         if method.job_scoped:
@@ -133,7 +244,7 @@ class ProtocolCore(Durable, Polls):
                 raise ProtocolError(
                     "missing_field", "no job id in the route or metadata", field="job_id"
                 )
-            await self._authorize_job(ctx, running=not method.protocol)
+            await self.state.authorize_job(ctx, running=not method.protocol)
 
     async def checked(self, call: IncomingCall) -> tuple[CallContext, dict[str, Any]]:
         """Admit an in-process call its surface runs itself, not as a request (a streamed
@@ -146,42 +257,44 @@ class ProtocolCore(Durable, Polls):
         ctx = self._context(call)
         await self._admit_call(ctx)
         body = self._inproc_body(call)
-        self._validate(call.method, body)
-        self.servicer.check_request(ctx, body)
+        self.state.validate(call.method, body)
+        self.state.servicer.check_request(ctx, body)
         return ctx, body
 
     async def _release_refused_seq(self, ctx: CallContext, exc: ProtocolError) -> None:
         """A sequenced call refused for good (never run, never retried as is) counts as executed,
         so the job's next number does not wait out the gap timeout for it."""
-        if ctx.seq is None or not ctx.job_id or not self.config.sequencing:
+        if ctx.seq is None or not ctx.job_id or not self.state.config.sequencing:
             return
         if ERRORS[exc.code].retryable or exc.code == "sequence_conflict":
             return
-        if self.requests.find_seq(ctx.job_id, ctx.seq) is None:
-            self.requests.refuse_seq(ctx.job_id, ctx.seq)  # durable stores: kept for a restart
-            await self._sequencer().mark_done(ctx.job_id, ctx.seq)
+        if self.state.requests.find_seq(ctx.job_id, ctx.seq) is None:
+            self.state.requests.refuse_seq(
+                ctx.job_id, ctx.seq
+            )  # durable stores: kept for a restart
+            await self.state.sequencer().mark_done(ctx.job_id, ctx.seq)
 
     # ------------------------------------------------------------------ control plane
 
     async def _control(self, call: IncomingCall, ctx: CallContext) -> Outcome:
         method = call.method
-        body = self._params_body(call, dict(self._json_body(call)))
-        self._validate(method, body)
+        body = self.state.params_body(call, dict(self.state.json_body(call)))
+        self.state.validate(method, body)
         if method is M.CREATE_JOB:
-            input_limits.check_sub_jobs(body, self.config.limits.max_sub_jobs)
+            input_limits.check_sub_jobs(body, self.state.config.limits.max_sub_jobs)
         scope = "token:" + hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16]
         key = ctx.idempotency_key if method.idempotency is Idempotency.KEYED else None
         body_hash = _hash_json(method.name, body)
         if key:
-            old = self.requests.find_identity(scope, "key", f"{method.name}:{key}")
+            old = self.state.requests.find_identity(scope, "key", f"{method.name}:{key}")
             if old is not None:
                 if old.body_hash != body_hash:
-                    raise self._key_conflict(key)
+                    raise self.state.key_conflict(key)
                 if old.result_frame is not None:
                     return Outcome(200, method, value=dssst1.loads(old.result_frame))
-        value = await self._op(method)(ctx, body)
+        value = await self.state.op(method)(ctx, body)
         if key:
-            self.requests.create(
+            self.state.requests.create(
                 RequestRecord(
                     job_id=scope,
                     request_id=uuid.uuid4().hex,
@@ -213,14 +326,14 @@ class ProtocolCore(Durable, Polls):
             if step.replay_group:
                 rec = self._group_request(ctx.job_id, step.replay_group)
                 if rec is not None and resubmittable(rec):  # it never ran: take the group anew
-                    self.groups.reset(ctx.job_id, step.replay_group)
+                    self.state.groups.reset(ctx.job_id, step.replay_group)
                     step = self._accept_chunk(ctx.job_id, method, call.body)
             if step.cached is not None:
                 return Outcome(200, method, value=step.cached)
             if step.replay_group:
                 rec = self._group_request(ctx.job_id, step.replay_group)
                 if rec is None:  # the group completed but its request was never recorded
-                    self.groups.reset(ctx.job_id, step.replay_group)
+                    self.state.groups.reset(ctx.job_id, step.replay_group)
                     raise ProtocolError(
                         "chunk_group_restart_required",
                         f"chunk group {step.replay_group!r} has no request; replay from chunk 0",
@@ -228,11 +341,11 @@ class ProtocolCore(Durable, Polls):
                         expected_start_chunk=0,
                     )
                 if rec.expired:
-                    raise self._expired(rec)
-                return await self._answer(rec, method, call, ctx)
+                    raise self.state.expired(rec)
+                return await self.execution.answer(rec, method, call, ctx)
             assert step.frame is not None
-            body = self._decode(step.frame)
-            if method.body is BodyKind.DSSST1 and self.requests.durable:
+            body = self.state.decode(step.frame)
+            if method.body is BodyKind.DSSST1 and self.state.requests.durable:
                 ctx_frame = bytes(step.frame)
             group = step.group_id
             if step.group_id:
@@ -242,26 +355,28 @@ class ProtocolCore(Durable, Polls):
                     raise ProtocolError(
                         "invalid_json", f"the body must be an object, got {type(body).__name__}"
                     )
-                body = self._params_body(call, dict(body))
+                body = self.state.params_body(call, dict(body))
         else:
-            body = self._params_body(call, dict(self._json_body(call)))
+            body = self.state.params_body(call, dict(self.state.json_body(call)))
         keyed = ctx.idempotency_key and method.idempotency is Idempotency.KEYED
         if keyed and method.body is not BodyKind.DSSST1:
             kind, identity = "key", str(ctx.idempotency_key)
             body_hash = _hash_json(method.name, body)
-        self._validate(method, body)
-        self.servicer.check_request(ctx, body)  # semantic checks: refused (4xx), never run
+        self.state.validate(method, body)
+        self.state.servicer.check_request(ctx, body)  # semantic checks: refused (4xx), never run
         if method.response_type == "":
-            return Outcome(200, method, raw=await self._invoke(method, ctx, body))
-        if self.requests.durable and ctx_frame is None:
+            return Outcome(200, method, raw=await self.execution.invoke(method, ctx, body))
+        if self.state.requests.durable and ctx_frame is None:
             ctx_frame = dssst1.dumps(body)
         try:
-            return await self._submit(call, ctx, body, kind, identity, body_hash, group, ctx_frame)
+            return await self.execution.submit(
+                call, ctx, body, kind, identity, body_hash, group, ctx_frame
+            )
         except ProtocolError as exc:
             if group and exc.code == "rate_limited":
                 # refused before it was recorded: the client's retry (the same chunk again) must
                 # start the group afresh, not find it completed with no request
-                self.groups.reset(ctx.job_id, group)
+                self.state.groups.reset(ctx.job_id, group)
             raise
 
     def _inproc_body(self, call: IncomingCall) -> dict[str, Any]:
@@ -270,22 +385,22 @@ class ProtocolCore(Durable, Polls):
             raise ProtocolError(
                 "invalid_json", f"the body must be an object, got {type(call.value).__name__}"
             )
-        input_limits.check_value(call.value, self.config.limits.max_depth + 1)
+        input_limits.check_value(call.value, self.state.config.limits.max_depth + 1)
         body = dict(call.value)
-        return body if call.method.body is BodyKind.DSSST1 else self._params_body(call, body)
+        return body if call.method.body is BodyKind.DSSST1 else self.state.params_body(call, body)
 
     def _accept_chunk(
         self, job_id: str, method: MethodInfo, frame: bytes | memoryview
     ) -> ChunkStep:
-        if self.hooks.chunk_accept is not None:
-            return self.hooks.chunk_accept(self.groups, job_id, method, frame)
-        return self.groups.accept(job_id, method, frame)
+        if self.state.hooks.chunk_accept is not None:
+            return self.state.hooks.chunk_accept(self.state.groups, job_id, method, frame)
+        return self.state.groups.accept(job_id, method, frame)
 
     def _group_request(self, job_id: str, group_id: str) -> RequestRecord | None:
         """The request a completed chunk group led to (also when it is keyed by its key)."""
-        rec = self.requests.find_identity(job_id, "group", group_id)
+        rec = self.state.requests.find_identity(job_id, "group", group_id)
         if rec is None:
-            grp = self.groups.store.get_group(job_id, group_id)
+            grp = self.state.groups.store.get_group(job_id, group_id)
             if grp is not None and grp.request_id:
-                rec = self.requests.get(job_id, grp.request_id)
+                rec = self.state.requests.get(job_id, grp.request_id)
         return rec

@@ -23,7 +23,7 @@ from ..telemetry.metrics import outcome_code
 from . import faultpoints
 from .calls import IncomingCall, Outcome
 from .context import CallContext
-from .core_base import CoreBase
+from .core_state import CoreState
 from .sampling_queue import counts
 from .stores import RequestRecord
 
@@ -39,18 +39,33 @@ def resubmittable(rec: RequestRecord) -> bool:
     return rec.status == "failed" and (rec.error or {}).get("code") == "not_executed"
 
 
-class Execution(CoreBase):
-    async def _invoke(self, method: MethodInfo, ctx: CallContext, body: Any) -> Any:
-        hooks = self.hooks
+class Execution:
+    """The request queue of one core: records run as tasks, in sequence order, answered inline
+    or polled; cancelled, abandoned, handed off at shutdown."""
+
+    def __init__(self, state: CoreState) -> None:
+        self.state = state
+        self._done: dict[tuple[str, str], asyncio.Event] = {}
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._events: dict[tuple[str, str], list[bytes]] = {}  # result chunk frames (a cache)
+        # requests whose servicer call has begun (a cancel then goes through `cancel_running`)
+        self._started: set[tuple[str, str]] = set()
+        self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
+        self._durations: dict[str, float] = {}  # token hash -> mean request seconds (EWMA)
+        self._sampling_held: dict[tuple[str, str], float] = {}  # request -> admitted at
+        self._handing_off = False
+
+    async def invoke(self, method: MethodInfo, ctx: CallContext, body: Any) -> Any:
+        hooks = self.state.hooks
         if hooks.request_body is not None:
             body = hooks.request_body(method, ctx, body)
-        result = await self._op(method)(ctx, body)
+        result = await self.state.op(method)(ctx, body)
         if hooks.result is not None:
             result = hooks.result(method, ctx, body, result)
-        self.metrics.result(method, ctx.job_id, body, result)  # tokens, weight syncs
+        self.state.metrics.result(method, ctx.job_id, body, result)  # tokens, weight syncs
         return result
 
-    async def _submit(
+    async def submit(
         self,
         call: IncomingCall,
         ctx: CallContext,
@@ -64,29 +79,29 @@ class Execution(CoreBase):
         method = call.method
         job_id = ctx.job_id
         assert job_id is not None
-        if kind and self.hooks.identity is not None:
-            kind, identity = self.hooks.identity(method, kind, identity)
+        if kind and self.state.hooks.identity is not None:
+            kind, identity = self.state.hooks.identity(method, kind, identity)
         if kind:
-            old = self.requests.find_identity(job_id, kind, identity)
+            old = self.state.requests.find_identity(job_id, kind, identity)
             if old is not None:
                 if old.body_hash != body_hash:
                     if kind == "key":
-                        raise self._key_conflict(identity)
+                        raise self.state.key_conflict(identity)
                     raise ProtocolError(
                         "chunk_group_conflict",
                         f"chunk group {identity!r} was used with different content",
                         chunk_group_id=identity,
                     )
                 if old.expired:
-                    raise self._expired(old)
+                    raise self.state.expired(old)
                 if resubmittable(old):
                     self._supersede(old)  # it never ran: this submission runs it
                 else:
                     if group and group != identity:  # a keyed retry in a new group
-                        self.groups.bind_request(job_id, group, old.request_id)
-                    return await self._answer(old, method, call, ctx)
-        if ctx.seq is not None and self.config.sequencing:
-            taken = self.requests.find_seq(job_id, ctx.seq)
+                        self.state.groups.bind_request(job_id, group, old.request_id)
+                    return await self.answer(old, method, call, ctx)
+        if ctx.seq is not None and self.state.config.sequencing:
+            taken = self.state.requests.find_seq(job_id, ctx.seq)
             if taken is not None:
                 raise ProtocolError(
                     "sequence_conflict",
@@ -97,7 +112,7 @@ class Execution(CoreBase):
                 )
         token_hash = hashlib.sha256((ctx.token or "").encode()).hexdigest()[:16]
         self._admit(token_hash)
-        admitted = self.sampling.acquire(job_id) if counts(method) else None
+        admitted = self.state.sampling.acquire(job_id) if counts(method) else None
         rec = RequestRecord(
             job_id=job_id,
             request_id=uuid.uuid4().hex,
@@ -105,43 +120,43 @@ class Execution(CoreBase):
             identity_kind=kind,
             identity=identity,
             body_hash=body_hash,
-            seq=ctx.seq if self.config.sequencing else None,
+            seq=ctx.seq if self.state.config.sequencing else None,
             token_hash=token_hash,
             body_frame=body_frame,
             sub_job_id=ctx.sub_job_id or "",
         )
         try:
-            self.requests.create(rec)  # recorded before anything executes
+            self.state.requests.create(rec)  # recorded before anything executes
         except BaseException:
             if admitted is not None:
-                self.sampling.release(job_id, admitted)
+                self.state.sampling.release(job_id, admitted)
             raise
         if admitted is not None:  # released when the request ends (`_run`)
             self._sampling_held[(job_id, rec.request_id)] = admitted
         if group:
-            self.groups.bind_request(job_id, group, rec.request_id)
+            self.state.groups.bind_request(job_id, group, rec.request_id)
         faultpoints.hit("request_recorded")
         ctx.request_id = rec.request_id
-        self._start(rec, method, ctx, body)
-        return await self._answer(rec, method, call, ctx)
+        self.start(rec, method, ctx, body)
+        return await self.answer(rec, method, call, ctx)
 
     def _supersede(self, old: RequestRecord) -> None:
         """A request that failed `not_executed` gives its identity and sequence number up to
         its resubmission (it stays pollable under its own id)."""
         old.identity_kind, old.identity = "", f"superseded:{old.identity_kind}:{old.identity}"
         old.seq = None
-        self.requests.update(old)
+        self.state.requests.update(old)
 
-    def _start(self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any) -> None:
+    def start(self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any) -> None:
         key = (rec.job_id, rec.request_id)
         self._inflight[rec.token_hash] = self._inflight.get(rec.token_hash, 0) + 1
         self._done[key] = asyncio.Event()
-        self.metrics.request_queued(key, method.name, ctx.transport)
+        self.state.metrics.request_queued(key, method.name, ctx.transport)
         self._tasks[key] = asyncio.get_running_loop().create_task(self._run(rec, method, ctx, body))
 
     def _admit(self, token_hash: str) -> None:
         """Per-token concurrency limit: 429 with Retry-After and the queue position."""
-        limit = self.config.max_inflight_per_token
+        limit = self.state.config.max_inflight_per_token
         n = self._inflight.get(token_hash, 0)
         if limit <= 0 or n < limit:
             return
@@ -172,7 +187,7 @@ class Execution(CoreBase):
         self, rec: RequestRecord, method: MethodInfo, ctx: CallContext, body: Any
     ) -> None:
         key = (rec.job_id, rec.request_id)
-        seq = self._sequencer()
+        seq = self.state.sequencer()
         t0 = time.monotonic()
         try:
             with tracing.span("arctic.queue"):
@@ -181,14 +196,14 @@ class Execution(CoreBase):
                 elif rec.seq is not None:
                     await seq.mark_started(rec.job_id, rec.seq, method.concurrent)
             self._started.add(key)
-            self.metrics.request_started(key)
+            self.state.metrics.request_started(key)
             if rec.status != "running":
                 move_request(rec, "running")
-                self.requests.update(rec)
+                self.state.requests.update(rec)
                 faultpoints.hit("request_started")
             RUNNING_REQUEST.set(rec.request_id)  # this task's: what its engine commands serve
             with tracing.span("arctic.execute"):
-                result = await self._invoke(method, ctx, body)
+                result = await self.invoke(method, ctx, body)
             if ctx.result_box is not None:  # an in-process caller reads the value itself
                 ctx.result_box["value"] = result
             faultpoints.hit("request_executed")
@@ -201,7 +216,7 @@ class Execution(CoreBase):
             if self._handing_off:  # shutting down: the record stays pending/running for a restart
                 self._tasks.pop(key, None)
                 self._started.discard(key)
-                self.metrics.request_ended(key, None)
+                self.state.metrics.request_ended(key, None)
                 raise
             move_request(rec, "cancelled")
             rec.error = ProtocolError(
@@ -222,7 +237,7 @@ class Execution(CoreBase):
         if not rec.terminal:  # handed off (re-raised above)
             return
         code = outcome_code(rec.error, rec.status)
-        self.metrics.request_ended(key, code)
+        self.state.metrics.request_ended(key, code)
         if code != "ok":  # the log line of a failed request names it
             log.warning(
                 "request %s (%s, job %s) %s: [%s] %s",
@@ -234,7 +249,7 @@ class Execution(CoreBase):
                 (rec.error or {}).get("message", ""),
             )
         rec.body_frame = None
-        self.requests.update(rec)
+        self.state.requests.update(rec)
         self._started.discard(key)
         n = self._inflight.get(rec.token_hash, 1) - 1
         if n > 0:
@@ -246,7 +261,7 @@ class Execution(CoreBase):
         self._durations[rec.token_hash] = took if old is None else 0.8 * old + 0.2 * took
         admitted = self._sampling_held.pop(key, None)
         if admitted is not None:
-            self.sampling.release(rec.job_id, admitted)
+            self.state.sampling.release(rec.job_id, admitted)
         if rec.seq is not None:
             await seq.mark_done(rec.job_id, rec.seq)
         self._tasks.pop(key, None)
@@ -262,22 +277,22 @@ class Execution(CoreBase):
             await event.wait()
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.inline_wait_seconds
+        deadline = loop.time() + self.state.config.inline_wait_seconds
         while not event.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), 0.05)
-            cur = self.requests.get(rec.job_id, rec.request_id) or rec
+            cur = self.state.requests.get(rec.job_id, rec.request_id) or rec
             if cur.status != "pending":
                 await event.wait()
                 return
             if loop.time() > deadline:
                 return
 
-    async def _answer(
+    async def answer(
         self, rec: RequestRecord, method: MethodInfo, call: IncomingCall, ctx: CallContext
     ) -> Outcome:
         event = self._done.get((rec.job_id, rec.request_id))
-        mode = self.config.answer_mode
+        mode = self.state.config.answer_mode
         # `Prefer: respond-async` (RFC 7240): 202 at once (how a client that abandons a call
         # while its answer is held learns the request id it must cancel)
         hold = "respond-async" not in call.headers.get("prefer", "").lower()
@@ -287,7 +302,7 @@ class Execution(CoreBase):
                     await self._inline_wait(rec, event)
                 elif mode == "auto" or method.inline_preferred:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(event.wait(), self.config.inline_wait_seconds)
+                        await asyncio.wait_for(event.wait(), self.state.config.inline_wait_seconds)
         except asyncio.CancelledError:
             # a gRPC call cancelled while its answer is held: its caller abandoned it (gRPC's
             # cancellation), so the request is cancelled too; so is an in-process caller's
@@ -297,14 +312,14 @@ class Execution(CoreBase):
             if call.transport == "grpc" or call.carries_values:
                 self.abandon(rec, ctx)
             raise
-        fresh = self.requests.get(rec.job_id, rec.request_id) or rec
+        fresh = self.state.requests.get(rec.job_id, rec.request_id) or rec
         if fresh.terminal and fresh.fetched_at is None:
-            self.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
+            self.state.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
         return Outcome(
             200 if fresh.terminal else 202,
             method,
             record=fresh,
-            max_events=self.config.limits.default_max_events,
+            max_events=self.state.config.limits.default_max_events,
         )
 
     def abandon(self, rec: RequestRecord, ctx: CallContext) -> None:
@@ -312,10 +327,10 @@ class Execution(CoreBase):
         background (nothing awaits the outcome; a hand-off at shutdown keeps it for a restart)."""
         if self._handing_off or rec.terminal:
             return
-        task = asyncio.get_running_loop().create_task(self._cancel_record(rec, ctx))
+        task = asyncio.get_running_loop().create_task(self.cancel_record(rec, ctx))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _cancel_record(self, rec: RequestRecord, ctx: CallContext) -> RequestRecord:
+    async def cancel_record(self, rec: RequestRecord, ctx: CallContext) -> RequestRecord:
         """Cancel a request (CancelRequest, an abandoned gRPC call): a queued one never runs; a
         running one ends at its engine's next safe point (a servicer whose `cancel_running`
         answers True ends it itself: a sampler aborts it, a training call finishes and the
@@ -327,16 +342,16 @@ class Execution(CoreBase):
         event = self._done.get(key)
         handled = False
         if key in self._started:
-            handled = bool(await self.servicer.cancel_running(ctx, rec.request_id))
+            handled = bool(await self.state.servicer.cancel_running(ctx, rec.request_id))
         if task is not None and not handled:
             task.cancel()
         if event is not None and handled:  # a sample stops soon; a training call may run on
-            wait = min(CANCEL_WAIT_S, self.config.inline_wait_seconds)
+            wait = min(CANCEL_WAIT_S, self.state.config.inline_wait_seconds)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), wait)
         elif event is not None:
             await event.wait()
-        return self._record(rec.job_id, rec.request_id)
+        return self.state.record(rec.job_id, rec.request_id)
 
     async def wait_terminal(self, rec: RequestRecord) -> RequestRecord:
         """The request `rec` once it ended (an in-process caller's wait: no poll interval while
@@ -344,12 +359,12 @@ class Execution(CoreBase):
         event = self._done.get((rec.job_id, rec.request_id))
         if event is not None:
             await event.wait()
-        fresh = self.requests.get(rec.job_id, rec.request_id) or rec
+        fresh = self.state.requests.get(rec.job_id, rec.request_id) or rec
         while not fresh.terminal:  # not run by this process's task (taken up after a restart)
             await asyncio.sleep(0.05)
-            fresh = self.requests.get(rec.job_id, rec.request_id) or fresh
+            fresh = self.state.requests.get(rec.job_id, rec.request_id) or fresh
         if fresh.fetched_at is None:
-            self.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
+            self.state.requests.mark_fetched(fresh.job_id, fresh.request_id, time.time())
         return fresh
 
     # ------------------------------------------------------------------ result events
@@ -365,7 +380,7 @@ class Execution(CoreBase):
                 for c in dssst1.encode_chunks(
                     rec.result_frame,
                     kind="result",
-                    max_bytes=self.config.limits.result_chunk_bytes,
+                    max_bytes=self.state.config.limits.result_chunk_bytes,
                 )
             ]
             self._events[key] = chunks
@@ -376,3 +391,28 @@ class Execution(CoreBase):
         tasks = list(self._tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def hand_off(self, timeout: float) -> int:
+        """Graceful shutdown of a durable server: stop accepting, let running requests finish
+        for up to `timeout` seconds, then stop waiting. What has not ended stays pending or
+        running in the store for the next start (`restore`). Returns how many were handed off."""
+        self.state.start_draining()
+        pending = [t for k, t in self._tasks.items() if k not in self._started]
+        self._handing_off = True
+        for task in pending:
+            task.cancel()
+        running = [t for k, t in self._tasks.items() if k in self._started]
+        if running:
+            await asyncio.wait(running, timeout=timeout)
+        left = [t for t in running if not t.done()]
+        for task in left:
+            task.cancel()
+        if left or pending:
+            await asyncio.gather(*left, *pending, return_exceptions=True)
+        for event in self._done.values():  # callers waiting inline: answer 202, poll after
+            event.set()
+        return len(left) + len(pending)
+
+    def forget_result_events(self) -> None:
+        """Drop the cached result chunk frames (rebuilt on demand; the retention sweep)."""
+        self._events.clear()

@@ -22,7 +22,7 @@ from ..rules.jobs import STATES, TERMINAL
 from ..telemetry.metrics import BusyMeter, JobMeters
 
 if TYPE_CHECKING:
-    from .core_base import CoreBase
+    from .core_state import CoreState
 
 __all__ = ["LiveCollector"]
 
@@ -37,7 +37,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 class LiveCollector:
     """A prometheus_client collector over one protocol core and its servicer."""
 
-    def __init__(self, core: CoreBase) -> None:
+    def __init__(self, core: CoreState) -> None:
         self.core = core
 
     def collect(self) -> Iterator[Metric]:

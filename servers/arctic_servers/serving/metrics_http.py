@@ -30,7 +30,7 @@ from ..rules.errors import ProtocolError
 from ..rules.limits import bearer_token
 
 if TYPE_CHECKING:
-    from ..protocol.core_base import CoreBase
+    from ..protocol.core import ProtocolCore
 
 log = logging.getLogger("arctic_servers.http")
 
@@ -78,7 +78,9 @@ async def _timing(
     return await handler(request)
 
 
-def _prepare_hook(core: CoreBase) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+def _prepare_hook(
+    core: ProtocolCore,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
     async def stamp(request: web.Request, response: web.StreamResponse) -> None:
         if REQUEST_ID_HEADER not in response.headers:
             response.headers[REQUEST_ID_HEADER] = request_id_of(request)
@@ -120,7 +122,7 @@ def _authorize(config: ProtocolConfig, request: web.Request) -> None:
         )
 
 
-def _metrics_handler(core: CoreBase, *, auth: bool) -> Callable[[web.Request], Any]:
+def _metrics_handler(core: ProtocolCore, *, auth: bool) -> Callable[[web.Request], Any]:
     async def metrics(request: web.Request) -> web.Response:
         if auth:
             _authorize(core.config, request)
@@ -130,7 +132,7 @@ def _metrics_handler(core: CoreBase, *, auth: bool) -> Callable[[web.Request], A
     return metrics
 
 
-def install(app: web.Application, core: CoreBase, *, auth: bool = True) -> None:
+def install(app: web.Application, core: ProtocolCore, *, auth: bool = True) -> None:
     """Request ids, failure log lines and HTTP metrics on every answer of `app`, and its
     `/metrics` route (under the server's auth unless `auth=False`)."""
     app.middlewares.insert(0, _timing)
@@ -151,7 +153,7 @@ class MetricsListener:
         return f"http://{self.host}:{self.port}{METRICS_PATH}"
 
     @classmethod
-    async def start(cls, core: CoreBase) -> MetricsListener | None:
+    async def start(cls, core: ProtocolCore) -> MetricsListener | None:
         """The listener `core.config` asks for (None when it asks for none)."""
         from .http_app import error_middleware
         from .http_server import make_runner

@@ -40,7 +40,10 @@ from .stores import (
 Op = Callable[[CallContext, Any], Awaitable[Any]]
 
 
-class CoreBase:
+class CoreState:
+    """What every part of the core shares: the servicer, the stores, the config, the hooks and
+    the metrics, with the steps every call uses (auth, bodies, validation, request look-up)."""
+
     def __init__(
         self,
         servicer: ServicerHooks,
@@ -69,27 +72,18 @@ class CoreBase:
         )
         self.groups = ChunkGroups(chunk_store or MemoryChunkStore(), self.codec_limits, budget)
         self._seq: Sequencer | None = None
-        self._done: dict[tuple[str, str], asyncio.Event] = {}
-        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._events: dict[tuple[str, str], list[bytes]] = {}
         self._pool = descriptor_pool.Default()
-        self._implemented = frozenset(self.implemented())
+        self.implemented_ops = frozenset(self.implemented())
         # op -> the servicer method that serves it, built once from the method table
         self._ops: dict[MethodInfo, Op] = {
-            m: getattr(servicer, m.python_name) for m in self._implemented if not m.protocol
+            m: getattr(servicer, m.python_name) for m in self.implemented_ops if not m.protocol
         }
-        # requests whose servicer call has begun (a cancel then goes through `cancel_running`)
-        self._started: set[tuple[str, str]] = set()
-        self._inflight: dict[str, int] = {}  # token hash -> pending or running requests
-        self._durations: dict[str, float] = {}  # token hash -> mean request seconds (EWMA)
         self.sampling = SamplingQueue(limits.max_sampling_requests_per_job)
-        self._sampling_held: dict[tuple[str, str], float] = {}  # request -> admitted at
         self.draining = False  # refuse new work (503) while a server shuts down
         # Prometheus families (`metrics.py`), and those read from live state at scrape time
         self.metrics = ServerMetrics(self.config.server, self.config.server_version)
         self.metrics.add_collector(LiveCollector(self))
         self._drain_event: asyncio.Event | None = None
-        self._handing_off = False
 
     def drain_event(self) -> asyncio.Event:
         """Set when the server starts draining (created inside the running loop)."""
@@ -106,7 +100,7 @@ class CoreBase:
 
     # ------------------------------------------------------------------ auth and jobs
 
-    def _op(self, method: MethodInfo) -> Op:
+    def op(self, method: MethodInfo) -> Op:
         """The servicer method that serves `method` (`unimplemented` where it has none)."""
         op = self._ops.get(method)
         if op is None:
@@ -117,7 +111,7 @@ class CoreBase:
             )
         return op
 
-    def _authenticate(self, call: IncomingCall) -> str | None:
+    def authenticate_call(self, call: IncomingCall) -> str | None:
         if call.method is M.GET_CAPABILITIES:
             return None  # no token needed, none read
         return self.authenticate(call.headers.get("authorization", ""))
@@ -133,10 +127,10 @@ class CoreBase:
         return bool(self.config.tokens or self.config.token_sha256)
 
     @staticmethod
-    def _parse_seq(raw: str | None) -> int | None:
+    def parse_seq(raw: str | None) -> int | None:
         return input_limits.check_seq(raw)
 
-    async def _authorize_job(self, ctx: CallContext, *, running: bool) -> None:
+    async def authorize_job(self, ctx: CallContext, *, running: bool) -> None:
         await self.servicer.authorize_job(ctx, running=running)
 
     # ------------------------------------------------------------------ capabilities
@@ -200,7 +194,7 @@ class CoreBase:
 
     # ------------------------------------------------------------------ bodies
 
-    def _json_body(self, call: IncomingCall) -> Any:
+    def json_body(self, call: IncomingCall) -> Any:
         """A JSON body (or a gRPC message's JSON form) under the input limits (`limits.py`)."""
         depth = self.config.limits.max_depth
         if call.value is not None:
@@ -215,7 +209,7 @@ class CoreBase:
             )
         return value
 
-    def _params_body(self, call: IncomingCall, body: dict[str, Any]) -> dict[str, Any]:
+    def params_body(self, call: IncomingCall, body: dict[str, Any]) -> dict[str, Any]:
         """Bind path parameters and query parameters into the body (PROTOCOL.md §3.1)."""
         desc = self._pool.FindMessageTypeByName(call.method.request_type)
         for name, value in call.path_params.items():
@@ -241,7 +235,7 @@ class CoreBase:
             body[name] = typed if fd.is_repeated else typed[-1]
         return body
 
-    def _validate(self, method: MethodInfo, body: Any) -> None:
+    def validate(self, method: MethodInfo, body: Any) -> None:
         try:
             validate_body(self._pool.FindMessageTypeByName(method.request_type), body)
         except ProtocolError as exc:
@@ -249,7 +243,7 @@ class CoreBase:
                 raise
             self.hooks.body_refused(method, body, exc)
 
-    def _decode(self, frame: bytes | memoryview) -> Any:
+    def decode(self, frame: bytes | memoryview) -> Any:
         """A DSSST1 body: the codec's checks, then the input limits on its non-tensor values."""
         try:
             value = dssst1.loads(frame, limits=self.codec_limits)
@@ -260,7 +254,7 @@ class CoreBase:
 
     # ------------------------------------------------------------------ requests
 
-    def _record(self, job_id: str, request_id: str) -> RequestRecord:
+    def record(self, job_id: str, request_id: str) -> RequestRecord:
         rec = self.requests.get(job_id, request_id)
         if rec is None:
             raise ProtocolError(
@@ -270,10 +264,10 @@ class CoreBase:
                 job_id=job_id,
             )
         if rec.expired:
-            raise self._expired(rec)
+            raise self.expired(rec)
         return rec
 
-    def _expired(self, rec: RequestRecord) -> ProtocolError:
+    def expired(self, rec: RequestRecord) -> ProtocolError:
         return ProtocolError(
             "request_not_found",
             f"request {rec.request_id} of job {rec.job_id} ended and its result was dropped "
@@ -285,14 +279,14 @@ class CoreBase:
         )
 
     @staticmethod
-    def _key_conflict(key: str) -> ProtocolError:
+    def key_conflict(key: str) -> ProtocolError:
         return ProtocolError(
             "idempotency_key_conflict",
             f"Idempotency-Key {key!r} was already used in this scope with a different body",
             idempotency_key=key,
         )
 
-    def _sequencer(self) -> Sequencer:
+    def sequencer(self) -> Sequencer:
         if self._seq is None:  # created inside the running loop
             self._seq = Sequencer(self.config.limits.sequence_gap_timeout_seconds)
         if self.hooks.sequencer is not None:
