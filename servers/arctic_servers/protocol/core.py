@@ -8,7 +8,7 @@ driven by the generated method table. A server supplies only a servicer (busines
 `ProtocolCore` is composed of one part a job, each its own object: `core_state.CoreState` (the
 servicer, stores, config, hooks and metrics; auth, capabilities, bodies), `execution.Execution`
 (the request queue: record, sequence, run, answer, cancel, hand off), `polls.Polls` (GetRequest,
-CancelRequest) and `durable.Recovery` (restart recovery, retention). This module is the entry
+CancelRequest) and `recovery.Recovery` (restart recovery, retention). This module is the entry
 point, the control and data planes' call handling, and what the rest of a server reads of the
 core.
 """
@@ -37,10 +37,10 @@ from .chunk_groups import ChunkGroups, ChunkStep
 from .config import ProtocolConfig
 from .context import CallContext
 from .core_state import CoreState
-from .durable import Recovery
 from .execution import Execution, resubmittable
 from .faultpoints import CoreHooks
 from .polls import Polls
+from .recovery import Recovery
 from .sampling_queue import SamplingQueue
 from .servicer_hooks import ServicerHooks
 from .stores import ChunkStore, RequestRecord, RequestStore
