@@ -66,3 +66,50 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             os.kill(pid, signal.SIGKILL)
     if session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------------------------ parallel runs (pytest -n)
+
+# Directories whose tests share a session-scoped server (the on-prem engine server, a fake
+# gateway, a Tinker service): under pytest-xdist (`tools/test.sh` runs `-n 2 --dist loadgroup`)
+# each runs whole on one worker, so its server starts once per run. Every other test file is a
+# group of its own, and so are the files below, which start servers of their own or are long
+# enough that a second copy of their directory's server (seconds) buys minutes of parallelism.
+SHARED_SERVER_DIRS = frozenset({"onprem", "compat", "openai", "tinker", "sdk", "docs"})
+OWN_GROUP_FILES = frozenset({"onprem/test_conformance.py", "tinker/test_onprem.py"})
+# The longest groups first (seconds on the 2-core CI machine, one worker, 2026-12-06): a worker
+# that finishes one takes the next, so the two workers end close together. `tools/test.sh`
+# passes `--no-loadscope-reorder`, which keeps this order (xdist's default orders groups by their
+# number of tests, which says little about their time); the rest follow in collection order.
+LONGEST_FIRST = (
+    "onprem",  # 715
+    "onprem/test_conformance.py",  # 403
+    "tinker/test_onprem.py",  # 316
+    "gateway/test_real_engines.py",  # 285
+    "conformance/test_proven.py",  # 242
+    "tinker",  # 149
+    "openai",  # 123
+    "gateway/test_ray_multirank.py",  # 101
+    "gateway/test_conformance.py",  # 94
+    "compat",  # 89
+)
+
+
+def _group(item: pytest.Item) -> str:
+    try:
+        rel = Path(item.path).resolve().relative_to(ROOT / "tests")
+    except ValueError:  # a test outside tests/
+        return str(item.path)
+    if rel.as_posix() in OWN_GROUP_FILES or len(rel.parts) == 1:
+        return rel.as_posix()
+    return rel.parts[0] if rel.parts[0] in SHARED_SERVER_DIRS else rel.as_posix()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "dist", "no") == "no":  # not a distributed run
+        return
+    rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+    groups = {id(item): _group(item) for item in items}
+    items.sort(key=lambda it: rank.get(groups[id(it)], len(rank)))  # stable: file order kept
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
