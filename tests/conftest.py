@@ -70,46 +70,56 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 # ------------------------------------------------------------------ parallel runs (pytest -n)
 
-# Directories whose tests share a session-scoped server (the on-prem engine server, a fake
-# gateway, a Tinker service): under pytest-xdist (`tools/test.sh` runs `-n 2 --dist loadgroup`)
-# each runs whole on one worker, so its server starts once per run. Every other test file is a
-# group of its own, and so are the files below, which start servers of their own or are long
-# enough that a second copy of their directory's server (seconds) buys minutes of parallelism.
-SHARED_SERVER_DIRS = frozenset({"onprem", "compat", "openai", "tinker", "sdk", "docs"})
-OWN_GROUP_FILES = frozenset({"onprem/test_conformance.py", "tinker/test_onprem.py"})
-# The longest groups first (seconds on the 2-core CI machine, one worker, 2026-12-06): a worker
-# that finishes one takes the next, so the two workers end close together. `tools/test.sh`
-# passes `--no-loadscope-reorder`, which keeps this order (xdist's default orders groups by their
-# number of tests, which says little about their time); the rest follow in collection order.
-LONGEST_FIRST = (
-    "onprem",  # 715
-    "onprem/test_conformance.py",  # 403
-    "tinker/test_onprem.py",  # 316
-    "gateway/test_real_engines.py",  # 285
-    "conformance/test_proven.py",  # 242
-    "tinker",  # 149
-    "openai",  # 123
-    "gateway/test_ray_multirank.py",  # 101
-    "gateway/test_conformance.py",  # 94
-    "compat",  # 89
-)
+# `tools/test.sh` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`, scheduled
+# by `pytest_xdist_make_scheduler` below: xdist's own `loadgroup` marks do not take under pytest 9,
+# whose node ids it can no longer rename), in two lanes:
+# - the engine lane: every test of the directories that start engines, Ray clusters or servers
+#   shared across their files, in this order, as one unit on one worker, so its session servers
+#   start once, no two Ray clusters ever run at once, and its timing-sensitive tests (a stream's
+#   chunks, an abandoned stream's abort: `openai`, last) run after the other lane has ended;
+# - the other lane: every other file as a unit of its own (a directory whose files share a
+#   session server, as one), and the two long engine modules that start servers of their own and
+#   assert no timings, first.
+# How long each lane took: bench/results/2026-12-06-ci-run.md.
+ENGINE_LANE = ("onprem", "gateway", "tinker", "compat", "examples", "openai")
+OTHER_LANE_FIRST = ("onprem/test_conformance.py", "tinker/test_onprem.py")
+SHARED_SERVER_DIRS = frozenset({"sdk", "docs"})
 
 
-def _group(item: pytest.Item) -> str:
-    try:
-        rel = Path(item.path).resolve().relative_to(ROOT / "tests")
-    except ValueError:  # a test outside tests/
-        return str(item.path)
-    if rel.as_posix() in OWN_GROUP_FILES or len(rel.parts) == 1:
-        return rel.as_posix()
-    return rel.parts[0] if rel.parts[0] in SHARED_SERVER_DIRS else rel.as_posix()
+def _lane(path: str) -> tuple[int, str]:
+    """(rank, unit of work) of a test file, its path relative to the checkout: the engine lane
+    (one unit, its directories in order), then the other lane's long modules, then the rest."""
+    parts = Path(path).parts
+    if not parts or parts[0] != "tests" or len(parts) < 2:
+        return 9, path
+    rel = "/".join(parts[1:])
+    if rel in OTHER_LANE_FIRST:
+        return 1, rel
+    if len(parts) > 2 and parts[1] in ENGINE_LANE:
+        return 0, f"engines-{ENGINE_LANE.index(parts[1])}"
+    if len(parts) > 2 and parts[1] in SHARED_SERVER_DIRS:
+        return 2, parts[1]
+    return 2, rel
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's load-scope scheduling over the lanes' units (a unit runs whole on one worker;
+    units go to whichever worker is free, in collection order)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            rank, unit = _lane(nodeid.split("::", 1)[0])
+            return "engines" if rank == 0 else unit
+
+    return LaneScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "dist", "no") == "no":  # not a distributed run
+    """In an xdist worker: the engine lane first, then the other lane's long modules (every
+    worker collects the same order, which the scheduler keeps: `--no-loadscope-reorder`)."""
+    if not hasattr(config, "workerinput"):
         return
-    rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
-    groups = {id(item): _group(item) for item in items}
-    items.sort(key=lambda it: rank.get(groups[id(it)], len(rank)))  # stable: file order kept
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    rank = {id(it): _lane(it.nodeid.split("::", 1)[0]) for it in items}
+    items.sort(key=lambda it: rank[id(it)])  # stable: file order kept within a unit

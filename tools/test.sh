@@ -114,13 +114,14 @@ fi
 
 step "pytest"
 # --durations=25: the slowest tests stay visible in every CI log (keep CI well inside its limit).
-# Two workers (pytest-xdist; ARCTIC_TEST_WORKERS=0 runs in one process): each directory whose
-# tests share a server runs whole on one worker, the longest first (tests/conftest.py), so every
-# server still starts once; the engine tests wait on processes enough that two workers on two
-# cores finish well before one (bench/results/2026-12-06-ci-run.md).
+# Two workers (pytest-xdist; ARCTIC_TEST_WORKERS=0 runs in one process), two lanes
+# (tests/conftest.py): the engine tests in one, in order, on one worker (their servers start once,
+# one Ray cluster at a time, the stream-timing tests last); everything else on the other. The
+# engine tests wait on processes enough that two lanes on two cores end well before one
+# (bench/results/2026-12-06-ci-run.md).
 set +e
 "$PY" -m pytest -q -p no:cacheprovider --timeout=900 --durations=25 \
-  -n "${ARCTIC_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"
+  -n "${ARCTIC_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

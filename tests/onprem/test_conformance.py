@@ -21,13 +21,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conformance.runner.model import load_cases
 
-from .conftest import ROOT, ServerInfo
+from .conftest import LIMIT_ARGS, ROOT, ServerInfo, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent / "conformance"
@@ -36,6 +37,18 @@ OWN_JOB_CASES = sorted(
 )
 # create, get, list and cancel over gRPC; a sequenced call on a fresh gRPC-created job
 GRPC_OWN_JOB_CASES = ("jobs/lifecycle/states-in-order", "sequencing/out-of-order-arrival")
+
+
+@pytest.fixture(scope="module")
+def onprem(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    """A server of this module's own (the conftest's is the session's): the suite needs nothing
+    of the shared one, and under pytest-xdist this module runs on a worker of its own
+    (tests/conftest.py), where a session server would stay resident to the end of the run."""
+    srv = start_server(tmp_path_factory.mktemp("onprem-conformance"), *LIMIT_ARGS)
+    try:
+        yield srv
+    finally:
+        stop_server(srv)
 
 
 def test_grpc_own_job_subset_names_cases_that_exist() -> None:
