@@ -61,6 +61,9 @@ class DisconnectWatch:
         finally:
             self._watched.pop(task, None)
             self._left.discard(task)
+            if not self._watched and self._ticker is not None:
+                self._ticker.cancel()  # nothing to watch: no task left asleep behind the route
+                self._ticker = None
 
     async def _tick(self) -> None:
         while self._watched:

@@ -143,15 +143,6 @@ class FakeSampler(TokenizedSampler):
         self.requests.append({"prompts": [list(prompt)], "params": dict(params), "stream": True})
         return self._release(prompt, p, budget, index)
 
-    async def stream(
-        self,
-        prompt: Sequence[int],
-        params: Mapping[str, Any],
-        index: int = 0,
-    ) -> AsyncIterator[StreamEvent]:
-        async for ev in await self.open_stream(prompt, params, index):
-            yield ev
-
     async def _release(
         self, prompt: Sequence[int], p: fake_sampling.Params, budget: int, index: int
     ) -> AsyncIterator[StreamEvent]:

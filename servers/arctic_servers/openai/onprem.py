@@ -9,7 +9,7 @@ new requests, and `weight_version` is exact); the tokenizer and chat template ar
 directory's (`transformers.AutoTokenizer`, loaded once per model in the server process).
 
 Streaming is token by token: the core admits the sample (`CoreCalls.checked`: the same checks,
-no request record; arctic.v1 has no streaming op) and `OnpremSampler.stream` iterates over the
+no request record; arctic.v1 has no streaming op) and `OnpremSampler.open_stream` iterates over the
 servicer's `generate_stream`, which runs the sampling worker's `generate_stream` command (one
 vLLM request with `RequestOutputKind.DELTA`; the worker sends the new tokens of every engine
 step, see `engines/vllm/sampling.py`). Every sampling parameter applies as in a whole generate

@@ -167,23 +167,15 @@ class Sampler(Protocol):
         """`n` samples per prompt, and the weight version that produced them."""
         ...
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: Mapping[str, Any],
-        index: int = 0,
-    ) -> AsyncIterator[StreamEvent]:
-        """One sample (the `index`-th of the request), tokens yielded as they are produced."""
-        ...
-
     async def open_stream(
         self,
         prompt: Sequence[int],
         params: Mapping[str, Any],
         index: int = 0,
     ) -> AsyncIterator[StreamEvent]:
-        """`stream`, its checks run now (the route opens every stream before it sends anything,
-        so a refused stream is a plain error reply, not a broken event stream)."""
+        """One sample (the `index`-th of the request), its tokens yielded as they are produced;
+        its checks run now, when it is opened (the route opens every stream before it sends
+        anything, so a refused stream is a plain error reply, not a broken event stream)."""
         ...
 
     def admit(self) -> AbstractContextManager[None]:

@@ -5,7 +5,7 @@ server's own `generate`, and streaming by continuation for workers that answer w
 Hugging Face-style tokenizer: the model directory's (`load_tokenizer`, once per directory in
 the server process) or `FakeTokenizer` (the fake engine's byte-level tokenizer and the tiny
 model's Qwen-style template). A subclass supplies `_generate` (the server's generate body ->
-result) and `stream`; `ServicerSampler` supplies both through a server's protocol core in this
+result) and `open_stream`; `ServicerSampler` supplies both through a server's protocol core in this
 process (`protocol/inproc.py`, as the caller's token).
 
 `continuation_stream` streams a sample through a worker that answers one reply per command:
@@ -256,21 +256,13 @@ class TokenizedSampler:
     def admit(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: Mapping[str, Any],
-        index: int = 0,
-    ) -> AsyncIterator[StreamEvent]:
-        raise NotImplementedError
-
     async def open_stream(
         self,
         prompt: Sequence[int],
         params: Mapping[str, Any],
         index: int = 0,
     ) -> AsyncIterator[StreamEvent]:
-        return self.stream(prompt, params, index)
+        raise NotImplementedError
 
     async def generate(
         self,
@@ -362,15 +354,6 @@ class ServicerSampler(TokenizedSampler):
         if not self.token_streaming:
             return continuation_stream(self, prompt, params, index, chunk_tokens=self.chunk_tokens)
         return self._token_stream(ctx, body)
-
-    async def stream(
-        self,
-        prompt: Sequence[int],
-        params: Mapping[str, Any],
-        index: int = 0,
-    ) -> AsyncIterator[StreamEvent]:
-        async for ev in await self.open_stream(prompt, params, index):
-            yield ev
 
     async def _token_stream(
         self, ctx: CallContext, body: Mapping[str, Any]
