@@ -20,6 +20,9 @@ Rows (each the median of `--reps` syncs after one unmeasured warm-up sync per me
   `safetensors` (the bytes through the gateway) to show what it costs the gateway;
 - the same for a LoRA job (rank `--lora-rank`): its adapter only.
 
+`--phases` picks where (onprem, nodes, floor), `--kinds` what (full, lora), `--onprem-methods` and
+`--nodes-methods` which sync methods; a name none of them knows is refused.
+
 Columns: seconds, GB/s (bytes / seconds), ratio to the floor of the same bytes, the weight
 group's set-up (first build, not in the row's seconds), buckets and the largest bucket, and the
 extra peak resident memory of the trainer, the sampler and the server during the sync (each
@@ -50,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from arctic_sdk.spec.tables import methods as M
+from arctic_servers.rules.weight_sync import SYNC_METHODS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.scaleout import Server, gib, job_body, servers, timed, uptime, write_json
@@ -254,9 +258,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
     print(f"# weight sync: {model}, {reps} reps, buckets of {args.bucket_mib} MiB; load {uptime()}")
-    phases = args.phases.split(",")
+    phases, kinds = args.phases.split(","), args.kinds.split(",")
     for kind, lo in (("full", None), ("lora", lora)):
-        if kind == "lora" and "lora" not in phases:
+        if kind not in kinds:
             continue
         if "onprem" in phases:
             with servers("onprem", tmp / f"onprem-{kind}", extra=bucket) as srv:
@@ -267,9 +271,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("\n".join(table(r, {})), flush=True)
         if "nodes" in phases:
             with servers("gateway", tmp / f"gw-{kind}", two_nodes=True, extra=bucket) as srv:
-                r, e = await syncs(
-                    srv, model, ["collective", "safetensors"], reps, lo, args.optimizer
-                )
+                methods = args.nodes_methods.split(",")
+                r, e = await syncs(srv, model, methods, reps, lo, args.optimizer)
             rows += r
             extra.update({f"2 nodes {kind} {k}": v for k, v in e.items()})
             print("\n".join(table(r, {})), flush=True)
@@ -308,8 +311,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--phases",
-        default="onprem,nodes,lora,floor",
-        help="any of onprem, nodes (the gateway on two Ray nodes), lora, floor",
+        default="onprem,nodes,floor",
+        help="where: any of onprem, nodes (the gateway on two Ray nodes), floor",
+    )
+    ap.add_argument(
+        "--kinds", default="full,lora", help="what: any of full (every weight), lora (the adapter)"
     )
     ap.add_argument(
         "--onprem-methods",
@@ -327,6 +333,15 @@ def main() -> int:
     ap.add_argument("--floor-port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--floor-bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for flag, given, known in (
+        ("--phases", args.phases, ("onprem", "nodes", "floor")),
+        ("--kinds", args.kinds, ("full", "lora")),
+        ("--onprem-methods", args.onprem_methods, SYNC_METHODS),
+        ("--nodes-methods", args.nodes_methods, SYNC_METHODS),
+    ):
+        bad = [x for x in given.split(",") if x not in known]
+        if bad:
+            ap.error(f"{flag}: {bad[0]!r} is not one of {', '.join(known)}")
     if args.floor_rank >= 0:
         floor_rank(args.floor_rank, args.floor_port, args.floor_bytes, args.reps)
         return 0

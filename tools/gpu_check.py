@@ -241,7 +241,7 @@ def check_bench_concurrency(cpu: bool) -> str:
 def check_bench_weight_sync(cpu: bool) -> str:
     full = os.environ.get("ARCTIC_GPU_CHECK_FULL") == "1"
     args = ["--reps", "3"] if full else ["--smoke"]
-    args += ["--phases", "onprem,floor" if cpu else "onprem,lora,floor"]
+    args += ["--phases", "onprem,floor", "--kinds", "full" if cpu else "full,lora"]
     if not cpu:
         args += ["--onprem-methods", "cuda_ipc,safetensors"]
     return _bench(["bench/weight_sync.py", *args, "--json", "out/gpu_weight_sync.json"])
