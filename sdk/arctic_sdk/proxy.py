@@ -221,23 +221,46 @@ class ChatCompletionsProxy:
         trajectory: str,
         body: Mapping[str, Any],
     ) -> web.StreamResponse:
+        """Relay the SSE stream as it comes and record the turn once it is whole.
+
+        The turn is recorded before the piece that ends the stream reaches the agent, so an
+        agent that starts its next turn (or hangs up) the moment it reads `[DONE]` never finds
+        its last turn missing; an agent that hangs up earlier saw no whole turn: nothing is
+        recorded and the upstream request is dropped (the server aborts it)."""
         resp = web.StreamResponse(status=up.status, headers=headers)
         await resp.prepare(request)
-        acc, buf = _Stream(), b""
-        async for piece in up.content.iter_any():
-            await resp.write(piece)
-            buf += piece
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                line = event.decode("utf-8", "replace").strip()
-                if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-                    obj = json.loads(line[5:])
-                    if isinstance(obj, dict) and "error" not in obj:
-                        acc.add(obj)
-        await resp.write_eof()
-        if acc.ids:
-            self._record(trajectory, body, acc.response())
+        acc, buf, recorded = _Stream(), b"", False
+        try:
+            async for piece in up.content.iter_any():
+                buf += piece
+                ended = False
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    line = event.decode("utf-8", "replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        ended = True
+                    elif data:
+                        obj = json.loads(data)
+                        if isinstance(obj, dict) and "error" not in obj:
+                            acc.add(obj)
+                if ended and not recorded:
+                    recorded = self._record_stream(trajectory, body, acc)
+                await resp.write(piece)
+            if not recorded:
+                self._record_stream(trajectory, body, acc)
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the agent hung up; what it saw whole is recorded above
         return resp
+
+    def _record_stream(self, trajectory: str, body: Mapping[str, Any], acc: _Stream) -> bool:
+        if not acc.ids or acc.finish is None:
+            return False  # no token ids, or the turn never finished: nothing to train on
+        self._record(trajectory, body, acc.response())
+        return True
 
     def _record(self, trajectory: str, body: Mapping[str, Any], reply: Mapping[str, Any]) -> None:
         try:

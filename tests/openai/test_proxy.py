@@ -4,11 +4,14 @@ equal to the server's own record of the session."""
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
 import os
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from arctic_sdk.proxy import BackgroundProxy
 from arctic_sdk.rollouts import forward_backward_frame
@@ -101,3 +104,39 @@ def test_litellm_through_the_proxy(openai_server: OpenAIServer) -> None:
         litellm.completion(messages=msgs, tool_choice="none", max_tokens=5, **common)
         row = proxy.row("harbor-like-1")
         assert not row.fell_back and row.num_turns == 2
+
+
+def test_a_streamed_turn_is_recorded_before_the_agent_reads_done(
+    openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that starts its next turn, or hangs up, the moment it reads `data: [DONE]`
+    finds the turn already recorded (the record was once made after the stream's end was
+    written, and lost when the agent had closed the connection by then). Ending a response
+    is made slow here, so a record made after it is seen missing every time."""
+    end = web.StreamResponse.write_eof
+
+    async def slow_end(self: web.StreamResponse, data: bytes = b"") -> None:
+        await asyncio.sleep(0.5)
+        await end(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write_eof", slow_end)
+    with BackgroundProxy(openai_server.base_url, API_KEY) as proxy:
+        body = {
+            "model": "fake-tiny", "messages": MESSAGES, "tools": TOOLS, "tool_choice": NAMED,
+            "max_tokens": 120, "seed": 3, "stream": True,
+        }  # fmt: skip
+        conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=30)
+        conn.request(
+            "POST", "/t/hangs-up/v1/chat/completions", json.dumps(body),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == 200
+        while b"[DONE]" not in (line := resp.readline()):
+            assert line, "the stream ended without data: [DONE]"
+        turns = proxy.recorded("hangs-up")  # at once: before the agent could do anything more
+        conn.close()
+        assert len(turns) == 1 and turns[0].reply["tool_calls"]
+        (call,) = turns[0].reply["tool_calls"]  # whole: its arguments parse
+        assert call["function"]["name"] == NAMED["function"]["name"]
+        assert json.loads(call["function"]["arguments"]) and turns[0].finish_reason
