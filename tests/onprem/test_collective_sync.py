@@ -78,6 +78,7 @@ async def test_collective_sync_agrees_and_keeps_its_group(
     assert first["num_tensors"] > 0 and first["num_bytes"] > 0
     assert first["num_buckets"] >= 1 and 0 < first["bucket_bytes"] <= first["num_bytes"]
     assert first["setup_seconds"] > 0 and first["seconds"] >= first["setup_seconds"]
+    assert 0 < first["load_seconds"] < first["seconds"]  # vLLM's reload of what arrived
     assert version == first["weight_version"]
     assert before >= 1e-2 and n >= 256
     assert after <= 1e-4

@@ -123,6 +123,7 @@ async def test_lora_sft_sync_parity_and_versions(http: Http, lora_z1: str, share
     print(f"second adapter version (collective): {sync2}; max|Δ| {after2.max():.3g}")
     assert sync2["weight_version"] == 2 == g2["weight_version"] and after2.max() <= 1e-3
     assert sync2["method"] == "collective" and sync2["num_bytes"] == 4 * 32_768
+    assert sync2["load_seconds"] > 0  # the adapter registered as its next version
 
 
 async def test_lora_refusals_on_a_live_job(http: Http, lora_z1: str, shared_job: str) -> None:

@@ -65,6 +65,7 @@ class Workers:
         self.fail: dict[tuple[str, str], ProtocolError] = {}
         self.stall: set[tuple[str, str]] = set()
         self.cancelled: list[tuple[str, str]] = []
+        self.load_seconds: dict[str, float] = {}
 
     async def call(self, sub: str, cmd: str, **args: Any) -> Any:
         self.calls.append((sub, cmd, args))
@@ -80,6 +81,8 @@ class Workers:
             return {"host": args["host"], "port": 4242, "backend": "gloo"}
         if cmd == "send_weights":
             return {"num_tensors": 3, "num_bytes": 3000, "num_buckets": 2, "bucket_bytes": 2000}
+        if cmd == "load_weights":
+            return {"load_seconds": self.load_seconds.get(sub, 0.0)}
         return {}
 
     def cmds(self, cmd: str) -> list[str]:
@@ -127,6 +130,13 @@ async def test_a_group_is_built_once_and_rebuilt_when_members_change() -> None:
     w.calls.clear()
     await sync.run(w.call, src, [Member("S", ("S", 99)), ref], version=4, host="10.0.0.1")
     assert len(w.cmds("weight_group_join")) == 3
+
+
+async def test_the_result_reports_the_slowest_targets_load() -> None:
+    w, sync = Workers(), cs.CollectiveSync("job-1")
+    w.load_seconds = {"S0": 0.25, "S1": 1.5}
+    res = await sync.run(w.call, Member("T", "t"), members("S0", "S1"), version=1, host="h")
+    assert res["load_seconds"] == 1.5  # SyncWeightsResult.load_seconds: the most on one target
 
 
 async def test_ranks_follow_each_targets_worker_count() -> None:

@@ -212,6 +212,7 @@ class CollectiveSync:
             "target_peak_bytes": max(
                 (int(r.get("peak_extra_bytes", 0)) for r in loaded), default=0
             ),
+            "load_seconds": max((float(r.get("load_seconds", 0.0)) for r in loaded), default=0.0),
         }
 
     async def _build(

@@ -27,6 +27,7 @@ error goes to the sampler, which refuses generates until a sync succeeds (`sampl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -108,7 +109,12 @@ class ArcticWeightTransferEngine(WeightTransferEngine[ArcticInitInfo, ArcticUpda
             from vllm.model_executor.model_loader.reload import finalize_layerwise_processing
 
             self.reloading = False
+            t0 = time.perf_counter()
             finalize_layerwise_processing(self.model, self.model_config)
+            # the layers processed at the end (attention, a tied head) are part of the load
+            self.last["load_seconds"] = self.last.get("load_seconds", 0.0) + (
+                time.perf_counter() - t0
+            )
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class ends with torch.accelerator.synchronize(), which a CPU build lacks;

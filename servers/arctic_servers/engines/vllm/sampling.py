@@ -498,6 +498,7 @@ class SamplingEngine(VllmScoring, EngineBase):
                 self.torn = f"weight version {version}: {exc}"
             raise WorkerError("unavailable", f"receiving weight version {version}: {exc}") from None
         if self.adapters is not None:
+            t0 = time.perf_counter()
             try:
                 res = lora_sampler.load(
                     self.llm, self.adapters, last.pop("adapter_config", {}), adapter_file, None
@@ -505,6 +506,8 @@ class SamplingEngine(VllmScoring, EngineBase):
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(adapter_file)
+            # registering the adapter's new version is its load into the engine
+            last["load_seconds"] = last.get("load_seconds", 0.0) + time.perf_counter() - t0
         else:
             res = {"num_tensors": last.get("num_tensors", 0),
                    "reset": bool(self.llm.reset_prefix_cache())}  # fmt: skip
